@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Set up .venv (once) and run the main job on the embedded default: Spark local[*], sample
+# data shipped in data/. Extra arguments go to the job (see jobs/demo.py --help).
+source "$(dirname "$0")/_env.sh"
+exec spark-submit --properties-file conf/spark/local.conf jobs/demo.py --config conf/jobs/demo.toml "$@"

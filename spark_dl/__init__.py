@@ -1,0 +1,10 @@
+"""spark_dl: large-scale distributed deep learning on Apache Spark with PyTorch."""
+
+from .config import DataConfig, DemoConfig, TrainConfig, load_toml
+from .errors import ConfigError, DataError, ResourceError, SparkDLError
+from .session import get_session, load_profile
+
+__version__ = "0.1.0"
+
+__all__ = ["DataConfig", "DemoConfig", "TrainConfig", "load_toml", "ConfigError", "DataError",
+           "ResourceError", "SparkDLError", "get_session", "load_profile", "__version__"]

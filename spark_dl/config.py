@@ -1,0 +1,139 @@
+"""Job configuration: frozen dataclasses loaded from TOML files in ``conf/jobs/``.
+
+Every section of a TOML file maps to one dataclass; unknown sections or keys are an error that
+names the key, the file and the keys that are allowed, so a typo never silently falls back to a
+default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from .errors import ConfigError
+
+__all__ = ["DataConfig", "TrainConfig", "DemoConfig", "load_toml", "from_mapping"]
+
+T = TypeVar("T")
+
+
+def _check(cond: bool, key: str, value: Any, fix: str) -> None:
+    if not cond:
+        raise ConfigError(f"'{key}' {fix}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the MNIST digits come from and how the extended set is made."""
+
+    images: str = "data/mnist/t10k-images-idx3-ubyte.gz"
+    labels: str = "data/mnist/t10k-labels-idx1-ubyte.gz"
+    n_train_source: int = 8000      # the first n digits are the training sources
+    n_test: int = 2000              # the last n digits are the test set
+    extended_samples: int = 24000   # distorted digits generated on the executors
+    partitions: int = 4
+    shards_dir: str = "work/extended-mnist"
+    seed: int = 0
+
+    def __post_init__(self):
+        _check(self.n_train_source >= 1, "data.n_train_source", self.n_train_source, "must be >= 1")
+        _check(self.n_test >= 1, "data.n_test", self.n_test, "must be >= 1")
+        _check(self.extended_samples >= 0, "data.extended_samples", self.extended_samples,
+               "must be >= 0")
+        _check(self.partitions >= 1, "data.partitions", self.partitions, "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The model and the optimisation of one fit."""
+
+    model: str = "cnn"              # "cnn" (thesis CNN) or "fc" (784-480-160-10)
+    epochs: int = 1
+    batch_size: int = 16
+    optimizer: str = "sgd"          # "sgd" (with momentum) or "adam"
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+
+    def __post_init__(self):
+        _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
+        _check(self.optimizer in ("sgd", "adam"), "train.optimizer", self.optimizer,
+               "must be 'sgd' or 'adam'")
+        _check(self.epochs >= 1, "train.epochs", self.epochs, "must be >= 1")
+        _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
+        _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
+        _check(0 <= self.momentum < 1, "train.momentum", self.momentum, "must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    """``conf/jobs/demo.toml``: extended-MNIST shards on Spark, then one training pass."""
+
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+
+
+def from_mapping(cls: type[T], values: Mapping[str, Any], where: str = "<dict>",
+                 prefix: str = "") -> T:
+    """Build dataclass ``cls`` from a (nested) mapping, rejecting unknown keys by name."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(
+                f"unknown key '{dotted}' in {where}; allowed keys here: {', '.join(fields)}")
+        ftype = fields[key].type
+        sub = _dataclass_type(cls, key)
+        if sub is not None:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"'{dotted}' in {where} must be a table [{dotted}], "
+                                  f"got {value!r}")
+            value = from_mapping(sub, value, where, prefix=f"{dotted}.")
+        else:
+            value = _coerce(value, ftype, dotted, where)
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (in {where})") from None
+
+
+def _dataclass_type(cls, name):
+    default = next(f for f in dataclasses.fields(cls) if f.name == name).default
+    return type(default) if dataclasses.is_dataclass(default) else None
+
+
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _coerce(value, ftype, key, where):
+    want = _TYPES.get(ftype if isinstance(ftype, str) else getattr(ftype, "__name__", ""))
+    if want is None:
+        return value
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(f"'{key}' in {where} must be of type {want.__name__}, got {value!r}")
+    return value
+
+
+def load_toml(cls: type[T], path: str | Path, overrides: Mapping[str, Any] | None = None) -> T:
+    """Load ``cls`` from a TOML file; ``overrides`` maps dotted keys ("train.lr") to values."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass an existing TOML file "
+                          f"(see conf/jobs/)")
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from e
+    for dotted, value in (overrides or {}).items():
+        *tables, leaf = dotted.split(".")
+        node = values
+        for t in tables:
+            node = node.setdefault(t, {})
+        node[leaf] = value
+    return from_mapping(cls, values, where=str(path))

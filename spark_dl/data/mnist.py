@@ -1,0 +1,82 @@
+"""MNIST as Spark DataFrames, and the extended (distorted) MNIST generated on the executors.
+
+Rows: ``features`` array<float> (784 values in [0, 1], row-major 28×28) and ``label`` long.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import DataError
+from .distort import Distortion, distort_range
+from .idx import load_mnist
+
+__all__ = ["MNIST_SCHEMA", "mnist_split", "arrays_to_arrow", "mnist_dataframe",
+           "extended_mnist"]
+
+MNIST_SCHEMA = "features array<float>, label long"
+
+
+def mnist_split(images: str | Path, labels: str | Path, n_train: int = 8000, n_test: int = 2000):
+    """(train_x, train_y), (test_x, test_y): the first ``n_train`` and the last ``n_test``."""
+    x, y = load_mnist(images, labels)
+    if n_train + n_test > len(x):
+        raise DataError(f"n_train + n_test = {n_train + n_test} exceeds the {len(x)} digits in "
+                        f"{images}; lower them so the splits do not overlap")
+    return (x[:n_train], y[:n_train]), (x[len(x) - n_test:], y[len(y) - n_test:])
+
+
+def arrays_to_arrow(features: np.ndarray, labels: np.ndarray) -> pa.RecordBatch:
+    """(n, ...) float features + (n,) labels -> RecordBatch(features list<float>, label int64)."""
+    n = len(features)
+    flat = np.ascontiguousarray(features, dtype=np.float32).reshape(-1)
+    dim = flat.size // n if n else 0
+    offsets = pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32) if n else [0],
+                       pa.int32())
+    col = pa.ListArray.from_arrays(offsets, pa.array(flat, pa.float32()))
+    return pa.RecordBatch.from_arrays([col, pa.array(labels.astype(np.int64))],
+                                      ["features", "label"])
+
+
+def mnist_dataframe(spark, images: np.ndarray, labels: np.ndarray, partitions: int = 2):
+    """A DataFrame of real digits (uint8 images scaled to [0, 1]), built from Arrow."""
+    table = pa.Table.from_batches([arrays_to_arrow(images.reshape(len(images), -1) / 255.0,
+                                                   labels)])
+    return spark.createDataFrame(table).repartition(partitions)
+
+
+def extended_mnist(spark, images: np.ndarray, labels: np.ndarray, n: int, partitions: int,
+                   seed: int = 0, distortion: Distortion = Distortion()):
+    """``n`` distorted digits, generated partition by partition inside the executors.
+
+    The source digits (N, 28, 28) uint8 travel once per executor as a broadcast variable;
+    sample i depends only on (source, seed, i), never on ``partitions``.
+    """
+    if images.ndim != 3 or len(images) != len(labels) or len(images) == 0:
+        raise DataError(f"extended_mnist needs images (N, H, W) and N labels, N >= 1; got "
+                        f"{images.shape} and {labels.shape}")
+    if n < 0 or partitions < 1:
+        raise ValueError(f"n must be >= 0 and partitions >= 1, got n={n}, partitions={partitions}")
+    source = spark.sparkContext.broadcast((np.ascontiguousarray(images), np.asarray(labels)))
+
+    def _generate_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Runs on executors: one Arrow batch of sample ids -> the same rows of digits.
+        import torch
+        torch.set_num_threads(1)
+        src_x, src_y = source.value
+        for b in batches:
+            ids = b.column(0).to_numpy()
+            if len(ids) == 0:
+                continue
+            lo, hi = int(ids.min()), int(ids.max()) + 1
+            x, y = distort_range(src_x, src_y, lo, hi, seed, distortion)
+            if hi - lo != len(ids):
+                x, y = x[ids - lo], y[ids - lo]
+            yield arrays_to_arrow(x, y)
+
+    ids = spark.range(0, n, 1, numPartitions=partitions)
+    return ids.mapInArrow(_generate_task, MNIST_SCHEMA)

@@ -1,0 +1,39 @@
+"""The thesis CNN (§4.3): conv 5×5×6 → mean-pool 2 → conv 5×5×12 → mean-pool 2 →
+conv 4×4×12 → FC softmax, on 28×28 inputs; ``widths`` gives wider variants."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .fc import activation
+
+__all__ = ["ThesisCNN"]
+
+
+class ThesisCNN(nn.Module):
+    """x (B, 784) or (B, C, 28, 28) -> logits (B, num_classes)."""
+
+    def __init__(self, widths: Sequence[int] = (6, 12, 12), num_classes: int = 10,
+                 in_channels: int = 1, act: str = "relu"):
+        super().__init__()
+        if len(widths) != 3 or any(int(w) < 1 for w in widths):
+            raise ValueError(f"widths must be 3 positive channel counts, got {list(widths)}")
+        c1, c2, c3 = (int(w) for w in widths)
+        self.in_channels = in_channels
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, c1, 5), activation(act), nn.AvgPool2d(2),  # 28 -> 24 -> 12
+            nn.Conv2d(c1, c2, 5), activation(act), nn.AvgPool2d(2),           # 12 -> 8 -> 4
+            nn.Conv2d(c2, c3, 4), activation(act),                            # 4 -> 1
+        )
+        self.classifier = nn.Linear(c3, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[1] == self.in_channels * 28 * 28:
+            x = x.view(len(x), self.in_channels, 28, 28)
+        if x.dim() != 4 or tuple(x.shape[1:]) != (self.in_channels, 28, 28):
+            raise ValueError(f"ThesisCNN expects inputs (B, {self.in_channels}, 28, 28) or "
+                             f"(B, {self.in_channels * 784}), got {tuple(x.shape)}")
+        return self.classifier(self.features(x).flatten(1))    # (B, c3) -> (B, classes)

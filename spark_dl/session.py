@@ -1,0 +1,113 @@
+"""SparkSession from a named profile in ``conf/spark/``.
+
+A profile is a ``spark-defaults``-style file (``key  value`` per line, ``#`` comments), so the
+same file works with ``spark-submit --properties-file conf/spark/<name>.conf``. Profiles are
+looked up in, in order: ``conf_dir`` given to :func:`get_session`, ``$SPARK_DL_CONF_DIR``, the
+repository's ``conf/spark`` (source checkouts and editable installs) and
+``<prefix>/share/spark_dl/conf/spark`` (``pip install .``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from .errors import ConfigError
+
+__all__ = ["get_session", "load_profile", "profile_dirs", "available_profiles"]
+
+DEFAULT_PROFILE = "local"
+
+
+def profile_dirs(conf_dir: str | Path | None = None) -> list[Path]:
+    """Directories searched for ``<profile>.conf``, first match wins."""
+    dirs = []
+    if conf_dir is not None:
+        dirs.append(Path(conf_dir))
+    if os.environ.get("SPARK_DL_CONF_DIR"):
+        dirs.append(Path(os.environ["SPARK_DL_CONF_DIR"]))
+    dirs.append(Path(__file__).resolve().parents[1] / "conf" / "spark")
+    dirs.append(Path(sys.prefix) / "share" / "spark_dl" / "conf" / "spark")
+    return dirs
+
+
+def available_profiles(conf_dir: str | Path | None = None) -> list[str]:
+    return sorted({p.stem for d in profile_dirs(conf_dir) if d.is_dir() for p in d.glob("*.conf")})
+
+
+def parse_properties(text: str, where: str) -> dict[str, str]:
+    """Parse ``spark-defaults``-style text; every key must be a ``spark.*`` property."""
+    props = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([^\s=:]+)\s*[=:\s]\s*(\S.*)$", line)
+        if m is None:
+            raise ConfigError(f"{where}:{lineno}: expected 'key value', got {raw!r}; "
+                              f"write one Spark property and its value per line")
+        key, value = m.group(1), m.group(2).strip()
+        if not key.startswith("spark."):
+            raise ConfigError(f"{where}:{lineno}: unknown key {key!r}: profiles hold Spark "
+                              f"properties, which start with 'spark.'")
+        props[key] = value
+    return props
+
+
+def load_profile(name: str, conf_dir: str | Path | None = None) -> dict[str, str]:
+    """Read profile ``name`` (e.g. ``"local"``) or a path to a ``.conf`` file."""
+    if name.endswith(".conf") or os.sep in name:
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"profile file {path} does not exist")
+    else:
+        found = [d / f"{name}.conf" for d in profile_dirs(conf_dir) if (d / f"{name}.conf").is_file()]
+        if not found:
+            raise ConfigError(
+                f"unknown Spark profile {name!r}; available: {', '.join(available_profiles(conf_dir))}"
+                f" (searched {', '.join(str(d) for d in profile_dirs(conf_dir))})")
+        path = found[0]
+    return parse_properties(path.read_text(), str(path))
+
+
+def _base_conf() -> dict[str, str]:
+    # Executors' Python workers must run the driver's interpreter, which has torch.
+    py = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    return {"spark.pyspark.python": py,
+            "spark.pyspark.driver.python": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
+            "spark.ui.showConsoleProgress": "false"}
+
+
+def get_session(profile: str | None = None, *, master: str | None = None,
+                conf: Mapping[str, str] | None = None, conf_dir: str | Path | None = None,
+                log_level: str = "WARN"):
+    """Build or reuse the SparkSession.
+
+    ``profile=None`` keeps what ``spark-submit`` configured when run under it, and otherwise
+    uses the ``local`` profile. ``master`` and ``conf`` override the profile. An already
+    active session is reused (Spark allows one per driver): its static settings stay.
+    """
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    submitted = SparkConf().contains("spark.master")    # set by spark-submit
+    props = _base_conf()
+    if profile is not None or not submitted:
+        props.update(load_profile(profile or DEFAULT_PROFILE, conf_dir))
+    if master:
+        props["spark.master"] = master
+    props.update(conf or {})
+    if submitted and profile is None:
+        # spark-submit's settings (properties file, --master, --conf) win over our defaults.
+        given = dict(SparkConf().getAll())
+        props = {k: v for k, v in props.items() if k not in given}
+    builder = SparkSession.builder
+    for k, v in props.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    return spark
