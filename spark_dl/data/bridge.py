@@ -62,6 +62,8 @@ def column_to_numpy(col: pa.Array | pa.ChunkedArray, name: str, shape: Sequence[
     else:
         raise DataError(f"column '{name}' has Arrow type {t}; expected numbers or arrays of "
                         f"numbers (array<float> or an ML vector converted with vector_to_array)")
+    if not arr.flags.writeable:          # zero-copy view of Arrow memory: torch wants its own
+        arr = arr.copy()
     if arr.dtype.kind == "f":
         finite = np.isfinite(arr.reshape(n, -1)).all(axis=1) if n else np.ones(0, bool)
         if not finite.all():

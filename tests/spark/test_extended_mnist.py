@@ -1,0 +1,47 @@
+import numpy as np
+import pytest
+
+from spark_dl.data import ShardData, distort_range, extended_mnist, mnist_dataframe
+from spark_dl.errors import DataError
+
+
+def _rows(df):
+    t = df.toArrow()
+    return ShardData.from_arrow(t.to_batches(), shape=(784,), num_classes=10)
+
+
+def test_generated_on_executors_and_independent_of_partitioning(spark, mnist):
+    x, y = mnist
+    a = _rows(extended_mnist(spark, x[:500], y[:500], n=600, partitions=3, seed=1))
+    b = _rows(extended_mnist(spark, x[:500], y[:500], n=600, partitions=5, seed=1))
+    assert len(a) == 600
+    np.testing.assert_array_equal(a.features, b.features)
+    ref, ref_y = distort_range(x[:500], y[:500], 0, 600, seed=1)   # the same pure function
+    np.testing.assert_array_equal(a.features, ref)
+    np.testing.assert_array_equal(a.labels, ref_y)
+
+
+def test_partition_counts(spark, mnist):
+    x, y = mnist
+    df = extended_mnist(spark, x[:100], y[:100], n=1000, partitions=4)
+    assert df.rdd.getNumPartitions() == 4
+    counts = df.rdd.mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect()
+    assert counts == [250, 250, 250, 250]
+
+
+def test_more_partitions_than_rows(spark, mnist):
+    x, y = mnist
+    df = extended_mnist(spark, x[:100], y[:100], n=3, partitions=8)
+    assert df.count() == 3
+
+
+def test_bad_source(spark):
+    with pytest.raises(DataError, match="needs images"):
+        extended_mnist(spark, np.zeros((0, 28, 28), np.uint8), np.zeros(0), n=10, partitions=2)
+
+
+def test_real_digits_dataframe(spark, mnist):
+    x, y = mnist
+    df = mnist_dataframe(spark, x[:300], y[:300], partitions=3)
+    shard = _rows(df.orderBy("label"))
+    assert len(shard) == 300 and shard.features.max() == 1.0

@@ -1,0 +1,92 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from spark_dl.data import ShardData, arrays_to_arrow
+from spark_dl.errors import DataError
+
+
+def _batch(x, y):
+    return arrays_to_arrow(np.asarray(x, np.float32), np.asarray(y))
+
+
+def test_round_trip_and_shapes():
+    x = np.random.default_rng(0).random((10, 784), dtype=np.float32)
+    y = np.arange(10) % 10
+    shard = ShardData.from_arrow([_batch(x[:4], y[:4]), _batch(x[4:], y[4:])], shape=(1, 28, 28),
+                                 num_classes=10)
+    assert shard.features.shape == (10, 1, 28, 28) and shard.labels.dtype == np.int64
+    np.testing.assert_array_equal(shard.features.reshape(10, -1), x)
+    xs, ys = zip(*shard.batches(4, shuffle=False))
+    assert [len(b) for b in xs] == [4, 4, 2]
+    assert isinstance(xs[0], torch.Tensor) and xs[0].dtype == torch.float32
+    assert torch.cat(ys).tolist() == y.tolist()
+    assert shard.num_batches(4) == 3 and shard.num_batches(4, drop_last=True) == 2
+    assert [len(b) for b, _ in shard.batches(4, drop_last=True)] == [4, 4]
+
+
+def test_shuffle_is_a_permutation_that_changes_per_epoch_and_repeats_per_seed():
+    x = np.arange(100, dtype=np.float32).reshape(100, 1)
+    shard = ShardData(x, np.arange(100))
+    def order(seed, epoch):
+        return torch.cat([y for _, y in shard.batches(7, seed=seed, epoch=epoch)]).tolist()
+    e0, e1 = order(0, 0), order(0, 1)
+    assert sorted(e0) == list(range(100)) and sorted(e1) == list(range(100))
+    assert e0 != e1 and e0 != list(range(100))
+    assert order(0, 0) == e0 and order(1, 0) != e0
+    for xb, yb in shard.batches(7, seed=3):          # features stay aligned with labels
+        assert xb[:, 0].long().tolist() == yb.tolist()
+
+
+def test_empty_partition_gives_no_batches():
+    shard = ShardData.from_arrow([], shape=(784,))
+    assert len(shard) == 0 and list(shard.batches(8)) == []
+    empty = _batch(np.zeros((0, 784)), np.zeros(0, np.int64))
+    assert len(ShardData.from_arrow([empty])) == 0
+
+
+def test_nan_is_named_with_row_and_column():
+    x = np.zeros((5, 4), np.float32)
+    x[3, 2] = np.nan
+    with pytest.raises(DataError, match="'features': row 3 .*NaN"):
+        ShardData.from_arrow([_batch(x, np.zeros(5, np.int64))])
+    x[3, 2] = np.inf
+    with pytest.raises(DataError, match="row 3"):
+        ShardData.from_arrow([_batch(x, np.zeros(5, np.int64))])
+
+
+def test_label_out_of_range():
+    with pytest.raises(DataError, match="row 2 .*label 10, outside 0..9"):
+        ShardData.from_arrow([_batch(np.zeros((3, 2)), [1, 2, 10])], num_classes=10)
+    with pytest.raises(DataError, match="label -1"):
+        ShardData.from_arrow([_batch(np.zeros((3, 2)), [-1, 2, 3])], num_classes=10)
+
+
+def test_ragged_rows():
+    col = pa.array([[0.0, 1.0], [2.0], [3.0, 4.0]], pa.list_(pa.float32()))
+    b = pa.RecordBatch.from_arrays([col, pa.array([0, 1, 2])], ["features", "label"])
+    with pytest.raises(DataError, match="row 1 .* 1 values, expected 2"):
+        ShardData.from_arrow([b])
+    with pytest.raises(DataError, match="row 0 .* 2 values, expected 784"):
+        ShardData.from_arrow([b], shape=(784,))
+
+
+def test_nulls_and_missing_columns_and_wrong_types():
+    col = pa.array([[0.0, 1.0], None], pa.list_(pa.float32()))
+    b = pa.RecordBatch.from_arrays([col, pa.array([0, 1])], ["features", "label"])
+    with pytest.raises(DataError, match="null at row 1"):
+        ShardData.from_arrow([b])
+    with pytest.raises(DataError, match=r"\['pixels'\] not found"):
+        ShardData.from_arrow([b], features="pixels")
+    s = pa.RecordBatch.from_arrays([pa.array(["a"]), pa.array([0])], ["features", "label"])
+    with pytest.raises(DataError, match="Arrow type string"):
+        ShardData.from_arrow([s])
+
+
+def test_fixed_size_lists_and_vector_targets():
+    vals = pa.array(np.arange(12, dtype=np.float32))
+    fx = pa.FixedSizeListArray.from_arrays(vals, 4)
+    b = pa.RecordBatch.from_arrays([fx, fx], ["features", "target"])
+    shard = ShardData.from_arrow([b], label="target", shape=(2, 2), label_shape=(4,))
+    assert shard.features.shape == (3, 2, 2) and shard.labels.shape == (3, 4)

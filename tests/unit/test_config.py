@@ -1,0 +1,37 @@
+import pytest
+
+from spark_dl import ConfigError, DemoConfig, load_toml
+
+from ..conftest import ROOT
+
+
+def test_shipped_demo_config_loads():
+    cfg = load_toml(DemoConfig, ROOT / "conf" / "jobs" / "demo.toml")
+    assert cfg.train.model == "cnn" and cfg.data.n_train_source == 8000
+
+
+def test_overrides(tmp_path):
+    cfg = load_toml(DemoConfig, ROOT / "conf" / "jobs" / "demo.toml",
+                    {"train.model": "fc", "data.partitions": 3, "train.lr": 1})
+    assert (cfg.train.model, cfg.data.partitions, cfg.train.lr) == ("fc", 3, 1.0)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[train]\nlearning_rate = 0.1\n", r"unknown key 'train.learning_rate'.*allowed keys.*lr"),
+    ("[trian]\nlr = 0.1\n", r"unknown key 'trian'.*allowed keys here: data, train"),
+    ("[train]\nlr = -1.0\n", r"'train.lr' must be > 0, got -1.0"),
+    ("[train]\nmodel = 'resnet'\n", r"'train.model' must be 'cnn' or 'fc'"),
+    ("[data]\npartitions = 'four'\n", r"'data.partitions' .* must be of type int"),
+    ("train = 3\n", r"'train' .* must be a table"),
+    ("[train\n", r"not valid TOML"),
+])
+def test_bad_configs_name_the_key(tmp_path, text, match):
+    p = tmp_path / "job.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_toml(DemoConfig, p)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_toml(DemoConfig, tmp_path / "nope.toml")

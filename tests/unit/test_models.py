@@ -1,0 +1,42 @@
+import pytest
+import torch
+
+from spark_dl.data import ShardData
+from spark_dl.models import FCNet, ThesisCNN, build_model
+from spark_dl.train import evaluate, make_optimizer, train_epoch
+
+
+def test_shapes_of_the_thesis_nets():
+    x = torch.rand(5, 784)
+    assert build_model("fc")(x).shape == (5, 10)
+    assert build_model("cnn")(x).shape == (5, 10)
+    assert build_model("cnn")(x.view(5, 1, 28, 28)).shape == (5, 10)
+    assert ThesisCNN(widths=(16, 32, 32))(x).shape == (5, 10)
+    assert [m.out_features for m in FCNet().modules() if isinstance(m, torch.nn.Linear)] == \
+        [480, 160, 10]
+
+
+def test_wrong_shapes_and_names():
+    with pytest.raises(ValueError, match="expects 784 input features.* got 100"):
+        FCNet()(torch.rand(2, 100))
+    with pytest.raises(ValueError, match=r"ThesisCNN expects inputs \(B, 1, 28, 28\)"):
+        ThesisCNN()(torch.rand(2, 3, 28, 28))
+    with pytest.raises(ValueError, match="unknown model 'vgg'"):
+        build_model("vgg")
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        FCNet(act="swish")
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        make_optimizer("lbfgs2", FCNet().parameters(), 0.1)
+
+
+def test_reference_loop_learns_real_digits(mnist):
+    x, y = mnist
+    torch.manual_seed(0)
+    shard = ShardData(x[:2000].reshape(2000, -1).astype("float32") / 255, y[:2000])
+    model = build_model("cnn")
+    opt = make_optimizer("adam", model.parameters(), 3e-3)
+    before = evaluate(model, shard.features[-500:], y[1500:2000])
+    h = [train_epoch(model, shard.batches(32, epoch=e), opt) for e in range(4)]
+    after = evaluate(model, x[-1000:].reshape(1000, -1) / 255, y[-1000:])
+    assert h[3]["loss"] < h[0]["loss"] < before["loss"]
+    assert after["accuracy"] > 0.8 and h[0]["samples"] == 2000
