@@ -91,10 +91,13 @@ def get_session(profile: str | None = None, *, master: str | None = None,
     uses the ``local`` profile. ``master`` and ``conf`` override the profile. An already
     active session is reused (Spark allows one per driver): its static settings stay.
     """
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    submitted = SparkConf().contains("spark.master")    # set by spark-submit
+    # Under spark-submit the JVM started this Python process and holds the submitted settings.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if submitted:
+        SparkContext._ensure_initialized()
     props = _base_conf()
     if profile is not None or not submitted:
         props.update(load_profile(profile or DEFAULT_PROFILE, conf_dir))
