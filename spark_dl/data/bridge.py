@@ -19,55 +19,80 @@ from ..errors import DataError
 __all__ = ["ShardData", "column_to_numpy"]
 
 
-def column_to_numpy(col: pa.Array | pa.ChunkedArray, name: str, shape: Sequence[int] = (),
-                    where: str = "partition") -> np.ndarray:
-    """Arrow column -> numpy array (n, *shape).
+def column_to_numpy(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: str,
+                    shape: Sequence[int] = (), where: str = "partition") -> np.ndarray:
+    """Arrow column (one array, a chunked array or a list of chunks) -> numpy (n, *shape).
 
     Scalar columns (shape ``()``) keep their numeric kind (integers -> int64, floats ->
     float32); list / fixed-size-list columns of numbers become float32 rows of
-    ``prod(shape)`` values, reshaped to ``shape``.
+    ``prod(shape)`` values, reshaped to ``shape``. The chunks are validated as zero-copy views
+    of the Arrow buffers and copied once into one writable array.
     """
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else \
+        [col] if isinstance(col, pa.Array) else list(col)
+    views, row0 = [], 0
+    for chunk in chunks:
+        views.append(_chunk_view(chunk, name, shape, where, row0))
+        row0 += len(chunk)
+    if not views:
+        return np.zeros((0, *shape), np.float32)
+    widths = {v.shape[1:] for v in views}
+    if len(widths) > 1:
+        raise DataError(f"column '{name}': rows of the {where} have different lengths "
+                        f"{sorted(w[0] for w in widths)}; give shape= or fix the ragged rows")
+    dtype = np.float32 if views[0].dtype.kind == "f" else np.int64
+    out = np.empty((row0, *views[0].shape[1:]), dtype)
+    r = 0
+    for v in views:                      # the one copy: Arrow memory -> a writable array
+        out[r:r + len(v)] = v
+        r += len(v)
+    return out
+
+
+def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0: int):
+    """One Arrow chunk -> a (possibly read-only) numpy view, validated; rows numbered from row0."""
     n = len(col)
     if col.null_count:
-        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        row = row0 + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise DataError(f"column '{name}' has a null at row {row} of the {where}; "
                         f"drop or fill missing rows before training (df.dropna(subset=['{name}']))")
     t = col.type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        dim = int(np.prod(shape)) if len(shape) else None
         if pa.types.is_fixed_size_list(t):
             lengths = np.full(n, t.list_size)
         else:
-            offsets = col.offsets.to_numpy()
-            lengths = np.diff(offsets)
-        want = dim if dim is not None else (int(lengths[0]) if n else 0)
+            lengths = np.diff(col.offsets.to_numpy())
+        want = int(np.prod(shape)) if len(shape) else (int(lengths[0]) if n else 0)
         bad = np.flatnonzero(lengths != want)
         if len(bad):
             r = int(bad[0])
-            raise DataError(f"column '{name}': row {r} of the {where} has {int(lengths[r])} "
-                            f"values, expected {want} (shape {tuple(shape) or (want,)}); rows "
-                            f"must all have the same length; fix or filter the ragged rows")
+            raise DataError(f"column '{name}': row {row0 + r} of the {where} has "
+                            f"{int(lengths[r])} values, expected {want} (shape "
+                            f"{tuple(shape) or (want,)}); rows must all have the same length; "
+                            f"fix or filter the ragged rows")
         values = col.flatten()
         if values.null_count:
             raise DataError(f"column '{name}' holds null elements inside its arrays in the "
                             f"{where}; fill them before training")
-        arr = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+            raise DataError(f"column '{name}' holds arrays of {values.type}; expected numbers")
+        arr = values.to_numpy(zero_copy_only=False)
         arr = arr.reshape((n, *shape) if len(shape) else (n, want))
-    elif pa.types.is_integer(t):
-        arr = col.to_numpy().astype(np.int64, copy=False)
-    elif pa.types.is_floating(t):
-        arr = col.to_numpy().astype(np.float32, copy=False)
+        if arr.dtype.kind != "f":
+            arr = arr.astype(np.float32)
+    elif pa.types.is_integer(t) or pa.types.is_floating(t):
+        arr = col.to_numpy()
+        if len(shape):
+            raise DataError(f"column '{name}' holds scalars but shape {tuple(shape)} was "
+                            f"given; use an array column or drop the shape")
     else:
         raise DataError(f"column '{name}' has Arrow type {t}; expected numbers or arrays of "
                         f"numbers (array<float> or an ML vector converted with vector_to_array)")
-    if not arr.flags.writeable:          # zero-copy view of Arrow memory: torch wants its own
-        arr = arr.copy()
-    if arr.dtype.kind == "f":
-        finite = np.isfinite(arr.reshape(n, -1)).all(axis=1) if n else np.ones(0, bool)
+    # Fast path: a finite sum means every value is finite; otherwise find the row.
+    if arr.dtype.kind == "f" and n and not np.isfinite(arr.sum()):
+        finite = np.isfinite(arr.reshape(n, -1)).all(axis=1)
         if not finite.all():
-            r = int(np.flatnonzero(~finite)[0])
+            r = row0 + int(np.flatnonzero(~finite)[0])
             raise DataError(f"column '{name}': row {r} of the {where} holds NaN or inf; "
                             f"clean the data (e.g. filter with isnan) before training")
     return arr
@@ -102,11 +127,10 @@ class ShardData:
             dim = tuple(shape) if len(shape) else (0,)
             empty_y = np.zeros((0, *label_shape), np.int64 if not label_shape else np.float32)
             return cls(np.zeros((0, *dim), np.float32), empty_y if label else None)
-        table = pa.Table.from_batches(batches)
-        x = column_to_numpy(table.column(features), features, shape, where)
+        x = column_to_numpy([b.column(features) for b in batches], features, shape, where)
         y = None
         if label:
-            y = column_to_numpy(table.column(label), label, label_shape, where)
+            y = column_to_numpy([b.column(label) for b in batches], label, label_shape, where)
             if num_classes is not None:
                 if y.dtype.kind != "i":
                     raise DataError(f"column '{label}' must hold integer class ids for "
