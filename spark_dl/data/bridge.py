@@ -8,6 +8,7 @@ shuffled mini-batches per epoch.
 
 from __future__ import annotations
 
+import warnings
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -16,40 +17,61 @@ import torch
 
 from ..errors import DataError
 
-__all__ = ["ShardData", "column_to_numpy"]
+__all__ = ["ShardData", "column_chunks", "column_to_numpy"]
 
 
-def column_to_numpy(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: str,
-                    shape: Sequence[int] = (), where: str = "partition") -> np.ndarray:
-    """Arrow column (one array, a chunked array or a list of chunks) -> numpy (n, *shape).
+def column_chunks(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: str,
+                  shape: Sequence[int] = (), where: str = "partition",
+                  dtype: np.dtype | None = None) -> list[np.ndarray]:
+    """Arrow column (an array, a chunked array or a list of chunks) -> validated numpy chunks.
 
-    Scalar columns (shape ``()``) keep their numeric kind (integers -> int64, floats ->
-    float32); list / fixed-size-list columns of numbers become float32 rows of
-    ``prod(shape)`` values, reshaped to ``shape``. The chunks are validated as zero-copy views
-    of the Arrow buffers and copied once into one writable array.
+    Chunks are zero-copy, read-only views of the Arrow buffers where the type allows (a cast
+    to ``dtype`` copies); empty chunks are dropped. Rows are numbered across chunks in errors.
     """
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else \
         [col] if isinstance(col, pa.Array) else list(col)
     views, row0 = [], 0
     for chunk in chunks:
-        views.append(_chunk_view(chunk, name, shape, where, row0))
+        if len(chunk):
+            views.append(_chunk_view(chunk, name, shape, where, row0, dtype))
         row0 += len(chunk)
-    if not views:
-        return np.zeros((0, *shape), np.float32)
-    widths = {v.shape[1:] for v in views}
-    if len(widths) > 1:
+    if len({v.shape[1:] for v in views}) > 1:
         raise DataError(f"column '{name}': rows of the {where} have different lengths "
-                        f"{sorted(w[0] for w in widths)}; give shape= or fix the ragged rows")
-    dtype = np.float32 if views[0].dtype.kind == "f" else np.int64
-    out = np.empty((row0, *views[0].shape[1:]), dtype)
-    r = 0
-    for v in views:                      # the one copy: Arrow memory -> a writable array
-        out[r:r + len(v)] = v
-        r += len(v)
-    return out
+                        f"{sorted({v.shape[1] for v in views})}; give shape= or fix the ragged rows")
+    return views
 
 
-def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0: int):
+def column_to_numpy(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: str,
+                    shape: Sequence[int] = (), where: str = "partition",
+                    dtype: np.dtype | None = None) -> np.ndarray:
+    """Arrow column -> one writable numpy array (n, *shape), validated (see column_chunks).
+
+    Scalar columns (shape ``()``) keep their numeric kind (integers -> int64, floats ->
+    float32) unless ``dtype`` is given; list / fixed-size-list columns of numbers become
+    float32 rows of ``prod(shape)`` values, reshaped to ``shape``.
+    """
+    views = column_chunks(col, name, shape, where, dtype)
+    if not views:
+        return np.zeros((0, *shape), dtype or np.float32)
+    return _join(views)
+
+
+def _torch_view(arr: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``arr``'s memory, read-only Arrow buffers included; never written."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.from_numpy(arr)
+
+
+def _join(chunks: list[np.ndarray]) -> np.ndarray:
+    """The one copy: Arrow chunks -> one writable array (torch.cat: faster than numpy here)."""
+    if len(chunks) == 1 and chunks[0].flags.writeable:
+        return chunks[0]
+    return torch.cat([_torch_view(c) for c in chunks]).numpy()
+
+
+def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0: int,
+                dtype: np.dtype | None = None) -> np.ndarray:
     """One Arrow chunk -> a (possibly read-only) numpy view, validated; rows numbered from row0."""
     n = len(col)
     if col.null_count:
@@ -78,18 +100,20 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
             raise DataError(f"column '{name}' holds arrays of {values.type}; expected numbers")
         arr = values.to_numpy(zero_copy_only=False)
         arr = arr.reshape((n, *shape) if len(shape) else (n, want))
-        if arr.dtype.kind != "f":
-            arr = arr.astype(np.float32)
+        dtype = dtype or np.float32
     elif pa.types.is_integer(t) or pa.types.is_floating(t):
         arr = col.to_numpy()
         if len(shape):
             raise DataError(f"column '{name}' holds scalars but shape {tuple(shape)} was "
                             f"given; use an array column or drop the shape")
+        dtype = dtype or (np.int64 if pa.types.is_integer(t) else np.float32)
     else:
         raise DataError(f"column '{name}' has Arrow type {t}; expected numbers or arrays of "
                         f"numbers (array<float> or an ML vector converted with vector_to_array)")
+    with np.errstate(over="ignore"):
+        arr = arr.astype(dtype, copy=False)  # cast first: 1e300 as float32 is inf, caught below
     # Fast path: a finite sum means every value is finite; otherwise find the row.
-    if arr.dtype.kind == "f" and n and not np.isfinite(arr.sum()):
+    if arr.dtype.kind == "f" and n and not torch.isfinite(_torch_view(arr).sum()):
         finite = np.isfinite(arr.reshape(n, -1)).all(axis=1)
         if not finite.all():
             r = row0 + int(np.flatnonzero(~finite)[0])
@@ -101,11 +125,14 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
 class ShardData:
     """The rows of one partition as torch-ready arrays.
 
-    features: (n, *shape) float32; labels: (n,) int64 for classes, float32 for targets, or
-    None. ``batches()`` yields ``(x, y)`` torch tensors.
+    features: (n, *shape) float32, one contiguous writable array; labels: (n,) int64 for
+    classes, float32 for targets, or None. ``batches()`` yields ``(x, y)`` torch tensors.
     """
 
-    def __init__(self, features: np.ndarray, labels: np.ndarray | None = None):
+    def __init__(self, features: np.ndarray | Sequence[np.ndarray],
+                 labels: np.ndarray | None = None):
+        if not isinstance(features, np.ndarray):
+            features = _join(list(features))
         if labels is not None and len(labels) != len(features):
             raise ValueError(f"features has {len(features)} rows but labels {len(labels)}")
         self.features, self.labels = features, labels
@@ -127,7 +154,8 @@ class ShardData:
             dim = tuple(shape) if len(shape) else (0,)
             empty_y = np.zeros((0, *label_shape), np.int64 if not label_shape else np.float32)
             return cls(np.zeros((0, *dim), np.float32), empty_y if label else None)
-        x = column_to_numpy([b.column(features) for b in batches], features, shape, where)
+        x = column_chunks([b.column(features) for b in batches], features, shape, where,
+                          np.float32)
         y = None
         if label:
             y = column_to_numpy([b.column(label) for b in batches], label, label_shape, where)
@@ -159,9 +187,9 @@ class ShardData:
         order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else None
         for start in range(0, self.num_batches(batch_size, drop_last) * batch_size, batch_size):
             if order is None:
-                sel = slice(start, min(start + batch_size, n))       # zero-copy views
+                rows = np.arange(start, min(start + batch_size, n))
             else:
-                sel = np.sort(order[start:start + batch_size])       # sorted: cache-friendly gather
-            x = torch.from_numpy(self.features[sel])
-            y = None if self.labels is None else torch.from_numpy(self.labels[sel])
+                rows = np.sort(order[start:start + batch_size])      # sorted: cache-friendly
+            x = torch.from_numpy(self.features[rows])
+            y = None if self.labels is None else torch.from_numpy(self.labels[rows])
             yield x, y

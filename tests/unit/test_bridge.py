@@ -90,3 +90,32 @@ def test_fixed_size_lists_and_vector_targets():
     b = pa.RecordBatch.from_arrays([fx, fx], ["features", "target"])
     shard = ShardData.from_arrow([b], label="target", shape=(2, 2), label_shape=(4,))
     assert shard.features.shape == (3, 2, 2) and shard.labels.shape == (3, 4)
+
+
+def test_batches_gather_across_chunks_exactly():
+    rng = np.random.default_rng(1)
+    x = rng.random((1000, 6), dtype=np.float32)
+    y = rng.integers(0, 10, 1000)
+    cuts = [0, 1, 250, 251, 600, 1000]                 # uneven chunks, one of a single row
+    chunked = ShardData.from_arrow([_batch(x[a:b], y[a:b]) for a, b in zip(cuts, cuts[1:])])
+    whole = ShardData(x, y)
+    for shuffle in (True, False):
+        for (xa, ya), (xb, yb) in zip(chunked.batches(64, shuffle, seed=4, epoch=2),
+                                      whole.batches(64, shuffle, seed=4, epoch=2)):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+            assert xa.numpy().flags.writeable
+    np.testing.assert_array_equal(chunked.features, x)
+
+
+def test_float64_values_that_overflow_float32_are_caught():
+    col = pa.array([[1.0, 2.0], [1e300, 0.0]], pa.list_(pa.float64()))
+    b = pa.RecordBatch.from_arrays([col, pa.array([0, 1])], ["features", "label"])
+    with pytest.raises(DataError, match="row 1 .*NaN or inf"):
+        ShardData.from_arrow([b])
+
+
+def test_empty_chunks_are_ignored():
+    from spark_dl.data import column_to_numpy
+    t = pa.chunked_array([pa.array([], pa.list_(pa.float32())),
+                          pa.array([[1.0, 2.0]], pa.list_(pa.float32()))])
+    assert column_to_numpy(t, "f").shape == (1, 2)
