@@ -10,6 +10,11 @@ command -v java >/dev/null 2>&1 || {
   echo "error: 'java' not found on PATH; Spark needs Java 17 (e.g. apt-get install openjdk-17-jre-headless)" >&2
   exit 1
 }
+java_major="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1)"
+if [ "${java_major:-0}" -lt 17 ]; then
+  echo "error: Spark 4 needs Java 17 or newer; 'java -version' reports ${java_major:-unknown}" >&2
+  exit 1
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setting up $VENV (first run: installs torch==2.13.0, pyspark and test tools) ..." >&2
   "$PYTHON_BIN" -m venv "$VENV"

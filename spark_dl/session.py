@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Mapping
 
@@ -70,7 +71,12 @@ def load_profile(name: str, conf_dir: str | Path | None = None) -> dict[str, str
                 f"unknown Spark profile {name!r}; available: {', '.join(available_profiles(conf_dir))}"
                 f" (searched {', '.join(str(d) for d in profile_dirs(conf_dir))})")
         path = found[0]
-    return parse_properties(path.read_text(), str(path))
+    props = parse_properties(path.read_text(), str(path))
+    for key, value in props.items():
+        # Resource discovery scripts run on each executor; make them absolute paths.
+        if key.endswith(".discoveryScript") and not os.path.isabs(value):
+            props[key] = str((path.parent / value).resolve())
+    return props
 
 
 def _base_conf() -> dict[str, str]:
@@ -108,6 +114,16 @@ def get_session(profile: str | None = None, *, master: str | None = None,
         # spark-submit's settings (properties file, --master, --conf) win over our defaults.
         given = dict(SparkConf().getAll())
         props = {k: v for k, v in props.items() if k not in given}
+    if not submitted:
+        # PySpark takes the executors' Python from $PYSPARK_PYTHON when it starts the
+        # SparkContext (the builder's spark.pyspark.python alone is not enough).
+        os.environ.setdefault("PYSPARK_PYTHON", props["spark.pyspark.python"])
+    active = SparkSession.getActiveSession()
+    if active is not None and "spark.master" in props and \
+            active.sparkContext.master != props["spark.master"]:
+        warnings.warn(f"a SparkSession on {active.sparkContext.master} is already running in "
+                      f"this driver; reusing it instead of {props['spark.master']!r} (stop it "
+                      f"first to switch profiles)", stacklevel=2)
     builder = SparkSession.builder
     for k, v in props.items():
         builder = builder.config(k, v)

@@ -33,7 +33,8 @@ def decode_image(raw: bytes, path: str = "<bytes>") -> np.ndarray:
             im.load()
             im = im if im.mode in ("L", "RGB") else im.convert("RGB")
             return np.asarray(im)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError,
+            SyntaxError) as e:
         raise DataError(f"corrupt or unreadable image {path}: {e}; remove or replace the file, "
                         f"or read with on_error='skip'") from e
 

@@ -34,6 +34,9 @@ def arrays_to_arrow(features: np.ndarray, labels: np.ndarray) -> pa.RecordBatch:
     """(n, ...) float features + (n,) labels -> RecordBatch(features list<float>, label int64)."""
     n = len(features)
     flat = np.ascontiguousarray(features, dtype=np.float32).reshape(-1)
+    if flat.size >= 2**31:
+        raise ValueError(f"{flat.size} values exceed one Arrow list array's int32 offsets; "
+                         f"pass at most {(2**31 - 1) // max(flat.size // max(n, 1), 1)} rows")
     dim = flat.size // n if n else 0
     offsets = pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32) if n else [0],
                        pa.int32())

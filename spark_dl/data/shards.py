@@ -1,8 +1,8 @@
 """Parquet shards written and read through pyarrow, one file per Spark partition.
 
 ``write_shards`` runs in the executors: each task streams its partition's Arrow batches into
-``shard-<partition>.parquet`` under the target directory (any pyarrow filesystem URI: local
-paths shared by the executors, ``hdfs://``, ``s3://``). The driver receives only a summary
+``shard-<partition>.parquet`` under the target directory (any pyarrow filesystem URI: ``hdfs://``,
+``s3://``, or a local path, made absolute on the driver, that every executor can reach). The driver receives only a summary
 per shard and writes ``_manifest.json`` (schema, shards, row counts), which ``read_shards``
 checks before handing the directory to Spark.
 """
@@ -22,11 +22,16 @@ __all__ = ["write_shards", "read_shards", "shard_files", "MANIFEST"]
 MANIFEST = "_manifest.json"
 
 
+def _resolve(uri: str) -> str:
+    """Driver side: a plain path becomes an absolute ``file://`` URI, so that executors (whose
+    working directories differ from the driver's) and Spark's reader (whose default
+    filesystem may be HDFS) all see the same place."""
+    return uri if "://" in uri else "file://" + os.path.abspath(uri)
+
+
 def _fs(uri: str):
     from pyarrow import fs
-    if "://" not in uri:
-        return fs.LocalFileSystem(), os.path.abspath(uri)
-    return fs.FileSystem.from_uri(uri)
+    return fs.FileSystem.from_uri(_resolve(uri))
 
 
 def write_shards(df, uri: str, mode: str = "error", compression: str = "snappy") -> dict:
@@ -35,31 +40,41 @@ def write_shards(df, uri: str, mode: str = "error", compression: str = "snappy")
     if mode not in ("error", "overwrite"):
         raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}")
     from pyarrow import fs as pafs
+    uri = _resolve(uri)
     filesystem, root = _fs(uri)
     info = filesystem.get_file_info(root)
     if info.type != pafs.FileType.NotFound:
         if mode == "error":
             raise DataError(f"shard directory {uri} already exists; pass mode='overwrite' or "
                             f"choose another path")
-        if info.type == pafs.FileType.Directory:
-            filesystem.delete_dir(root)
-        else:
-            filesystem.delete_file(root)
+        listing = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)) \
+            if info.type == pafs.FileType.Directory else [info]
+        if info.type != pafs.FileType.Directory or (
+                listing and not any(f.base_name == MANIFEST for f in listing)):
+            raise DataError(f"refusing to overwrite {uri}: it is not a shard directory written "
+                            f"by write_shards (no {MANIFEST}); remove it yourself or choose "
+                            f"another path")
+        filesystem.delete_dir(root)
     filesystem.create_dir(root, recursive=True)
 
     def _write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Runs on executors: stream this partition into its own Parquet file.
         import pyarrow.parquet as pq
         from pyspark import TaskContext
-        part = TaskContext.get().partitionId()
+        ctx = TaskContext.get()
+        part = ctx.partitionId()
         filesystem_, root_ = _fs(uri)
-        writer, rows, name = None, 0, f"shard-{part:05d}.parquet"
+        name = f"shard-{part:05d}.parquet"
+        # Each attempt writes its own temporary file and renames it when complete, so a
+        # retried or speculative attempt never interleaves with another one's bytes.
+        tmp = f"{root_}/.{name}.attempt-{ctx.taskAttemptId()}"
+        writer, rows = None, 0
         try:
             for b in batches:
                 if b.num_rows == 0:
                     continue
                 if writer is None:
-                    sink = filesystem_.open_output_stream(f"{root_}/{name}")
+                    sink = filesystem_.open_output_stream(tmp)
                     writer = pq.ParquetWriter(sink, b.schema, compression=compression)
                 writer.write_batch(b)
                 rows += b.num_rows
@@ -67,6 +82,8 @@ def write_shards(df, uri: str, mode: str = "error", compression: str = "snappy")
             if writer is not None:
                 writer.close()
                 sink.close()
+        if rows:
+            filesystem_.move(tmp, f"{root_}/{name}")
         yield pa.RecordBatch.from_arrays(
             [pa.array([name if rows else None], pa.string()), pa.array([rows], pa.int64()),
              pa.array([part], pa.int32())], ["shard", "rows", "partition"])
@@ -100,7 +117,7 @@ def shard_files(uri: str) -> list[tuple[str, int]]:
         if filesystem.get_file_info(path).type.name == "NotFound":
             raise DataError(f"shard {s['file']} listed in {uri}/{MANIFEST} is missing; "
                             f"rewrite the shards")
-        out.append((path if "://" not in uri else f"{uri.rstrip('/')}/{s['file']}", s["rows"]))
+        out.append((f"{_resolve(uri).rstrip('/')}/{s['file']}", s["rows"]))
     return out
 
 

@@ -88,7 +88,8 @@ def text_vocab(spark, path: str) -> CharVocab:
             chars = set()
             for t in b.column(0).to_pylist():
                 chars.update(t or "")
-            yield pa.RecordBatch.from_pydict({"c": sorted(chars)})
+            yield pa.RecordBatch.from_pydict({"c": sorted(chars)},
+                                             schema=pa.schema([("c", pa.string())]))
 
     rows = spark.read.text(path, wholetext=True).mapInArrow(_chars_task, "c string").distinct()
     return CharVocab(sorted(r.c for r in rows.collect()))

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 
@@ -77,16 +78,22 @@ def standalone(tmp_path):
 
 @pytest.mark.cluster
 def test_standalone_cluster_runs_the_demo_and_the_probe(venv_bin, standalone, tmp_path):
+    # A relative shards_dir: executors work in their own directories, the path must be
+    # resolved on the driver (against ROOT, the job's working directory).
+    shards = f"work/test-standalone-{os.getpid()}"
     assert re.fullmatch(r"spark://127\.0\.0\.1:\d+", standalone)
     common = ["--master", standalone, "--properties-file", ROOT / "conf/spark/standalone.conf"]
     out = _submit(venv_bin, *common, ROOT / "jobs/demo.py", "--config",
                   ROOT / "conf/jobs/demo.toml", "--set", "data.extended_samples=3000",
-                  "--set", f"data.shards_dir='{tmp_path / 'shards'}'")
+                  "--set", f"data.shards_dir='{shards}'")
     assert "extended MNIST: 3000 distorted digits in 4 shards" in out
     acc = float(re.search(r"test accuracy \(cnn, last 2000 MNIST digits\): ([\d.]+)%", out)[1])
     assert 20 < acc <= 100                                # 3000 samples, one pass: well above 10%
-    manifest = json.loads((tmp_path / "shards" / "_manifest.json").read_text())
-    assert manifest["rows"] == 3000
+    try:
+        manifest = json.loads((ROOT / shards / "_manifest.json").read_text())
+        assert manifest["rows"] == 3000 and len(list((ROOT / shards).glob("*.parquet"))) == 4
+    finally:
+        shutil.rmtree(ROOT / shards, ignore_errors=True)
 
     _submit(venv_bin, *common, PROBE, tmp_path / "probe.json")
     report = json.loads((tmp_path / "probe.json").read_text())

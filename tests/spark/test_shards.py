@@ -16,7 +16,8 @@ def test_write_read_round_trip_through_pyarrow(spark, mnist, tmp_path):
     assert manifest["rows"] == 500 and len(manifest["shards"]) == 3
     files = shard_files(str(out))
     assert sorted(rows for _, rows in files) == [166, 167, 167]
-    assert sum(pq.ParquetFile(p).metadata.num_rows for p, _ in files) == 500
+    assert all(p.startswith("file:///") for p, _ in files)
+    assert sum(pq.ParquetFile(p.removeprefix("file://")).metadata.num_rows for p, _ in files) == 500
     back = read_shards(spark, str(out))
     assert back.count() == 500
     a = np.sort(np.stack(df.toPandas()["features"]).sum(1))
@@ -35,6 +36,24 @@ def test_existing_dir_empty_partitions_and_overwrite(spark, mnist, tmp_path):
                      mode="overwrite")
     assert m["rows"] == 3 and len(m["shards"]) == 3          # empty partitions: no file
     assert read_shards(spark, out).count() == 3
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_shard_dir(spark, mnist, tmp_path):
+    x, y = mnist
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(DataError, match="refusing to overwrite .*no _manifest.json"):
+        write_shards(extended_mnist(spark, x[:50], y[:50], n=5, partitions=2), str(tmp_path),
+                     mode="overwrite")
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_relative_paths_resolve_on_the_driver(spark, mnist, tmp_path, monkeypatch):
+    x, y = mnist
+    monkeypatch.chdir(tmp_path)
+    write_shards(extended_mnist(spark, x[:50], y[:50], n=10, partitions=2), "rel/shards")
+    assert sorted(p.name for p in (tmp_path / "rel" / "shards").iterdir()) == \
+        ["_manifest.json", "shard-00000.parquet", "shard-00001.parquet"]
+    assert read_shards(spark, "rel/shards").count() == 10
 
 
 def test_missing_manifest_or_shard(spark, tmp_path, mnist):

@@ -23,6 +23,15 @@ def test_windows_dataframe(spark, tmp_path):
         decoded = vocab.decode(r.input)
         assert decoded in text
     ids = vocab.encode(text)
-    assert sorted(tuple(r.input) for r in rows)[0] in {tuple(ids[i:i + 10]) for i in
-                                                       range(0, len(ids) - 10, 10)}
+    expected = {tuple(ids[i:i + 10]) for i in range(0, len(ids) - 10, 10)}
+    assert {tuple(r.input) for r in rows} == expected
     assert np.all(np.array([r.input for r in rows]) < len(vocab))
+
+
+def test_empty_text_file_has_a_clear_error(spark, tmp_path):
+    import pytest
+
+    from spark_dl.errors import DataError
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match="vocabulary is empty"):
+        text_vocab(spark, str(tmp_path / "empty.txt"))

@@ -1,3 +1,7 @@
+import json
+import os
+import subprocess
+
 import pytest
 
 from spark_dl import ConfigError, load_profile
@@ -12,6 +16,11 @@ def test_shipped_profiles():
     assert load_profile("standalone")["spark.master"].startswith("spark://")
     gpu = load_profile("gpu")
     assert gpu["spark.task.resource.gpu.amount"] == "1"
+    script = gpu["spark.executor.resource.gpu.discoveryScript"]
+    assert os.path.isabs(script) and os.access(script, os.X_OK)
+    out = subprocess.run([script], env={**os.environ, "SPARK_DL_FAKE_GPUS": "0,1"},
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == {"name": "gpu", "addresses": ["0", "1"]}
     for name in available_profiles():
         assert load_profile(name)["spark.sql.execution.arrow.pyspark.enabled"] == "true"
 
