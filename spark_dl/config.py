@@ -52,15 +52,16 @@ class TrainConfig:
     model: str = "cnn"              # "cnn" (thesis CNN) or "fc" (784-480-160-10)
     epochs: int = 1
     batch_size: int = 16
-    optimizer: str = "sgd"          # "sgd" (with momentum) or "adam"
+    optimizer: str = "sgd"          # sgd (with momentum), rmsprop, adagrad, adam, lbfgs, cg
     lr: float = 0.05
     momentum: float = 0.9
     seed: int = 0
 
     def __post_init__(self):
         _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
-        _check(self.optimizer in ("sgd", "adam"), "train.optimizer", self.optimizer,
-               "must be 'sgd' or 'adam'")
+        from .optim.factory import OPTIMIZERS
+        _check(self.optimizer in OPTIMIZERS, "train.optimizer", self.optimizer,
+               f"must be one of {', '.join(OPTIMIZERS)}")
         _check(self.epochs >= 1, "train.epochs", self.epochs, "must be >= 1")
         _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
         _check(self.lr > 0, "train.lr", self.lr, "must be > 0")

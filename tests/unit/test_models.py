@@ -25,7 +25,7 @@ def test_wrong_shapes_and_names():
         build_model("vgg")
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
         FCNet(act="swish")
-    with pytest.raises(ValueError, match="unknown optimizer"):
+    with pytest.raises(ValueError, match="unknown optimizer 'lbfgs2'; choose one of sgd"):
         make_optimizer("lbfgs2", FCNet().parameters(), 0.1)
 
 

@@ -1,0 +1,30 @@
+"""SRCNN (Dong et al. 2014), the thesis's deep CNN: 9×9×64 → ReLU → 5×5×32 → ReLU → 5×5×1."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["SRCNN"]
+
+
+class SRCNN(nn.Module):
+    """y (B, C, H, W) bicubic-upscaled image -> (B, C, H, W) restored; 'same' padding."""
+
+    def __init__(self, channels: int = 1, widths: tuple[int, int] = (64, 32),
+                 kernels: tuple[int, int, int] = (9, 5, 5)):
+        super().__init__()
+        if any(k % 2 == 0 for k in kernels):
+            raise ValueError(f"SRCNN kernel sizes must be odd for same-size output, got {kernels}")
+        self.channels = channels
+        k1, k2, k3 = kernels
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, widths[0], k1, padding=k1 // 2), nn.ReLU(inplace=True),
+            nn.Conv2d(widths[0], widths[1], k2, padding=k2 // 2), nn.ReLU(inplace=True),
+            nn.Conv2d(widths[1], channels, k3, padding=k3 // 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.channels:
+            raise ValueError(f"SRCNN expects images (B, {self.channels}, H, W), got "
+                             f"{tuple(x.shape)}; use the Y channel or set channels")
+        return self.body(x)
