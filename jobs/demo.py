@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 import time
 
@@ -21,27 +20,15 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _overrides(pairs):
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
-    return out
-
-
 def main(argv=None, spark=None) -> dict:
     import spark_dl
     from spark_dl.data import extended_mnist, mnist_split, read_shards, write_shards
+    from spark_dl.recipes.cli import parse_overrides
     from spark_dl.single_task import fit_single_task
     from spark_dl.train import evaluate
 
     args = parse_args(argv)
-    cfg = spark_dl.load_toml(spark_dl.DemoConfig, args.config, _overrides(args.set))
+    cfg = spark_dl.load_toml(spark_dl.DemoConfig, args.config, parse_overrides(args.set))
     spark = spark or spark_dl.get_session(args.profile)
     d, t = cfg.data, cfg.train
     (train_x, train_y), (test_x, test_y) = mnist_split(d.images, d.labels, d.n_train_source,

@@ -95,12 +95,15 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer=None) -> dict:
 def fit(model: nn.Module, batches_fn: Callable[[int], Iterable],
         optimizer: torch.optim.Optimizer, epochs: int, loss_fn=nn.functional.cross_entropy,
         evaluate_fn: Callable[[nn.Module], dict] | None = None,
-        checkpoint: str | Path | None = None, log: Callable[[str], None] | None = print) -> list:
+        checkpoint: str | Path | None = None, log: Callable[[str], None] | None = print,
+        scheduler=None) -> list:
     """Train for ``epochs``; history: one dict per epoch (train loss, samples, seconds and
     whatever ``evaluate_fn`` returns, prefixed ``val_``). Checkpoints after every epoch."""
     history = []
     for epoch in range(epochs):
         row = {"epoch": epoch + 1, **train_epoch(model, batches_fn(epoch), optimizer, loss_fn)}
+        if scheduler is not None:
+            scheduler.step()
         if evaluate_fn is not None:
             row.update({f"val_{k}": v for k, v in evaluate_fn(model).items()})
         history.append(row)

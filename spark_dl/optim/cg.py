@@ -52,8 +52,10 @@ class NonlinearCG(torch.optim.Optimizer):
         n_params = g.numel()
         restart = group["restart"] or n_params
         d = -g
-        t = group["lr"] / max(1.0, float(g.abs().sum()))      # cautious first step, as LBFGS
         state = self.state.setdefault("cg", {"evals": 0, "restarts": 0})
+        # First call: a cautious step, as LBFGS takes; later calls start from the last
+        # accepted step length (mini-batch use: a few iterations per batch).
+        t = state.get("t") or group["lr"] / max(1.0, float(g.abs().sum()))
         for k in range(group["max_iter"]):
             gtd = float(g @ d)
             if gtd > -group["tolerance_grad"]:
@@ -73,7 +75,9 @@ class NonlinearCG(torch.optim.Optimizer):
                 self._add(-t, d)
                 t *= group["shrink"]
             if not accepted:
+                state["t"] = None                              # start cautious next time
                 break                                          # no decrease found: stop here
+            state["t"] = t
             g_new = self._flat_grad()
             beta = max(0.0, float(g_new @ (g_new - g)) / max(float(g @ g), 1e-30))
             if (k + 1) % restart == 0:
