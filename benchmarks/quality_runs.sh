@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Quality runs of the model zoo (issue: models on real data), single process, written to
+# benchmarks/results/quality/ (or $OUT when set). Groups: mnist | text | sr | all.
+#   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+DEST="${OUT:-benchmarks/results/quality}"
+mkdir -p "$DEST"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+run() { local name="$1"; shift; "$PY" "$@" --set "run.out_dir='$DEST'" 2>&1 | tee "$DEST/$name.log"; }
+group="${1:-all}"
+if [ "$group" = mnist ] || [ "$group" = all ]; then
+  run cnn-sgd jobs/train_mnist.py --config conf/jobs/cnn.toml
+  run cnn-adam jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.optimizer=adam \
+      --set train.lr=0.001 --set train.batch_size=64
+  run fc-cg jobs/train_mnist.py --config conf/jobs/fc.toml
+  run fc-adam jobs/train_mnist.py --config conf/jobs/fc.toml --set train.optimizer=adam \
+      --set train.lr=0.001 --set train.batch_size=64
+  run fc-sgd jobs/train_mnist.py --config conf/jobs/fc.toml --set train.optimizer=sgd \
+      --set train.lr=0.1 --set train.batch_size=32
+  run fc-lbfgs jobs/train_mnist.py --config conf/jobs/fc.toml --set train.optimizer=lbfgs
+fi
+if [ "$group" = text ] || [ "$group" = all ]; then
+  run char-lstm jobs/train_char.py --config conf/jobs/char_lstm.toml
+  run char-rnn jobs/train_char.py --config conf/jobs/char_rnn.toml
+fi
+if [ "$group" = sr ] || [ "$group" = all ]; then
+  run ssda jobs/train_ssda.py --config conf/jobs/ssda.toml
+  run srcnn jobs/train_srcnn.py --config conf/jobs/srcnn.toml
+fi
