@@ -8,7 +8,12 @@ PY="${PYTHON:-python3}"
 DEST="${OUT:-benchmarks/results/quality}"
 mkdir -p "$DEST"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-run() { local name="$1"; shift; "$PY" "$@" --set "run.out_dir='$DEST'" 2>&1 | tee "$DEST/$name.log"; }
+SCRATCH="$(mktemp -d)"            # checkpoints stay out of $DEST; results and logs go there
+run() {
+  local name="$1"; shift
+  "$PY" "$@" --set "run.out_dir='$SCRATCH/$name'" 2>&1 | tee "$DEST/$name.log"
+  cp "$SCRATCH/$name"/*.json "$DEST/"
+}
 group="${1:-all}"
 if [ "$group" = mnist ] || [ "$group" = all ]; then
   run cnn-sgd jobs/train_mnist.py --config conf/jobs/cnn.toml
