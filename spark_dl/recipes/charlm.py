@@ -32,6 +32,7 @@ class CharConfig:
     kind: str = "lstm"              # "lstm" or "rnn"
     hidden: int = 200
     layers: int = 2
+    dropout: float = 0.0            # between recurrent layers
     seq_len: int = 1000
     tbptt: int = 100
     batch_size: int = 32
@@ -49,6 +50,7 @@ class CharConfig:
         for key in ("hidden", "layers", "seq_len", "tbptt", "batch_size", "updates",
                     "eval_every"):
             _check(getattr(self, key) >= 1, key, getattr(self, key), "must be >= 1")
+        _check(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.tbptt <= self.seq_len, "tbptt", self.tbptt, "must be <= seq_len")
 
 
@@ -78,7 +80,7 @@ def train_char(cfg: CharConfig, log=print) -> dict:
     if len(train_ids) <= cfg.seq_len + 1:
         raise ValueError(f"the training part of {cfg.corpus} has {len(train_ids)} characters, "
                          f"fewer than seq_len + 1 = {cfg.seq_len + 1}; lower seq_len")
-    model = CharRNN(len(vocab), cfg.hidden, cfg.layers, cfg.kind).to(device)
+    model = CharRNN(len(vocab), cfg.hidden, cfg.layers, cfg.kind, cfg.dropout).to(device)
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
     gen = torch.Generator().manual_seed(cfg.run.seed)
     curve, done, t0 = [], 0, time.perf_counter()
@@ -100,7 +102,8 @@ def train_char(cfg: CharConfig, log=print) -> dict:
     prime = vocab.encode("ROMEO:\n").tolist()
     text_out = vocab.decode(sample(model.cpu(), prime, cfg.sample_len, cfg.temperature,
                                    torch.Generator().manual_seed(cfg.run.seed)))
-    return {"kind": cfg.kind, "hidden": cfg.hidden, "layers": cfg.layers, "updates": done,
+    return {"kind": cfg.kind, "hidden": cfg.hidden, "layers": cfg.layers,
+            "dropout": cfg.dropout, "updates": done,
             "tbptt": cfg.tbptt, "batch_size": cfg.batch_size, "optimizer": cfg.optimizer,
             "lr": cfg.lr, "vocab": len(vocab), "val_loss": curve[-1]["val_loss"],
             "train_seconds": time.perf_counter() - t0, "curve": curve,
