@@ -38,6 +38,7 @@ class CharConfig:
     batch_size: int = 32
     optimizer: str = "rmsprop"
     lr: float = 2e-3
+    lr_decay: float = 1.0           # multiply the learning rate by this every eval_every updates
     updates: int = 2000             # the fixed budget of optimizer steps
     eval_every: int = 500
     sample_len: int = 300
@@ -50,6 +51,7 @@ class CharConfig:
         for key in ("hidden", "layers", "seq_len", "tbptt", "batch_size", "updates",
                     "eval_every"):
             _check(getattr(self, key) >= 1, key, getattr(self, key), "must be >= 1")
+        _check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "must be in (0, 1]")
         _check(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.tbptt <= self.seq_len, "tbptt", self.tbptt, "must be <= seq_len")
 
@@ -94,6 +96,8 @@ def train_char(cfg: CharConfig, log=print) -> dict:
         before = done
         done += chunks
         if done // cfg.eval_every > before // cfg.eval_every or done >= cfg.updates:
+            for group in opt.param_groups:
+                group["lr"] *= cfg.lr_decay
             val = _validate(model, val_ids, cfg.tbptt)
             curve.append({"updates": done, "train_loss": loss, "val_loss": val,
                           "seconds": time.perf_counter() - t0})
@@ -105,6 +109,6 @@ def train_char(cfg: CharConfig, log=print) -> dict:
     return {"kind": cfg.kind, "hidden": cfg.hidden, "layers": cfg.layers,
             "dropout": cfg.dropout, "updates": done,
             "tbptt": cfg.tbptt, "batch_size": cfg.batch_size, "optimizer": cfg.optimizer,
-            "lr": cfg.lr, "vocab": len(vocab), "val_loss": curve[-1]["val_loss"],
+            "lr": cfg.lr, "lr_decay": cfg.lr_decay, "vocab": len(vocab), "val_loss": curve[-1]["val_loss"],
             "train_seconds": time.perf_counter() - t0, "curve": curve,
             "sample": "ROMEO:\n" + text_out}
