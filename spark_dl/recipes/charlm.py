@@ -40,6 +40,7 @@ class CharConfig:
     lr: float = 2e-3
     lr_decay: float = 1.0           # multiply the learning rate by this every eval_every updates
     updates: int = 2000             # the fixed budget of optimizer steps
+    time_budget_s: float = 0.0      # also stop once training has run this long (0: no limit)
     eval_every: int = 500
     sample_len: int = 300
     temperature: float = 0.8
@@ -86,7 +87,9 @@ def train_char(cfg: CharConfig, log=print) -> dict:
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
     gen = torch.Generator().manual_seed(cfg.run.seed)
     curve, done, t0 = [], 0, time.perf_counter()
-    while done < cfg.updates:
+    def out_of_time():
+        return cfg.time_budget_s > 0 and time.perf_counter() - t0 >= cfg.time_budget_s
+    while done < cfg.updates and not out_of_time():
         starts = torch.randint(0, len(train_ids) - cfg.seq_len - 1, (cfg.batch_size,),
                                generator=gen)
         window = torch.stack([train_ids[s:s + cfg.seq_len + 1] for s in starts]).to(device)
@@ -95,7 +98,8 @@ def train_char(cfg: CharConfig, log=print) -> dict:
                               window[:, 1:chunks * cfg.tbptt + 1], opt, chunk=cfg.tbptt)
         before = done
         done += chunks
-        if done // cfg.eval_every > before // cfg.eval_every or done >= cfg.updates:
+        if done // cfg.eval_every > before // cfg.eval_every or done >= cfg.updates or \
+                out_of_time():
             for group in opt.param_groups:
                 group["lr"] *= cfg.lr_decay
             val = _validate(model, val_ids, cfg.tbptt)
@@ -109,6 +113,7 @@ def train_char(cfg: CharConfig, log=print) -> dict:
     return {"kind": cfg.kind, "hidden": cfg.hidden, "layers": cfg.layers,
             "dropout": cfg.dropout, "updates": done,
             "tbptt": cfg.tbptt, "batch_size": cfg.batch_size, "optimizer": cfg.optimizer,
-            "lr": cfg.lr, "lr_decay": cfg.lr_decay, "vocab": len(vocab), "val_loss": curve[-1]["val_loss"],
+            "lr": cfg.lr, "lr_decay": cfg.lr_decay, "time_budget_s": cfg.time_budget_s,
+            "vocab": len(vocab), "val_loss": curve[-1]["val_loss"],
             "train_seconds": time.perf_counter() - t0, "curve": curve,
             "sample": "ROMEO:\n" + text_out}
