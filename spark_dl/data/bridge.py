@@ -64,10 +64,14 @@ def _torch_view(arr: np.ndarray) -> torch.Tensor:
 
 
 def _join(chunks: list[np.ndarray]) -> np.ndarray:
-    """The one copy: Arrow chunks -> one writable array (torch.cat: faster than numpy here)."""
+    """The one copy: Arrow chunks -> one writable array.
+
+    np.concatenate, not torch.cat: a fresh 188 MB torch tensor costs 3x more here (56 vs 18 ms
+    for 60,000 MNIST rows), its pages being faulted in one by one.
+    """
     if len(chunks) == 1 and chunks[0].flags.writeable:
         return chunks[0]
-    return torch.cat([_torch_view(c) for c in chunks]).numpy()
+    return np.concatenate(chunks)
 
 
 def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0: int,
