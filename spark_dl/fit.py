@@ -1,0 +1,206 @@
+"""``spark_dl.fit``: train a torch model on a DataFrame's partitions with a distributed engine.
+
+    from spark_dl import fit
+    result = fit(df, "cnn", strategy="allreduce", shape=(1, 28, 28), num_classes=10,
+                 optimizer="sgd", lr=0.05, momentum=0.9, epochs=3, batch_size=64)
+    result.model, result.history, result.run_dir
+
+The DataFrame holds a feature column (array<float> or fixed-size list, reshaped to ``shape``)
+and a label column; each partition is one replica's shard (``replicas`` repartitions). Rows
+never reach the driver: each task reads its partition through the Arrow bridge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import ConfigError, DataError, ResourceError
+from .optim.factory import OPTIMIZERS
+from .parallel import allreduce
+from .parallel.channel import MessageServer
+from .runs import new_run_dir, plot_history, write_history, write_json
+
+__all__ = ["fit", "FitResult", "STRATEGIES"]
+
+STRATEGIES = ("allreduce",)
+
+
+@dataclasses.dataclass
+class FitResult:
+    model: nn.Module
+    history: list[dict]          # one dict per epoch: loss, samples, seconds, samples_per_s, val_*
+    info: dict                   # replicas, devices, rows per replica, all-reduce calls and bytes
+    run_dir: Path
+
+    @property
+    def final(self) -> dict:
+        return self.history[-1] if self.history else {}
+
+
+def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    if isinstance(model, str):
+        from .models import build_model
+        build_model(model)                      # unknown names fail here, on the driver
+        return lambda: build_model(model)
+    if not callable(model):
+        raise TypeError(f"model must be a model name ('fc', 'cnn') or a function returning an "
+                        f"nn.Module, got {type(model).__name__}")
+    return model
+
+
+def _slots(spark) -> int:
+    sc = spark.sparkContext
+    task_cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+    return max(1, sc.defaultParallelism // task_cpus)
+
+
+def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce",
+        features: str = "features", label: str = "label", shape=(), label_shape=(),
+        num_classes: int | None = None, loss: str | Callable = "cross_entropy",
+        optimizer: str = "sgd", lr: float = 0.01, momentum: float = 0.0,
+        weight_decay: float = 0.0, max_iter: int = 3, epochs: int = 1, batch_size: int = 64,
+        accumulate: int = 1, replicas: int | None = None, shuffle: bool = True, seed: int = 0,
+        dtype: str = "float32", device: str = "auto", amp: str | None = None,
+        threads: int = 0, validation: tuple | None = None, run_dir: str | Path | None = None,
+        resume: bool = True, progress: bool = True, log: Callable[[str], None] | None = print,
+        timeout_s: float = 300.0) -> FitResult:
+    """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
+
+    strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
+      ring all-reduce of the gradients every step).
+    batch_size: per replica and micro-batch; ``accumulate`` micro-batches make one step, so the
+      global batch is replicas x accumulate x batch_size.
+    replicas: number of tasks (default: the DataFrame's partitions, at most the cluster's task
+      slots); the data is repartitioned when it differs.
+    device: "auto" (the GPU Spark assigned to the task, else the CPU), "cpu" or "cuda";
+      amp: None, "bf16" or "fp16" autocast with float32 master weights; dtype: "float32" or
+      "float64" (exactness checks).
+    validation: (x, y) numpy arrays evaluated by replica 0 after every epoch.
+    run_dir: where config, metrics, history, plot and checkpoints go (default
+      runs/<strategy>-<time>-<id>); a run_dir with a checkpoint is resumed when ``resume``.
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of "
+                          f"{', '.join(OPTIMIZERS)}")
+    for name, value, low in (("epochs", epochs, 1), ("batch_size", batch_size, 1),
+                             ("accumulate", accumulate, 1), ("max_iter", max_iter, 1)):
+        if not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    if not lr > 0:
+        raise ConfigError(f"lr must be > 0, got {lr!r}")
+    if dtype not in ("float32", "float64"):
+        raise ConfigError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+    if amp not in (None, "bf16", "fp16"):
+        raise ConfigError(f"amp must be None, 'bf16' or 'fp16', got {amp!r}")
+    if amp is not None and dtype == "float64":
+        raise ConfigError("amp autocasts float32 weights; use dtype='float32' with amp")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    loss_name = loss if isinstance(loss, str) else "custom"
+    loss_fn = allreduce.loss_function(loss) if isinstance(loss, str) else loss
+    if not callable(loss_fn):
+        raise TypeError(f"loss must be a name or a callable, got {type(loss).__name__}")
+    for col in (features, label):
+        if col and col not in df.columns:
+            raise DataError(f"column {col!r} not in the DataFrame (columns: {df.columns}); "
+                            f"pass features=/label= with the right names")
+    if validation is not None:
+        vx, vy = (np.asarray(a) for a in validation)
+        if len(vx) != len(vy):
+            raise DataError(f"validation x has {len(vx)} rows but y has {len(vy)}")
+        if vx.dtype.kind == "f" and not np.isfinite(vx).all():
+            raise DataError("validation x holds NaN or inf; clean it before training")
+        vx = vx.reshape(len(vx), *shape) if len(shape) else vx
+        validation = (vx.astype(np.float64 if dtype == "float64" else np.float32), vy)
+    model_fn = _model_factory(model)
+
+    spark = df.sparkSession
+    slots = _slots(spark)
+    parts = df.rdd.getNumPartitions()
+    if replicas is None:
+        replicas = min(parts, slots)
+    if not isinstance(replicas, int) or replicas < 1:
+        raise ConfigError(f"replicas must be an integer >= 1, got {replicas!r}")
+    if replicas > slots:
+        raise ResourceError(
+            f"replicas={replicas} but the cluster runs {slots} task(s) at once (default "
+            f"parallelism {spark.sparkContext.defaultParallelism} / spark.task.cpus); a barrier "
+            f"stage needs all its tasks running together: use replicas <= {slots} or add "
+            f"executors/cores")
+    if parts != replicas:
+        df = df.coalesce(replicas) if replicas < parts else df.repartition(replicas)
+
+    cfg = allreduce.AllReduceConfig(
+        features=features, label=label, shape=tuple(shape), label_shape=tuple(label_shape),
+        num_classes=num_classes, loss=loss_name, optimizer=optimizer, lr=float(lr),
+        momentum=float(momentum), weight_decay=float(weight_decay), max_iter=max_iter,
+        epochs=epochs, batch_size=batch_size, accumulate=accumulate, shuffle=shuffle,
+        seed=seed, dtype=dtype, device=device, amp=amp, threads=threads, timeout_s=timeout_s,
+        resume=resume)
+    run_path = Path(run_dir).resolve() if run_dir is not None else \
+        new_run_dir("runs", strategy)
+    run_path.mkdir(parents=True, exist_ok=True)
+    write_json(run_path / "config.json", {"strategy": strategy, "replicas": replicas,
+                                          "model": model if isinstance(model, str) else
+                                          getattr(model, "__name__", repr(model)),
+                                          **dataclasses.asdict(cfg)})
+
+    secret = secrets.token_hex(16)
+    metrics = open(run_path / "metrics.jsonl", "a")
+    t_start = time.perf_counter()
+
+    def on_message(m: dict) -> None:
+        metrics.write(json.dumps(m) + "\n")
+        metrics.flush()
+        if not progress or log is None:
+            return
+        if m.get("type") == "step":
+            log(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']} "
+                f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s")
+        elif m.get("type") == "epoch":
+            extra = "".join(f" {k} {m[k]:.4f}" for k in ("val_loss", "val_accuracy") if k in m)
+            log(f"epoch {m['epoch']}: loss {m['loss']:.4f}{extra}, {m['samples']} samples, "
+                f"{m['samples_per_s']:,.0f} samples/s")
+        elif m.get("type") == "resume":
+            log(f"resumed from the checkpoint of epoch {m['epoch']}")
+
+    host = spark.conf.get("spark.driver.host", "127.0.0.1")
+    server = MessageServer(host, secret.encode(), on_message)
+    task = allreduce.make_task(cfg, model_fn, loss_fn, secret, server.address, str(run_path),
+                               validation)
+    if log is not None:
+        log(f"{strategy}: {replicas} replica(s), run directory {run_path}")
+    try:
+        rows = df.mapInArrow(task, allreduce.RESULT_SCHEMA, barrier=True).collect()
+    finally:
+        server.close()
+        metrics.close()
+    if not rows:
+        raise RuntimeError("the training stage returned no result (replica 0 produced none)")
+    row = rows[0]
+    if row.error:
+        raise DataError(f"training data rejected before training started: {row.error}")
+    net = model_fn()
+    if dtype == "float64":
+        net = net.double()
+    net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True))
+    history = json.loads(row.history)
+    info = {**json.loads(row.info), "wall_seconds": time.perf_counter() - t_start,
+            "rejected_messages": server.rejected}
+    write_history(run_path / "history.csv", history)
+    write_json(run_path / "info.json", info)
+    plot_history(run_path / "loss.png", history, f"{strategy}, {replicas} replica(s)")
+    torch.save(net.state_dict(), run_path / "model.pt")
+    return FitResult(net, history, info, run_path)

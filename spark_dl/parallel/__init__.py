@@ -1,0 +1,1 @@
+"""Distributed engines: synchronous all-reduce (``allreduce``); more to come."""

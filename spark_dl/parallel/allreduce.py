@@ -1,0 +1,374 @@
+"""Synchronous data parallelism in one Spark barrier stage: every step, ring all-reduce of the
+gradients (bucketed), weighted by samples.
+
+Each of R tasks reads its own partition through the Arrow bridge, builds the model from the
+same seed (and takes rank 0's weights to be sure), and per step runs ``accumulate``
+micro-batches, sums ``n_i * grad(mean loss_i)`` locally, all-reduces the sums together with the
+sample count, and divides: every replica then holds the gradient of the mean loss over the
+global batch, however unevenly the data is split. All replicas run the same number of steps
+per epoch (that of the largest shard); a replica whose shard is used up contributes zero
+samples (join semantics). Checkpoints go to the run directory after every epoch; a retried
+stage resumes from the last one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["AllReduceConfig", "GradientSync", "make_task", "LOSSES"]
+
+LOSSES = ("cross_entropy", "mse")
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceConfig:
+    """Plain values shipped to the tasks (see ``spark_dl.fit`` for their meaning)."""
+
+    features: str = "features"
+    label: str = "label"
+    shape: tuple = ()
+    label_shape: tuple = ()
+    num_classes: int | None = None
+    loss: str = "cross_entropy"
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    max_iter: int = 3
+    epochs: int = 1
+    batch_size: int = 64
+    accumulate: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "auto"
+    amp: str | None = None
+    threads: int = 0
+    bucket_mb: float = 25.0
+    timeout_s: float = 300.0
+    progress_every_s: float = 2.0
+    resume: bool = True
+
+
+def loss_function(name: str) -> Callable:
+    if name == "cross_entropy":
+        return nn.functional.cross_entropy
+    if name == "mse":
+        return nn.functional.mse_loss
+    raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)} "
+                     f"or pass a callable loss(output, target) -> mean loss")
+
+
+class GradientSync:
+    """Bucketed all-reduce of summed gradients plus (loss sum, sample count); sample-weighted.
+
+    Buckets are flat buffers of about ``bucket_mb`` MB, reduced asynchronously in parallel;
+    the last one carries two extra values, the local loss sum and sample count. The messages
+    and bytes sent are counted.
+    """
+
+    def __init__(self, params: list[nn.Parameter], bucket_mb: float = 25.0):
+        self.params = [p for p in params if p.requires_grad]
+        limit = max(1, int(bucket_mb * 2**20 / self.params[0].element_size()))
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for p in self.params:
+            if size and size + p.numel() > limit:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel()
+        ref = self.params[0]
+        self.flats = [torch.zeros(sum(p.numel() for p in b) + (2 if i == len(self.buckets) - 1
+                                                                else 0),
+                                  dtype=ref.dtype, device=ref.device)
+                      for i, b in enumerate(self.buckets)]
+        self.calls = self.bytes = 0
+
+    def __call__(self, loss_sum: float, count: int) -> tuple[float, float]:
+        """Replace every .grad by the global sample-weighted mean gradient; returns the global
+        (mean loss, sample count)."""
+        works = []
+        for bucket, flat in zip(self.buckets, self.flats):
+            off = 0
+            for p in bucket:
+                n = p.numel()
+                if p.grad is None:
+                    flat[off:off + n].zero_()
+                else:
+                    flat[off:off + n].copy_(p.grad.reshape(-1))
+                off += n
+            if flat is self.flats[-1]:
+                flat[-2], flat[-1] = loss_sum, count
+            works.append(dist.all_reduce(flat, async_op=True))
+            self.bytes += flat.numel() * flat.element_size()
+        for w in works:
+            w.wait()
+        self.calls += 1
+        total = float(self.flats[-1][-1])
+        loss = float(self.flats[-1][-2]) / max(total, 1.0)
+        for bucket, flat in zip(self.buckets, self.flats):
+            off = 0
+            for p in bucket:
+                n = p.numel()
+                g = flat[off:off + n].view_as(p).div_(max(total, 1.0))
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+                off += n
+        return loss, total
+
+
+def _state_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _broadcast_bytes(data: bytes | None, rank: int, device: torch.device) -> bytes:
+    """Rank 0's bytes to every rank (length first), as uint8 tensors: no pickling."""
+    n = torch.tensor([len(data) if rank == 0 and data is not None else 0], dtype=torch.int64,
+                     device=device)
+    dist.broadcast(n, 0)
+    if int(n) == 0:
+        return b""
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if rank == 0 else \
+        torch.empty(int(n), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, 0)
+    return buf.cpu().numpy().tobytes()
+
+
+def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: Callable,
+              secret: str, channel: tuple[str, int] | None, run_dir: str | None,
+              validation: tuple[np.ndarray, np.ndarray] | None, optimizer_fn=None):
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
+
+    def task(batches: Iterator) -> Iterator:
+        import pyarrow as pa
+        from pyspark import BarrierTaskContext
+
+        from spark_dl.data.bridge import ShardData
+        from spark_dl.errors import SparkDLError
+        from spark_dl.optim.factory import make_optimizer, needs_closure
+        from spark_dl.parallel.channel import MessageClient
+        from spark_dl.parallel.rendezvous import process_group, task_device
+
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        status: dict = {"error": None}
+        shard = device = None
+        try:
+            shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
+                                         cfg.label_shape, cfg.num_classes,
+                                         where=f"partition {rank}")
+            gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
+            device, note = task_device(cfg.device, gpus, rank)
+            status.update(rows=len(shard), device=str(device), note=note, gpus=gpus,
+                          host=os.uname().nodename, pid=os.getpid())
+        except SparkDLError as e:        # reported to all tasks and the driver; not retried
+            status["error"] = f"{type(e).__name__}: {e}"
+        threads = cfg.threads or int(ctx.cpus() or 1)
+        torch.set_num_threads(threads)
+        if run_dir is not None and not status["error"]:
+            _write_worker_info(run_dir, ctx, rank, {**status, "threads": threads})
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+        with process_group(ctx, backend, secret, status, cfg.timeout_s) as (rank_, world,
+                                                                             statuses):
+            if rank_ is None:
+                if rank == 0:
+                    errors = [f"task {i}: {s['error']}" for i, s in enumerate(statuses)
+                              if s.get("error")]
+                    yield pa.RecordBatch.from_pydict(
+                        {"state": [b""], "history": ["[]"], "info": ["{}"],
+                         "error": ["; ".join(errors)]}, schema=_schema())
+                return
+            out = _train(cfg, model_fn, loss_fn, optimizer_fn or make_optimizer,
+                         needs_closure, shard, device, rank, world, statuses,
+                         MessageClient(channel if rank == 0 else None, secret.encode()),
+                         run_dir, validation, ctx)
+        if rank == 0:
+            yield pa.RecordBatch.from_pydict(
+                {"state": [out["state"]], "history": [json.dumps(out["history"])],
+                 "info": [json.dumps(out["info"])], "error": [""]}, schema=_schema())
+
+    return task
+
+
+def _schema():
+    import pyarrow as pa
+    return pa.schema([("state", pa.binary()), ("history", pa.string()), ("info", pa.string()),
+                      ("error", pa.string())])
+
+
+RESULT_SCHEMA = "state binary, history string, info string, error string"
+
+
+def _write_worker_info(run_dir: str, ctx, rank: int, info: dict) -> None:
+    """run_dir/workers/rank-R.json: where this task runs (host, pid, device), for operators."""
+    try:
+        d = Path(run_dir) / "workers"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".rank-{rank}.json.tmp"
+        tmp.write_text(json.dumps({"rank": rank, "attempt": ctx.attemptNumber(),
+                                   "stage": ctx.stageId(), **info}))
+        os.replace(tmp, d / f"rank-{rank}.json")
+    except OSError:
+        pass                              # the run directory is the driver's; may be absent here
+
+
+def _autocast(device: torch.device, amp: str | None):
+    import contextlib
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
+def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device, rank, world,
+           statuses, client, run_dir, validation, ctx) -> dict:
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    torch.manual_seed(cfg.seed)
+    model = model_fn().to(device=device, dtype=dtype)
+    for t in list(model.parameters()) + list(model.buffers()):
+        dist.broadcast(t.data, 0)                       # identical start on every replica
+    opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
+                         weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
+    closure_opt = needs_closure(opt)
+    scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
+    sync = GradientSync(list(model.parameters()), cfg.bucket_mb)
+
+    # Resume from the run's checkpoint (rank 0 reads it, every rank gets its bytes).
+    ckpt_path = Path(run_dir) / "checkpoint.pt" if run_dir else None
+    data = ckpt_path.read_bytes() if rank == 0 and cfg.resume and ckpt_path and \
+        ckpt_path.exists() else None
+    blob = _broadcast_bytes(data, rank, device)
+    start, history, resumed = 0, [], None
+    if blob:
+        ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        if scaler is not None and ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        if len(ckpt["rng"]) == world:
+            torch.set_rng_state(ckpt["rng"][rank].cpu())
+        start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
+        client.send({"type": "resume", "epoch": start})
+
+    n_micro = torch.tensor([shard.num_batches(cfg.batch_size)], device=device)
+    dist.all_reduce(n_micro, op=dist.ReduceOp.MAX)
+    steps = -(-int(n_micro) // cfg.accumulate)
+    total_rows = sum(s["rows"] for s in statuses)
+    val = None
+    if validation is not None and rank == 0:
+        val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
+               torch.as_tensor(validation[1], device=device))
+
+    def run_step(micro):
+        def closure():
+            opt.zero_grad(set_to_none=False)
+            loss_sum, count = 0.0, 0
+            for x, y in micro:
+                x = x.to(device=device, dtype=dtype, non_blocking=True)
+                y = y.to(device=device, non_blocking=True)
+                if y.is_floating_point():
+                    y = y.to(dtype)
+                with _autocast(device, cfg.amp):
+                    loss = loss_fn(model(x), y)
+                scaled = loss * len(x)
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                loss_sum += float(loss.detach()) * len(x)
+                count += len(x)
+            mean, total = sync(loss_sum, count)
+            return torch.tensor(mean, dtype=dtype)
+        if closure_opt:
+            opt.step(closure)
+            return sync.flats[-1][-2].item(), sync.flats[-1][-1].item()
+        closure()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        return sync.flats[-1][-2].item(), sync.flats[-1][-1].item()
+
+    t_fit = time.perf_counter()
+    for epoch in range(start, cfg.epochs):
+        model.train()
+        t0 = last = time.perf_counter()
+        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+                                seed=cfg.seed * 1000003 + rank, epoch=epoch))
+        loss_sum = samples = 0.0
+        for step in range(steps):
+            micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
+            ls, n = run_step(micro)
+            loss_sum, samples = loss_sum + ls, samples + n
+            now = time.perf_counter()
+            if rank == 0 and now - last >= cfg.progress_every_s:
+                last = now
+                client.send({"type": "step", "epoch": epoch + 1, "epochs": cfg.epochs,
+                             "step": step + 1, "steps": steps, "loss": loss_sum / max(samples, 1),
+                             "samples_per_s": samples / (now - t0)})
+        seconds = time.perf_counter() - t0
+        row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
+               "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps}
+        if val is not None:
+            row.update(_evaluate(model, val, loss_fn, cfg.loss == "cross_entropy"))
+        history.append(row)
+        # Every rank's RNG state goes into the checkpoint (dropout continues as it would).
+        states = []
+        if device.type == "cpu":
+            states = [torch.empty_like(torch.get_rng_state()) for _ in range(world)]
+            dist.all_gather(states, torch.get_rng_state())
+        if rank == 0:
+            client.send({"type": "epoch", **row})
+            if ckpt_path is not None:
+                _save(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                  "scaler": scaler.state_dict() if scaler else None,
+                                  "epoch": epoch + 1, "history": history,
+                                  "rng": states})
+    info = {"world": world, "rows_per_replica": [s["rows"] for s in statuses],
+            "devices": [s["device"] for s in statuses], "notes": [s["note"] for s in statuses],
+            "gpus": [s["gpus"] for s in statuses], "hosts": [s["host"] for s in statuses],
+            "steps_per_epoch": steps, "resumed_from_epoch": resumed,
+            "allreduce_calls": sync.calls, "allreduce_bytes": sync.bytes,
+            "buckets": len(sync.buckets), "total_rows": total_rows,
+            "train_seconds": time.perf_counter() - t_fit,
+            "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber()}
+    state = _state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
+    return {"state": state, "history": history, "info": info}
+
+
+@torch.no_grad()
+def _evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
+    model.eval()
+    x, y = val
+    loss, correct = 0.0, 0
+    for i in range(0, len(x), batch):
+        out = model(x[i:i + batch])
+        loss += float(loss_fn(out, y[i:i + batch])) * len(out)
+        if classify:
+            correct += int((out.argmax(1) == y[i:i + batch]).sum())
+    model.train()
+    row = {"val_loss": loss / max(len(x), 1)}
+    if classify:
+        row["val_accuracy"] = correct / max(len(x), 1)
+    return row
+
+
+def _save(path: Path, obj: dict) -> None:
+    """Atomic: write a temporary file next to it, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

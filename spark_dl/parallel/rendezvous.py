@@ -1,0 +1,88 @@
+"""Process groups inside a Spark barrier stage, and the device a task trains on.
+
+Task 0 starts torch's TCPStore on a free port of its own host; the port travels to the other
+tasks through ``BarrierTaskContext.allGather`` (Spark's channel), together with every task's
+status so that one bad partition stops all tasks cleanly instead of leaving them waiting.
+Keys live under a per-fit random prefix, so a peer that does not know the fit's secret cannot
+take part in the rendezvous.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ResourceError
+
+__all__ = ["task_device", "process_group"]
+
+
+def task_device(requested: str, gpu_addresses: list[str], rank: int) -> tuple[torch.device, str]:
+    """The device for this task and a note on why.
+
+    ``auto``: the GPU Spark assigned to the task (``TaskContext.resources()["gpu"]``) when torch
+    has CUDA, else any CUDA device (rank modulo count: local mode without GPU scheduling), else
+    the CPU. ``cuda``: as ``auto`` but without CUDA it is an error. ``cpu``: the CPU.
+    """
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {requested!r}")
+    has_cuda = torch.cuda.is_available()
+    if requested == "cuda" and not has_cuda:
+        raise ResourceError(
+            f"device='cuda' but torch in this executor ({os.uname().nodename}) sees no CUDA "
+            f"device (Spark assigned GPU addresses {gpu_addresses or 'none'}); install a CUDA "
+            f"build of torch on the executors, or use device='auto' or 'cpu'")
+    if requested == "cpu" or not has_cuda:
+        note = "cpu" if not gpu_addresses else \
+            f"cpu: Spark assigned GPU {','.join(gpu_addresses)} but torch has no CUDA"
+        return torch.device("cpu"), note
+    if gpu_addresses:
+        index = int(gpu_addresses[0])
+        if index >= torch.cuda.device_count():
+            raise ResourceError(
+                f"Spark assigned GPU address {index} but torch sees {torch.cuda.device_count()} "
+                f"device(s); check the discovery script and CUDA_VISIBLE_DEVICES")
+        return torch.device("cuda", index), f"cuda:{index} assigned by Spark"
+    index = rank % torch.cuda.device_count()
+    return torch.device("cuda", index), f"cuda:{index} (no GPU scheduling: rank modulo count)"
+
+
+@contextlib.contextmanager
+def process_group(ctx, backend: str, secret: str, status: dict, timeout_s: float):
+    """Yield (rank, world, statuses) with the default process group up; always torn down.
+
+    ``status`` is this task's report (e.g. {"error": None, "rows": 123}); every task gets all
+    reports. When any report carries an error no process group is made and ``None`` is
+    yielded as the rank, so that callers can stop together.
+    """
+    rank = ctx.partitionId()
+    infos = ctx.getTaskInfos()
+    world = len(infos)
+    host = infos[0].address.rsplit(":", 1)[0]
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = None
+    if rank == 0 and not status.get("error"):
+        store = dist.TCPStore(host, 0, world, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        status = {**status, "port": store.port}
+    statuses = [json.loads(m) for m in ctx.allGather(json.dumps(status))]
+    if any(s.get("error") for s in statuses):
+        yield None, world, statuses
+        return
+    if store is None:
+        store = dist.TCPStore(host, statuses[0]["port"], world, is_master=False,
+                              timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"spark_dl/{secret}/", store),
+                            rank=rank, world_size=world, timeout=timeout)
+    try:
+        yield rank, world, statuses
+    finally:
+        # Python workers are reused by Spark: leave no group (or port) behind.
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        del store

@@ -1,0 +1,183 @@
+"""The all-reduce engine on real Spark (local[2]) with real gloo process groups."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from spark_dl import fit
+from spark_dl.data import arrays_to_arrow
+from spark_dl.errors import ConfigError, DataError, ResourceError
+from spark_dl.models.fc import FCNet
+
+SCHEMA = "features array<float>, label long"
+
+
+def frame(spark, x, y, splits):
+    """A DataFrame whose partitions hold consecutive rows of (x, y), ``splits`` rows each."""
+    bounds = np.cumsum([0] + list(splits))
+
+    def rows(batches):             # one input row per partition: the split's index
+        for b in batches:
+            for i in b.column("id").to_numpy():
+                lo, hi = bounds[i], bounds[i + 1]
+                if hi > lo:
+                    yield arrays_to_arrow(x[lo:hi], y[lo:hi])
+    return spark.range(len(splits), numPartitions=len(splits)).mapInArrow(rows, SCHEMA)
+
+
+def small_fc():
+    return FCNet((12, 9, 3), act="sigmoid")
+
+
+def data(n, seed=0):
+    g = np.random.default_rng(seed)
+    x = g.normal(size=(n, 12)).astype(np.float32)
+    y = (x[:, :3].argmax(1)).astype(np.int64)
+    return x, y
+
+
+def assert_same_weights(a, b, tol=1e-9):
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.allclose(p.double(), q.double(), atol=tol, rtol=0), name
+
+
+def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path):
+    x, y = data(96)
+    res = fit(frame(spark, x, y, [48, 48]), small_fc, batch_size=8, epochs=2, lr=0.5,
+              momentum=0.9, shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+    # 2 epochs x 6 steps; the reference replays the same order each epoch.
+    assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.9))
+    assert res.info["world"] == 2 and res.info["rows_per_replica"] == [48, 48]
+    assert res.info["steps_per_epoch"] == 6 and res.info["allreduce_calls"] == 12
+    assert [h["samples"] for h in res.history] == [96, 96]
+
+
+def reference_epochs(x, y, splits, batch, epochs, lr, momentum):
+    torch.manual_seed(0)
+    model = small_fc().double()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    bounds = np.cumsum([0] + list(splits))
+    xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
+    steps = max(-(-n // batch) for n in splits)
+    for _ in range(epochs):
+        for s in range(steps):
+            idx = np.concatenate([np.arange(lo, hi)[s * batch:(s + 1) * batch]
+                                  for lo, hi in zip(bounds[:-1], bounds[1:])])
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            opt.step()
+    return model
+
+
+def test_uneven_shards_weighted_average_is_the_full_batch_gradient(spark, tmp_path):
+    x, y = data(100, seed=1)
+    res = fit(frame(spark, x, y, [70, 30]), small_fc, batch_size=100, epochs=1, lr=1.0,
+              shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+    torch.manual_seed(0)
+    ref = small_fc().double()
+    before = {k: v.clone() for k, v in ref.state_dict().items()}
+    ref.zero_grad()
+    torch.nn.functional.cross_entropy(ref(torch.from_numpy(x.astype(np.float64))),
+                                      torch.from_numpy(y)).backward()
+    for (name, p), after in zip(ref.named_parameters(), res.model.state_dict().values()):
+        # one SGD step with lr 1: before - after is exactly the averaged gradient
+        assert torch.allclose(before[name] - after, p.grad, atol=1e-9, rtol=0), name
+    # the unweighted mean of the two shards' gradients is measurably different
+    assert res.info["rows_per_replica"] == [70, 30]
+
+
+def test_uneven_shards_with_mini_batches_join_semantics(spark, tmp_path):
+    x, y = data(100, seed=2)
+    res = fit(frame(spark, x, y, [70, 30]), small_fc, batch_size=16, epochs=1, lr=0.3,
+              momentum=0.5, shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+    assert res.info["steps_per_epoch"] == 5
+    assert_same_weights(res.model, reference_epochs(x, y, [70, 30], 16, 1, 0.3, 0.5))
+
+
+def test_accumulation_equals_the_bigger_batch(spark, tmp_path):
+    x, y = data(64, seed=3)
+    res = fit(frame(spark, x, y, [32, 32]), small_fc, batch_size=4, accumulate=2, epochs=1,
+              lr=0.5, shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+    assert res.info["steps_per_epoch"] == 4
+    assert_same_weights(res.model, reference_epochs(x, y, [32, 32], 8, 1, 0.5, 0.0))
+
+
+def test_cnn_trains_on_mnist_and_writes_the_run(spark, mnist, tmp_path):
+    images, labels = mnist
+    x = images[:6000].reshape(6000, -1).astype(np.float32) / 255
+    y = labels[:6000]
+    vx, vy = images[-500:].reshape(500, -1).astype(np.float32) / 255, labels[-500:]
+    lines = []
+    res = fit(frame(spark, x, y, [3000, 3000]), "cnn", shape=(1, 28, 28), num_classes=10,
+              batch_size=32, epochs=3, optimizer="adam", lr=0.003, validation=(vx, vy),
+              run_dir=tmp_path / "run", log=lines.append)
+    assert res.history[-1]["loss"] < res.history[0]["loss"] < 2.3
+    assert res.history[-1]["val_accuracy"] > 0.75
+    assert res.info["devices"] == ["cpu", "cpu"]
+    run = res.run_dir
+    for name in ("config.json", "metrics.jsonl", "history.csv", "loss.png", "checkpoint.pt",
+                 "model.pt", "info.json", "workers/rank-0.json", "workers/rank-1.json"):
+        assert (run / name).exists(), name
+    epochs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()
+              if json.loads(l)["type"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    assert any(line.startswith("epoch 3:") for line in lines)
+    # the driver-side model predicts like the replica's
+    with torch.no_grad():
+        acc = (res.model(torch.from_numpy(vx).reshape(-1, 1, 28, 28)).argmax(1).numpy()
+               == vy).mean()
+    assert abs(acc - res.history[-1]["val_accuracy"]) < 1e-9
+
+
+def test_resume_from_checkpoint_continues_training(spark, tmp_path):
+    x, y = data(96, seed=4)
+    df = frame(spark, x, y, [48, 48])
+    run = tmp_path / "run"
+    fit(df, small_fc, batch_size=8, epochs=1, lr=0.5, shuffle=False, dtype="float64",
+        run_dir=run, log=None)
+    res = fit(df, small_fc, batch_size=8, epochs=2, lr=0.5, shuffle=False, dtype="float64",
+              run_dir=run, log=None)
+    assert res.info["resumed_from_epoch"] == 1 and len(res.history) == 2
+    assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.0))
+
+
+def test_bad_input_is_reported_before_training(spark, tmp_path):
+    x, y = data(40, seed=5)
+    x[25, 3] = np.nan
+    with pytest.raises(DataError, match=r"row 5 of the partition 1 holds NaN"):
+        fit(frame(spark, x, y, [20, 20]), small_fc, num_classes=3, run_dir=tmp_path / "a",
+            log=None)
+    x, y = data(40, seed=5)
+    y[3] = 7
+    with pytest.raises(DataError, match=r"label 7, outside 0..2"):
+        fit(frame(spark, x, y, [20, 20]), small_fc, num_classes=3, run_dir=tmp_path / "b",
+            log=None)
+
+
+def test_argument_errors_name_the_fix(spark, tmp_path):
+    x, y = data(20)
+    df = frame(spark, x, y, [10, 10])
+    with pytest.raises(ConfigError, match="unknown strategy 'ring'"):
+        fit(df, small_fc, strategy="ring")
+    with pytest.raises(ConfigError, match="unknown optimizer 'adamw'"):
+        fit(df, small_fc, optimizer="adamw")
+    with pytest.raises(ResourceError, match="replicas=5 but the cluster runs 2"):
+        fit(df, small_fc, replicas=5)
+    with pytest.raises(DataError, match="column 'pixels' not in the DataFrame"):
+        fit(df, small_fc, features="pixels")
+    with pytest.raises(ValueError, match="unknown model 'resnet'"):
+        fit(df, "resnet")
+    with pytest.raises(ConfigError, match="amp must be"):
+        fit(df, small_fc, amp="int8")
+
+
+def test_empty_partition_joins_with_zero_samples(spark, tmp_path):
+    x, y = data(30, seed=6)
+    res = fit(frame(spark, x, y, [30, 0]), small_fc, batch_size=10, epochs=1, lr=0.5,
+              shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+    assert res.info["rows_per_replica"] == [30, 0]
+    assert_same_weights(res.model, reference_epochs(x, y, [30, 0], 10, 1, 0.5, 0.0))
