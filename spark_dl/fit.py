@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import ConfigError, DataError, ResourceError
+from .errors import ConfigError, DataError, ResourceError, SparkDLError
 from .optim.factory import OPTIMIZERS
 from .parallel import allreduce
 from .parallel.channel import MessageServer
@@ -183,7 +183,11 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     if log is not None:
         log(f"{strategy}: {replicas} replica(s), run directory {run_path}")
     try:
-        rows = df.mapInArrow(task, allreduce.RESULT_SCHEMA, barrier=True).collect()
+        # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries
+        # as a whole when a task fails (a failed barrier ResultStage is never retried); the
+        # retried tasks resume from the run's last checkpoint.
+        rows = df.mapInArrow(task, allreduce.RESULT_SCHEMA, barrier=True) \
+            .repartition(1).collect()
     finally:
         server.close()
         metrics.close()
@@ -191,7 +195,13 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         raise RuntimeError("the training stage returned no result (replica 0 produced none)")
     row = rows[0]
     if row.error:
-        raise DataError(f"training data rejected before training started: {row.error}")
+        errors = json.loads(row.error)
+        kinds = {e["type"] for e in errors}
+        cls = {"DataError": DataError, "ResourceError": ResourceError,
+               "ConfigError": ConfigError}.get(kinds.pop(), SparkDLError) if len(kinds) == 1 \
+            else SparkDLError
+        raise cls("training did not start: " + "; ".join(
+            f"task {e['task']}: {e['message']}" for e in errors))
     net = model_fn()
     if dtype == "float64":
         net = net.double()

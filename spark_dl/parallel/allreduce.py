@@ -178,7 +178,7 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
             status.update(rows=len(shard), device=str(device), note=note, gpus=gpus,
                           host=os.uname().nodename, pid=os.getpid())
         except SparkDLError as e:        # reported to all tasks and the driver; not retried
-            status["error"] = f"{type(e).__name__}: {e}"
+            status["error"] = {"type": type(e).__name__, "message": str(e)}
         threads = cfg.threads or int(ctx.cpus() or 1)
         torch.set_num_threads(threads)
         if run_dir is not None and not status["error"]:
@@ -188,11 +188,11 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
                                                                              statuses):
             if rank_ is None:
                 if rank == 0:
-                    errors = [f"task {i}: {s['error']}" for i, s in enumerate(statuses)
+                    errors = [{"task": i, **s["error"]} for i, s in enumerate(statuses)
                               if s.get("error")]
                     yield pa.RecordBatch.from_pydict(
                         {"state": [b""], "history": ["[]"], "info": ["{}"],
-                         "error": ["; ".join(errors)]}, schema=_schema())
+                         "error": [json.dumps(errors)]}, schema=_schema())
                 return
             out = _train(cfg, model_fn, loss_fn, optimizer_fn or make_optimizer,
                          needs_closure, shard, device, rank, world, statuses,

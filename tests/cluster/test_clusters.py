@@ -99,3 +99,76 @@ def test_standalone_cluster_runs_the_demo_and_the_probe(venv_bin, standalone, tm
     report = json.loads((tmp_path / "probe.json").read_text())
     assert report["master"] == standalone
     _check_probe(report)
+
+
+ALLREDUCE_JOB = ROOT / "tests" / "cluster" / "allreduce_job.py"
+
+
+def _wait_for(path, proc, timeout=240):
+    import time
+    t0 = time.time()
+    while not path.exists():
+        assert proc.poll() is None, "the job ended before " + str(path) + " appeared"
+        assert time.time() - t0 < timeout, f"{path} did not appear in {timeout} s"
+        time.sleep(0.05)
+
+
+def test_allreduce_resumes_after_a_python_worker_is_killed(venv_bin, tmp_path):
+    """Kill one replica's Python worker mid-training on local-cluster: Spark retries the
+    barrier stage, the replicas resume from the last checkpoint, and the fit ends where an
+    uninterrupted one does."""
+    import signal
+    out, runs = tmp_path / "out.json", tmp_path / "runs"
+    proc = subprocess.Popen(
+        [str(venv_bin / "spark-submit"), "--properties-file",
+         str(ROOT / "conf/spark/local-cluster.conf"), str(ALLREDUCE_JOB), str(out), str(runs),
+         "--fits", "clean,faulty", "--epochs", "6"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(runs / "faulty" / "checkpoint.pt", proc)     # epoch 1 is done
+        victim = json.loads((runs / "faulty" / "workers" / "rank-1.json").read_text())
+        os.kill(victim["pid"], signal.SIGKILL)
+        log, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log[-5000:]
+    report = json.loads(out.read_text())
+    assert "error" not in report, report["error"]
+    clean, faulty = report["fits"]["clean"], report["fits"]["faulty"]
+    assert "Python worker exited unexpectedly" in log and "resumed from the checkpoint" in log
+    assert faulty["info"]["resumed_from_epoch"] >= 1
+    assert [h["epoch"] for h in faulty["history"]] == [1, 2, 3, 4, 5, 6]
+    acc_clean = clean["history"][-1]["val_accuracy"]
+    acc_faulty = faulty["history"][-1]["val_accuracy"]
+    assert acc_clean > 0.93
+    assert abs(acc_faulty - acc_clean) <= 0.005
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(),
+                    reason="checks the CPU fallback; GPU machines run benchmarks/gpu_check.sh")
+def test_allreduce_reads_the_gpu_spark_assigns(venv_bin, tmp_path):
+    """GPU scheduling on a machine without GPUs: a fake discovery script hands out addresses;
+    each task reads its own from TaskContext.resources(), 'auto' falls back to the CPU and says
+    why, 'cuda' is a clear error."""
+    out = tmp_path / "out.json"
+    script = ROOT / "conf" / "spark" / "gpu-discovery.sh"
+    env = dict(_env(), SPARK_DL_FAKE_GPUS="0,1")
+    gpu_conf = ["spark.worker.resource.gpu.amount=1",
+                f"spark.worker.resource.gpu.discoveryScript={script}",
+                "spark.executor.resource.gpu.amount=1", "spark.task.resource.gpu.amount=1"]
+    args = [str(venv_bin / "spark-submit"), "--properties-file",
+            str(ROOT / "conf/spark/local-cluster.conf")]
+    for c in gpu_conf:
+        args += ["--conf", c]
+    proc = subprocess.run(args + [str(ALLREDUCE_JOB), str(out), str(tmp_path / "runs"),
+                                  "--fits", "auto,cuda", "--device", "by-name", "--epochs", "1"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    info = report["fits"]["auto"]["info"]
+    assert all(g and set(g) <= {"0", "1"} for g in info["gpus"]), info["gpus"]
+    assert info["devices"] == ["cpu", "cpu"]
+    assert all(n.startswith("cpu: Spark assigned GPU") for n in info["notes"])
+    assert report["error"].startswith("ResourceError: training did not start: task 0: "
+                                      "device='cuda' but torch")
+    assert "Spark assigned GPU addresses" in report["error"]

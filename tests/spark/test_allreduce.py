@@ -148,7 +148,7 @@ def test_resume_from_checkpoint_continues_training(spark, tmp_path):
 def test_bad_input_is_reported_before_training(spark, tmp_path):
     x, y = data(40, seed=5)
     x[25, 3] = np.nan
-    with pytest.raises(DataError, match=r"row 5 of the partition 1 holds NaN"):
+    with pytest.raises(DataError, match=r"task 1: column .features.: row 5 of the partition 1 holds NaN"):
         fit(frame(spark, x, y, [20, 20]), small_fc, num_classes=3, run_dir=tmp_path / "a",
             log=None)
     x, y = data(40, seed=5)

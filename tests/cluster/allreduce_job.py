@@ -1,0 +1,65 @@
+"""spark-submit job for the slow tier: the all-reduce engine on a real multi-executor cluster.
+
+    spark-submit --properties-file conf/spark/local-cluster.conf allreduce_job.py OUT RUNS \
+        [--device auto|cpu|cuda|by-name] [--fits clean,faulty] [--epochs 3]
+
+Trains the thesis CNN on the first 8,000 shipped MNIST digits (two shards of 4,000, built in
+the executors from the file) and validates on the last 2,000; one fit per name in --fits, each
+in RUNS/<name> (with --device by-name the fit's name is its device). Writes {"fits": {name: {history, info}} or {"error": ...}} to OUT.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
+LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
+
+
+def mnist_frame(spark, rows=8000, shards=2):
+    def make(batches):
+        from spark_dl.data import arrays_to_arrow, load_mnist
+        x, y = load_mnist(IMAGES, LABELS)
+        for b in batches:
+            for i in b.column("id").to_numpy():
+                lo, hi = i * rows // shards, (i + 1) * rows // shards
+                yield arrays_to_arrow(x[lo:hi].reshape(hi - lo, -1) / 255.0, y[lo:hi])
+    return spark.range(shards, numPartitions=shards).mapInArrow(
+        make, "features array<float>, label long")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("runs")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--fits", default="clean")
+    ap.add_argument("--epochs", type=int, default=3)
+    args = ap.parse_args()
+
+    from spark_dl import fit, get_session
+    from spark_dl.data import load_mnist
+    spark = get_session()
+    x, y = load_mnist(IMAGES, LABELS)
+    validation = (x[-2000:].reshape(2000, -1) / 255.0, y[-2000:])
+    report = {"master": spark.sparkContext.master, "fits": {}}
+    try:
+        for name in args.fits.split(","):
+            res = fit(mnist_frame(spark), "cnn", shape=(1, 28, 28), num_classes=10,
+                      optimizer="adam", lr=0.003, batch_size=32, epochs=args.epochs,
+                      device=name if args.device == "by-name" else args.device,
+                      validation=validation,
+                      run_dir=Path(args.runs) / name)
+            report["fits"][name] = {"history": res.history, "info": res.info}
+    except Exception as e:                      # reported to the test, which asserts on it
+        report["error"] = f"{type(e).__name__}: {e}"
+    Path(args.out).write_text(json.dumps(report))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
