@@ -1,4 +1,5 @@
-"""The README demo: extended-MNIST shards built on Spark, the thesis CNN trained for one pass.
+"""The README demo: extended-MNIST shards built on Spark, the thesis CNN trained on them for one
+pass with the all-reduce engine (one replica per task slot; strategy = "single" trains in one task).
 
     spark-submit --properties-file conf/spark/local.conf jobs/demo.py --config conf/jobs/demo.toml
 """
@@ -41,10 +42,18 @@ def main(argv=None, spark=None) -> dict:
     print(f"extended MNIST: {manifest['rows']} distorted digits in {len(manifest['shards'])} "
           f"shards at {d.shards_dir} ({gen_s:.1f} s, {manifest['rows'] / gen_s:.0f} samples/s)")
 
-    model, history = fit_single_task(read_shards(spark, d.shards_dir), t)
-    for e, h in enumerate(history):
-        print(f"epoch {e + 1}: train loss {h['loss']:.4f}, {h['samples']} samples, "
-              f"{h['samples'] / h['seconds']:.0f} samples/s")
+    shards = read_shards(spark, d.shards_dir)
+    if t.strategy == "allreduce":
+        res = spark_dl.fit(shards, t.model, shape=(1, 28, 28), num_classes=10,
+                           optimizer=t.optimizer, lr=t.lr, momentum=t.momentum,
+                           epochs=t.epochs, batch_size=t.batch_size,
+                           replicas=t.replicas or None, seed=t.seed)
+        model, history = res.model, res.history
+    else:
+        model, history = fit_single_task(shards, t)
+        for e, h in enumerate(history):
+            print(f"epoch {e + 1}: train loss {h['loss']:.4f}, {h['samples']} samples, "
+                  f"{h['samples'] / h['seconds']:.0f} samples/s")
     result = evaluate(model, test_x.reshape(len(test_x), -1) / 255.0, test_y)
     print(f"test accuracy ({t.model}, last {d.n_test} MNIST digits): "
           f"{100 * result['accuracy']:.2f}%  (loss {result['loss']:.4f})")

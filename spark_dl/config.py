@@ -56,9 +56,14 @@ class TrainConfig:
     lr: float = 0.05
     momentum: float = 0.9
     seed: int = 0
+    strategy: str = "single"        # "single" (one process / one task) or "allreduce"
+    replicas: int = 0               # allreduce: replicas (0: the cluster's task slots)
 
     def __post_init__(self):
         _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
+        _check(self.strategy in ("single", "allreduce"), "train.strategy", self.strategy,
+               "must be 'single' or 'allreduce'")
+        _check(self.replicas >= 0, "train.replicas", self.replicas, "must be >= 0")
         from .optim.factory import OPTIMIZERS
         _check(self.optimizer in OPTIMIZERS, "train.optimizer", self.optimizer,
                f"must be one of {', '.join(OPTIMIZERS)}")

@@ -64,11 +64,21 @@ def _slots(spark) -> int:
     return max(1, sc.defaultParallelism // task_cpus)
 
 
+def _narrow_merges(df) -> bool:
+    """Whether the DataFrame's physical plan unions or coalesces partitions."""
+    try:
+        plan = df._jdf.queryExecution().executedPlan().toString()
+    except Exception:                   # Spark Connect has no JVM handle: play safe
+        return True
+    return any(op in plan for op in ("Union", "Coalesce"))
+
+
 def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce",
         features: str = "features", label: str = "label", shape=(), label_shape=(),
         num_classes: int | None = None, loss: str | Callable = "cross_entropy",
-        optimizer: str = "sgd", lr: float = 0.01, momentum: float = 0.0,
-        weight_decay: float = 0.0, max_iter: int = 3, epochs: int = 1, batch_size: int = 64,
+        optimizer: str = "sgd", lr: float = 0.01, lr_decay: float = 1.0,
+        momentum: float = 0.0, weight_decay: float = 0.0, max_iter: int = 3,
+        epochs: int = 1, batch_size: int = 64,
         accumulate: int = 1, replicas: int | None = None, shuffle: bool = True, seed: int = 0,
         dtype: str = "float32", device: str = "auto", amp: str | None = None,
         threads: int = 0, validation: tuple | None = None, run_dir: str | Path | None = None,
@@ -78,6 +88,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
 
     strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
       ring all-reduce of the gradients every step).
+    lr_decay: the learning rate is multiplied by it after every epoch.
     batch_size: per replica and micro-batch; ``accumulate`` micro-batches make one step, so the
       global batch is replicas x accumulate x batch_size.
     replicas: number of tasks (default: the DataFrame's partitions, at most the cluster's task
@@ -100,6 +111,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
             raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
     if not lr > 0:
         raise ConfigError(f"lr must be > 0, got {lr!r}")
+    if not 0 < lr_decay <= 1:
+        raise ConfigError(f"lr_decay (a per-epoch factor) must be in (0, 1], got {lr_decay!r}")
     if dtype not in ("float32", "float64"):
         raise ConfigError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     if amp not in (None, "bf16", "fp16"):
@@ -139,13 +152,16 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
             f"parallelism {spark.sparkContext.defaultParallelism} / spark.task.cpus); a barrier "
             f"stage needs all its tasks running together: use replicas <= {slots} or add "
             f"executors/cores")
-    if parts != replicas:
-        df = df.coalesce(replicas) if replicas < parts else df.repartition(replicas)
+    if parts != replicas or _narrow_merges(df):
+        # A barrier stage may not read through union()/coalesce() (Spark refuses the RDD
+        # chain), so a shuffle gives it exactly ``replicas`` plain partitions.
+        df = df.repartition(replicas)
 
     cfg = allreduce.AllReduceConfig(
         features=features, label=label, shape=tuple(shape), label_shape=tuple(label_shape),
         num_classes=num_classes, loss=loss_name, optimizer=optimizer, lr=float(lr),
-        momentum=float(momentum), weight_decay=float(weight_decay), max_iter=max_iter,
+        lr_decay=float(lr_decay), momentum=float(momentum), weight_decay=float(weight_decay),
+        max_iter=max_iter,
         epochs=epochs, batch_size=batch_size, accumulate=accumulate, shuffle=shuffle,
         seed=seed, dtype=dtype, device=device, amp=amp, threads=threads, timeout_s=timeout_s,
         resume=resume)

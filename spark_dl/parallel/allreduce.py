@@ -43,6 +43,7 @@ class AllReduceConfig:
     loss: str = "cross_entropy"
     optimizer: str = "sgd"
     lr: float = 0.01
+    lr_decay: float = 1.0
     momentum: float = 0.0
     weight_decay: float = 0.0
     max_iter: int = 3
@@ -95,10 +96,12 @@ class GradientSync:
                                   dtype=ref.dtype, device=ref.device)
                       for i, b in enumerate(self.buckets)]
         self.calls = self.bytes = 0
+        self.seconds = 0.0                # wall time inside the all-reduce (incl. waiting)
 
     def __call__(self, loss_sum: float, count: int) -> tuple[float, float]:
         """Replace every .grad by the global sample-weighted mean gradient; returns the global
         (mean loss, sample count)."""
+        t0 = time.perf_counter()
         works = []
         for bucket, flat in zip(self.buckets, self.flats):
             off = 0
@@ -115,6 +118,7 @@ class GradientSync:
             self.bytes += flat.numel() * flat.element_size()
         for w in works:
             w.wait()
+        self.seconds += time.perf_counter() - t0
         self.calls += 1
         total = float(self.flats[-1][-1])
         loss = float(self.flats[-1][-2]) / max(total, 1.0)
@@ -168,6 +172,7 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
         status: dict = {"error": None}
+        t_start = time.perf_counter()
         shard = device = None
         try:
             shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
@@ -176,7 +181,8 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
             gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
             device, note = task_device(cfg.device, gpus, rank)
             status.update(rows=len(shard), device=str(device), note=note, gpus=gpus,
-                          host=os.uname().nodename, pid=os.getpid())
+                          host=os.uname().nodename, pid=os.getpid(),
+                          read_s=time.perf_counter() - t_start)
         except SparkDLError as e:        # reported to all tasks and the driver; not retried
             status["error"] = {"type": type(e).__name__, "message": str(e)}
         threads = cfg.threads or int(ctx.cpus() or 1)
@@ -184,8 +190,10 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
         if run_dir is not None and not status["error"]:
             _write_worker_info(run_dir, ctx, rank, {**status, "threads": threads})
         backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+        t_rdv = time.perf_counter()
         with process_group(ctx, backend, secret, status, cfg.timeout_s) as (rank_, world,
                                                                              statuses):
+            status["rendezvous_s"] = time.perf_counter() - t_rdv
             if rank_ is None:
                 if rank == 0:
                     errors = [{"task": i, **s["error"]} for i, s in enumerate(statuses)
@@ -198,6 +206,9 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
                          needs_closure, shard, device, rank, world, statuses,
                          MessageClient(channel if rank == 0 else None, secret.encode()),
                          run_dir, validation, ctx)
+            out["info"]["timings_rank0"] = {
+                "read_partition_s": status["read_s"], "rendezvous_s": status["rendezvous_s"],
+                **out["info"].pop("timings"), "task_total_s": time.perf_counter() - t_start}
         if rank == 0:
             yield pa.RecordBatch.from_pydict(
                 {"state": [out["state"]], "history": [json.dumps(out["history"])],
@@ -237,6 +248,7 @@ def _autocast(device: torch.device, amp: str | None):
 
 def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device, rank, world,
            statuses, client, run_dir, validation, ctx) -> dict:
+    t_setup = time.perf_counter()
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     torch.manual_seed(cfg.seed)
     model = model_fn().to(device=device, dtype=dtype)
@@ -244,6 +256,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         dist.broadcast(t.data, 0)                       # identical start on every replica
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
     closure_opt = needs_closure(opt)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     sync = GradientSync(list(model.parameters()), cfg.bucket_mb)
@@ -258,6 +271,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
         if scaler is not None and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         if len(ckpt["rng"]) == world:
@@ -303,6 +317,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         return sync.flats[-1][-2].item(), sync.flats[-1][-1].item()
 
     t_fit = time.perf_counter()
+    setup_s = t_fit - t_setup
     for epoch in range(start, cfg.epochs):
         model.train()
         t0 = last = time.perf_counter()
@@ -319,6 +334,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                 client.send({"type": "step", "epoch": epoch + 1, "epochs": cfg.epochs,
                              "step": step + 1, "steps": steps, "loss": loss_sum / max(samples, 1),
                              "samples_per_s": samples / (now - t0)})
+        sched.step()
         seconds = time.perf_counter() - t0
         row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
                "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps}
@@ -335,6 +351,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             if ckpt_path is not None:
                 _save(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                   "scaler": scaler.state_dict() if scaler else None,
+                                  "scheduler": sched.state_dict(),
                                   "epoch": epoch + 1, "history": history,
                                   "rng": states})
     info = {"world": world, "rows_per_replica": [s["rows"] for s in statuses],
@@ -344,7 +361,9 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             "allreduce_calls": sync.calls, "allreduce_bytes": sync.bytes,
             "buckets": len(sync.buckets), "total_rows": total_rows,
             "train_seconds": time.perf_counter() - t_fit,
-            "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber()}
+            "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
+            "timings": {"setup_s": setup_s, "train_s": time.perf_counter() - t_fit,
+                        "allreduce_s": sync.seconds}}
     state = _state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
     return {"state": state, "history": history, "info": info}
 

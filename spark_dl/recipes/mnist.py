@@ -40,7 +40,9 @@ def _to(device, batches):
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
-def train_mnist(cfg: MnistJobConfig, log=print) -> dict:
+def train_mnist(cfg: MnistJobConfig, log=print, spark=None) -> dict:
+    if cfg.train.strategy == "allreduce":
+        return _train_mnist_allreduce(cfg, log, spark)
     d, t = cfg.data, cfg.train
     seed_everything(t.seed)
     device = pick_device(cfg.run)
@@ -78,3 +80,43 @@ def train_mnist(cfg: MnistJobConfig, log=print) -> dict:
             "epochs": t.epochs, "train_samples": len(shard), "train_seconds":
             time.perf_counter() - t0, "test_accuracy": history[-1]["val_accuracy"],
             "best_test_accuracy": max(h["val_accuracy"] for h in history), "history": history}
+
+
+def _train_mnist_allreduce(cfg: MnistJobConfig, log, spark) -> dict:
+    """The same training set, generated in the executors, trained with the all-reduce engine."""
+    import pyarrow as pa  # noqa: F401  (the executors' generator needs it)
+
+    from ..data import arrays_to_arrow, extended_mnist
+    from ..data.mnist import MNIST_SCHEMA
+    from ..fit import fit
+    from ..session import get_session
+    d, t = cfg.data, cfg.train
+    spark = spark or get_session()
+    (src_x, src_y), (test_x, test_y) = mnist_split(d.images, d.labels, d.n_train_source,
+                                                   d.n_test)
+    slots = spark.sparkContext.defaultParallelism
+    replicas = t.replicas or slots
+    df = extended_mnist(spark, src_x, src_y, d.extended_samples, replicas, seed=d.seed)
+    if cfg.include_originals:
+        originals = spark.sparkContext.broadcast((src_x, src_y))
+
+        def _originals(batches):
+            x, y = originals.value
+            for _ in batches:
+                yield arrays_to_arrow(x.reshape(len(x), -1).astype(np.float32) / 255, y)
+        df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, MNIST_SCHEMA))
+    res = fit(df, t.model, shape=(1, 28, 28), num_classes=10, optimizer=t.optimizer, lr=t.lr,
+              lr_decay=cfg.lr_decay, momentum=t.momentum, max_iter=cfg.max_iter,
+              epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
+              device=cfg.run.device, threads=cfg.run.threads,
+              validation=(test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y),
+              run_dir=f"{cfg.run.out_dir}/{t.model}-{t.optimizer}-allreduce", log=log)
+    history = res.history
+    return {"model": t.model, "optimizer": t.optimizer, "lr": t.lr, "batch_size": t.batch_size,
+            "strategy": "allreduce", "replicas": res.info["world"],
+            "global_batch": res.info["world"] * t.batch_size, "epochs": t.epochs,
+            "train_samples": res.info["total_rows"], "train_seconds": res.info["train_seconds"],
+            "wall_seconds": res.info["wall_seconds"],
+            "test_accuracy": history[-1]["val_accuracy"],
+            "best_test_accuracy": max(h["val_accuracy"] for h in history), "history": history,
+            "info": res.info}

@@ -148,7 +148,8 @@ def test_resume_from_checkpoint_continues_training(spark, tmp_path):
 def test_bad_input_is_reported_before_training(spark, tmp_path):
     x, y = data(40, seed=5)
     x[25, 3] = np.nan
-    with pytest.raises(DataError, match=r"task 1: column .features.: row 5 of the partition 1 holds NaN"):
+    with pytest.raises(DataError,
+                       match=r"task 1: column .features.: row 5 of the partition 1 holds NaN"):
         fit(frame(spark, x, y, [20, 20]), small_fc, num_classes=3, run_dir=tmp_path / "a",
             log=None)
     x, y = data(40, seed=5)
@@ -181,3 +182,18 @@ def test_empty_partition_joins_with_zero_samples(spark, tmp_path):
               shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
     assert res.info["rows_per_replica"] == [30, 0]
     assert_same_weights(res.model, reference_epochs(x, y, [30, 0], 10, 1, 0.5, 0.0))
+
+
+def test_mnist_job_with_the_allreduce_strategy(spark, tmp_path):
+    from spark_dl.config import load_toml
+    from spark_dl.recipes.mnist import MnistJobConfig, train_mnist
+
+    from ..conftest import MNIST_IMAGES, MNIST_LABELS, ROOT
+    cfg = load_toml(MnistJobConfig, ROOT / "conf/jobs/cnn.toml", {
+        "data.images": str(MNIST_IMAGES), "data.labels": str(MNIST_LABELS),
+        "data.extended_samples": 2000, "data.n_train_source": 1000, "train.epochs": 2,
+        "train.strategy": "allreduce", "run.out_dir": str(tmp_path), "run.device": "cpu"})
+    r = train_mnist(cfg, log=lambda s: None, spark=spark)
+    assert r["replicas"] == 2 and r["train_samples"] == 3000 and len(r["history"]) == 2
+    assert r["history"][1]["loss"] < r["history"][0]["loss"] and r["test_accuracy"] > 0.3
+    assert (tmp_path / "cnn-sgd-allreduce" / "checkpoint.pt").exists()
