@@ -83,7 +83,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         dtype: str = "float32", device: str = "auto", amp: str | None = None,
         threads: int = 0, validation: tuple | None = None, run_dir: str | Path | None = None,
         resume: bool = True, progress: bool = True, log: Callable[[str], None] | None = print,
-        timeout_s: float = 300.0) -> FitResult:
+        timeout_s: float = 300.0, transport: str = "auto") -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
 
     strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
@@ -97,6 +97,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       amp: None, "bf16" or "fp16" autocast with float32 master weights; dtype: "float32" or
       "float64" (exactness checks).
     validation: (x, y) numpy arrays evaluated by replica 0 after every epoch.
+    transport: "auto" sums gradients through shared memory when all replicas run on one host
+      (CPU), else through the process group (gloo on CPU, NCCL on GPU); "process_group"
+      always uses the process group.
     run_dir: where config, metrics, history, plot and checkpoints go (default
       runs/<strategy>-<time>-<id>); a run_dir with a checkpoint is resumed when ``resume``.
     """
@@ -119,6 +122,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         raise ConfigError(f"amp must be None, 'bf16' or 'fp16', got {amp!r}")
     if amp is not None and dtype == "float64":
         raise ConfigError("amp autocasts float32 weights; use dtype='float32' with amp")
+    if transport not in ("auto", "process_group"):
+        raise ConfigError(f"transport must be 'auto' or 'process_group', got {transport!r}")
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     loss_name = loss if isinstance(loss, str) else "custom"
@@ -164,7 +169,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         max_iter=max_iter,
         epochs=epochs, batch_size=batch_size, accumulate=accumulate, shuffle=shuffle,
         seed=seed, dtype=dtype, device=device, amp=amp, threads=threads, timeout_s=timeout_s,
-        resume=resume)
+        resume=resume, transport=transport)
     run_path = Path(run_dir).resolve() if run_dir is not None else \
         new_run_dir("runs", strategy)
     run_path.mkdir(parents=True, exist_ok=True)

@@ -60,6 +60,8 @@ class AllReduceConfig:
     timeout_s: float = 300.0
     progress_every_s: float = 2.0
     resume: bool = True
+    transport: str = "auto"       # "auto": shared memory when all replicas share a host, else
+                                  # the process group (gloo/NCCL); "process_group": always that
 
 
 def loss_function(name: str) -> Callable:
@@ -79,9 +81,12 @@ class GradientSync:
     and bytes sent are counted.
     """
 
-    def __init__(self, params: list[nn.Parameter], bucket_mb: float = 25.0):
+    def __init__(self, params: list[nn.Parameter], bucket_mb: float = 25.0, shm_name=None,
+                 timeout_s: float = 300.0):
         self.params = [p for p in params if p.requires_grad]
         limit = max(1, int(bucket_mb * 2**20 / self.params[0].element_size()))
+        if shm_name is not None:
+            limit = float("inf")              # one segment, one barrier per step
         self.buckets: list[list[nn.Parameter]] = [[]]
         size = 0
         for p in self.params:
@@ -97,6 +102,11 @@ class GradientSync:
                       for i, b in enumerate(self.buckets)]
         self.calls = self.bytes = 0
         self.seconds = 0.0                # wall time inside the all-reduce (incl. waiting)
+        self.shm = None
+        if shm_name is not None:
+            from .shm import ShmAllReduce
+            self.shm = ShmAllReduce(self.flats[0].numel(), ref.dtype, shm_name, timeout_s)
+        self.transport = "shm" if self.shm is not None else dist.get_backend()
 
     def __call__(self, loss_sum: float, count: int) -> tuple[float, float]:
         """Replace every .grad by the global sample-weighted mean gradient; returns the global
@@ -114,7 +124,10 @@ class GradientSync:
                 off += n
             if flat is self.flats[-1]:
                 flat[-2], flat[-1] = loss_sum, count
-            works.append(dist.all_reduce(flat, async_op=True))
+            if self.shm is not None:
+                self.shm(flat)
+            else:
+                works.append(dist.all_reduce(flat, async_op=True))
             self.bytes += flat.numel() * flat.element_size()
         for w in works:
             w.wait()
@@ -181,7 +194,7 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
             gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
             device, note = task_device(cfg.device, gpus, rank)
             status.update(rows=len(shard), device=str(device), note=note, gpus=gpus,
-                          host=os.uname().nodename, pid=os.getpid(),
+                          host=os.uname().nodename, machine=_machine_id(), pid=os.getpid(),
                           read_s=time.perf_counter() - t_start)
         except SparkDLError as e:        # reported to all tasks and the driver; not retried
             status["error"] = {"type": type(e).__name__, "message": str(e)}
@@ -226,6 +239,15 @@ def _schema():
 RESULT_SCHEMA = "state binary, history string, info string, error string"
 
 
+def _machine_id() -> str:
+    """Host name + boot id: equal for tasks that can share memory."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{os.uname().nodename}/{boot}"
+
+
 def _write_worker_info(run_dir: str, ctx, rank: int, info: dict) -> None:
     """run_dir/workers/rank-R.json: where this task runs (host, pid, device), for operators."""
     try:
@@ -259,7 +281,12 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
     closure_opt = needs_closure(opt)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-    sync = GradientSync(list(model.parameters()), cfg.bucket_mb)
+    same_host = len({s["machine"] for s in statuses}) == 1
+    shm_name = None
+    if cfg.transport == "auto" and same_host and world > 1 and device.type == "cpu":
+        shm_name = _broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank,
+                                    device).decode()
+    sync = GradientSync(list(model.parameters()), cfg.bucket_mb, shm_name, cfg.timeout_s)
 
     # Resume from the run's checkpoint (rank 0 reads it, every rank gets its bytes).
     ckpt_path = Path(run_dir) / "checkpoint.pt" if run_dir else None
@@ -359,11 +386,14 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             "gpus": [s["gpus"] for s in statuses], "hosts": [s["host"] for s in statuses],
             "steps_per_epoch": steps, "resumed_from_epoch": resumed,
             "allreduce_calls": sync.calls, "allreduce_bytes": sync.bytes,
-            "buckets": len(sync.buckets), "total_rows": total_rows,
+            "buckets": len(sync.buckets), "transport": sync.transport,
+            "total_rows": total_rows,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": setup_s, "train_s": time.perf_counter() - t_fit,
                         "allreduce_s": sync.seconds}}
+    if sync.shm is not None:
+        sync.shm.close()
     state = _state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
     return {"state": state, "history": history, "info": info}
 

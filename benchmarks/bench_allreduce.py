@@ -1,0 +1,210 @@
+"""All-reduce engine vs plain PyTorch and PySpark's TorchDistributor, side by side.
+
+Same data (the first ROWS shipped MNIST digits), same model (thesis CNN or FC), SGD with
+momentum, 3 epochs, batch B per replica, on this machine's cores. Systems, interleaved
+(A B C D A B C D ...), medians of --repeats runs:
+
+  plain-1t   single-process PyTorch loop over an in-memory tensor, 1 thread
+  plain-2t   the same with 2 threads
+  spark_dl   spark_dl.fit(strategy="allreduce"), 2 replicas x 1 thread on local[2]
+  torchdist  pyspark.ml.torch.distributor.TorchDistributor(num_processes=2, local_mode=False)
+             running DDP (gloo), each process 1 thread, on the same Spark session
+
+Steady state = samples/s of epochs 2-3 (the epochs' own loop time); end-to-end = wall time of
+the whole 3-epoch fit as the user sees it (data loading, launch, training, result). Spark's
+start-up is measured once and reported separately.
+
+    .venv/bin/python benchmarks/bench_allreduce.py [--repeats 5] [--out benchmarks/results/allreduce.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
+LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
+EPOCHS, LR, MOMENTUM = 3, 0.01, 0.9
+
+
+def _load(rows):
+    import numpy as np
+    from spark_dl.data import load_mnist
+    x, y = load_mnist(IMAGES, LABELS)
+    return (x[:rows].reshape(rows, -1).astype(np.float32) / 255), y[:rows].astype(np.int64)
+
+
+def plain(model_name, rows, batch, threads):
+    """Single-process reference: returns (steady samples/s, wall seconds)."""
+    import torch
+    from spark_dl.models import build_model
+    t_wall = time.perf_counter()
+    torch.set_num_threads(threads)
+    x, y = _load(rows)
+    x = torch.from_numpy(x).reshape(rows, 1, 28, 28) if model_name == "cnn" else \
+        torch.from_numpy(x)
+    y = torch.from_numpy(y)
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    secs = []
+    for e in range(EPOCHS):
+        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(e))
+        t0 = time.perf_counter()
+        for i in range(0, rows, batch):
+            idx = perm[i:i + batch]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        secs.append(time.perf_counter() - t0)
+    return rows / statistics.median(secs[1:]), time.perf_counter() - t_wall
+
+
+def td_train(images, labels, model_name, rows, batch, epochs, lr, momentum):
+    """Runs in each TorchDistributor process (torchrun): DDP over this rank's rows."""
+    import time
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from spark_dl.data import load_mnist
+    from spark_dl.models import build_model
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    lo, hi = rank * rows // world, (rank + 1) * rows // world
+    x, y = load_mnist(images, labels)
+    x = torch.from_numpy(x[lo:hi].reshape(hi - lo, -1).astype(np.float32) / 255)
+    if model_name == "cnn":
+        x = x.reshape(-1, 1, 28, 28)
+    y = torch.from_numpy(y[lo:hi].astype(np.int64))
+    torch.manual_seed(0)
+    model = DDP(build_model(model_name))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    secs = []
+    for e in range(epochs):
+        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(e))
+        t0 = time.perf_counter()
+        for i in range(0, len(x), batch):
+            idx = perm[i:i + batch]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        secs.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    return {"epoch_seconds": secs}
+
+
+def torchdist(spark, model_name, rows, batch):
+    from pyspark.ml.torch.distributor import TorchDistributor
+    t0 = time.perf_counter()
+    out = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        td_train, IMAGES, LABELS, model_name, rows, batch, EPOCHS, LR, MOMENTUM)
+    wall = time.perf_counter() - t0
+    return rows / statistics.median(out["epoch_seconds"][1:]), wall
+
+
+def mnist_frame(spark, rows, shards=2):
+    def make(batches):
+        from spark_dl.data import arrays_to_arrow, load_mnist
+        x, y = load_mnist(IMAGES, LABELS)
+        for b in batches:
+            for i in b.column("id").to_numpy():
+                lo, hi = i * rows // shards, (i + 1) * rows // shards
+                yield arrays_to_arrow(x[lo:hi].reshape(hi - lo, -1) / 255.0, y[lo:hi])
+    return spark.range(shards, numPartitions=shards).mapInArrow(
+        make, "features array<float>, label long")
+
+
+def spark_dl_fit(spark, model_name, rows, batch, runs_dir, profile):
+    from spark_dl import fit
+    t0 = time.perf_counter()
+    res = fit(mnist_frame(spark, rows), model_name, shape=(1, 28, 28) if model_name == "cnn"
+              else (784,), num_classes=10, optimizer="sgd", lr=LR, momentum=MOMENTUM,
+              epochs=EPOCHS, batch_size=batch, replicas=2, run_dir=runs_dir / f"{time.time()}",
+              log=None)
+    wall = time.perf_counter() - t0
+    profile.append({"wall_s": wall, **res.info["timings_rank0"],
+                    "driver_overhead_s": wall - res.info["timings_rank0"]["task_total_s"]})
+    rate = statistics.median(h["samples_per_s"] for h in res.history[1:])
+    return rate, wall
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=8000)
+    ap.add_argument("--configs", default="cnn:16,cnn:128,fc:16,fc:128")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/allreduce.json"))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
+    import tempfile
+
+    import torch
+
+    from spark_dl import get_session
+    t0 = time.perf_counter()
+    spark = get_session("local", master="local[2]")
+    spark.range(2, numPartitions=2).count()
+    startup = time.perf_counter() - t0
+    runs_dir = Path(tempfile.mkdtemp(prefix="bench-allreduce-"))
+
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
+               "cpus": os.cpu_count(), "torch": torch.__version__,
+               "pyspark": spark.version, "repeats": args.repeats, "rows": args.rows,
+               "epochs": EPOCHS, "spark_startup_s": startup, "configs": []}
+    for spec in args.configs.split(","):
+        model_name, batch = spec.split(":")
+        batch = int(batch)
+        systems = {
+            "plain-1t": lambda: plain(model_name, args.rows, batch, 1),
+            "plain-2t": lambda: plain(model_name, args.rows, batch, 2),
+            "spark_dl": lambda: spark_dl_fit(spark, model_name, args.rows, batch, runs_dir,
+                                             profile),
+            "torchdist": lambda: torchdist(spark, model_name, args.rows, batch),
+        }
+        profile: list = []
+        spark_dl_fit(spark, model_name, args.rows, batch, runs_dir, [])   # warm the workers
+        rate = {k: [] for k in systems}
+        wall = {k: [] for k in systems}
+        for _ in range(args.repeats):                     # interleaved A B C D A B C D ...
+            for k, fn in systems.items():
+                r, w = fn()
+                rate[k].append(r)
+                wall[k].append(w)
+        med = {k: statistics.median(v) for k, v in rate.items()}
+        medw = {k: statistics.median(v) for k, v in wall.items()}
+        ratios_td = [a / b for a, b in zip(rate["spark_dl"], rate["torchdist"])]
+        walls_td = [a / b for a, b in zip(wall["spark_dl"], wall["torchdist"])]
+        row = {"model": model_name, "batch_per_replica": batch,
+               "steady_samples_per_s": {k: round(v) for k, v in med.items()},
+               "fit_wall_s": {k: round(v, 2) for k, v in medw.items()},
+               "limit_2x_plain_1t": round(2 * med["plain-1t"]),
+               "spark_dl_vs_limit": round(med["spark_dl"] / (2 * med["plain-1t"]), 3),
+               "spark_dl_vs_torchdist_steady": round(statistics.median(ratios_td), 3),
+               "spark_dl_vs_torchdist_wall": round(statistics.median(walls_td), 3),
+               "spark_dl_vs_plain_2t": round(med["spark_dl"] / med["plain-2t"], 3),
+               "spark_dl_profile_median": {k: round(statistics.median(p[k] for p in profile), 3)
+                                           for k in profile[0]},
+               "raw": {"samples_per_s": rate, "wall_s": wall}}
+        results["configs"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "raw"}), flush=True)
+    spark.stop()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print("written to", args.out)
+
+
+if __name__ == "__main__":
+    main()

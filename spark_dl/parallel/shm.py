@@ -1,0 +1,80 @@
+"""All-reduce through shared memory for replicas on one host (CPU tensors).
+
+Gloo over loopback TCP costs about 1.2 ms per all-reduce on our 2-core machines, as long as
+a thesis-CNN step itself: synchronous training of small models is latency-bound. When all
+replicas share a host, a shared-memory segment does the same in microseconds:
+
+    segment = [arrival counters, one per rank, 64 bytes apart] [2 x world slots of n values]
+
+Step k: rank r copies its buffer into slot (k % 2, r), publishes k in its counter, waits until
+every counter is >= k, and sums slots (k % 2, 0..world-1) in rank order, so every replica gets
+bit-identical sums. Double-buffering makes one barrier per step enough: a rank can only write
+slot parity k % 2 again at step k + 2, after all ranks have arrived at step k + 1, i.e. after
+they finished reading step k. The segment's name carries the fit's secret; rank 0 unlinks it
+once all ranks have attached, so nothing is left in /dev/shm even if a task is killed.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing import shared_memory
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["ShmAllReduce"]
+
+_LINE = 64                       # bytes between counters (one cache line each)
+
+
+class ShmAllReduce:
+    """Sum-all-reduce of one flat CPU tensor of fixed size among the ranks of the default
+    process group (used for the rendezvous only), all on this host."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, name: str, timeout_s: float = 300.0):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.numel, self.dtype, self.timeout_s = numel, dtype, timeout_s
+        item = torch.empty((), dtype=dtype).element_size()
+        head = _LINE * self.world
+        size = head + 2 * self.world * numel * item
+        if self.rank == 0:
+            self.shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+            self.shm.buf[:head] = bytes(head)
+        dist.barrier()
+        if self.rank != 0:
+            self.shm = shared_memory.SharedMemory(name=name)
+        dist.barrier()
+        if self.rank == 0:
+            self.shm.unlink()                       # mapped segments live on; no leftovers
+        self._counters = np.ndarray((self.world, _LINE // 8), np.int64, self.shm.buf)
+        slots = torch.frombuffer(self.shm.buf, dtype=dtype, offset=head,
+                                 count=2 * self.world * numel)
+        self._slots = slots.view(2, self.world, numel)
+        self.step = 0
+
+    def __call__(self, flat: torch.Tensor) -> torch.Tensor:
+        """In place: ``flat`` becomes the sum over ranks."""
+        self.step += 1
+        slots = self._slots[self.step % 2]
+        slots[self.rank].copy_(flat)
+        self._counters[self.rank, 0] = self.step
+        spins, t0 = 0, None
+        col = self._counters[:, 0]
+        while col.min() < self.step:
+            spins += 1
+            if spins > 2000:                         # long waits: give the core away
+                t0 = t0 or time.monotonic()
+                if time.monotonic() - t0 > self.timeout_s:
+                    raise TimeoutError(f"shared-memory all-reduce: a replica did not arrive at "
+                                       f"step {self.step} within {self.timeout_s} s")
+                time.sleep(0.0001 if spins < 20000 else 0.001)
+        torch.sum(slots, dim=0, out=flat)
+        return flat
+
+    def close(self):
+        self._slots = self._counters = None
+        try:
+            self.shm.close()
+        except BufferError:                          # a view still alive: freed with the process
+            pass
