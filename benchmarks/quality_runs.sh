@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quality runs of the model zoo (issue: models on real data), single process, written to
-# benchmarks/results/quality/ (or $OUT when set). Groups: mnist | text | sr | all.
+# benchmarks/results/quality/ (or $OUT when set). Groups: mnist | text | sr | all, and
+# allreduce (the thesis CNN single-process vs the all-reduce engine, same global batch).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,4 +34,11 @@ fi
 if [ "$group" = sr ] || [ "$group" = all ]; then
   run ssda jobs/train_ssda.py --config conf/jobs/ssda.toml
   run srcnn jobs/train_srcnn.py --config conf/jobs/srcnn.toml
+fi
+if [ "$group" = allreduce ]; then
+  # Same data, model, optimizer and global batch (16): one process (2 threads) vs 2 replicas
+  # x 8 on Spark local[*] (1 thread each).
+  run cnn-sgd-single jobs/train_mnist.py --config conf/jobs/cnn.toml --set run.threads=2
+  run cnn-sgd-allreduce jobs/train_mnist.py --config conf/jobs/cnn.toml \
+      --set train.strategy=allreduce --set train.batch_size=8
 fi

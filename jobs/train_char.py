@@ -9,4 +9,5 @@ from spark_dl.recipes.cli import run_job
 
 if __name__ == "__main__":
     run_job(__doc__, CharConfig, train_char, "conf/jobs/char_lstm.toml",
-            lambda c: f"char-{c.kind}-{c.layers}x{c.hidden}", sys.argv[1:])
+            lambda c: f"char-{c.kind}-{c.layers}x{c.hidden}"
+            + ("-allreduce" if c.strategy == "allreduce" else ""), sys.argv[1:])

@@ -2,10 +2,10 @@
 
 from .cnn import ThesisCNN
 from .fc import FCNet, build_model
-from .rnn import CharRNN, masked_cross_entropy, pad_sequences, sample, train_tbptt
+from .rnn import CharLM, CharRNN, masked_cross_entropy, pad_sequences, sample, train_tbptt
 from .srcnn import SRCNN
 from .ssda import SSDA, THESIS_SSDA_LAYERS, DenoisingLayer, LayerSpec, kl_sparsity
 
-__all__ = ["FCNet", "ThesisCNN", "build_model", "CharRNN", "masked_cross_entropy",
+__all__ = ["FCNet", "ThesisCNN", "build_model", "CharRNN", "CharLM", "masked_cross_entropy",
            "pad_sequences", "sample", "train_tbptt", "SRCNN", "SSDA", "THESIS_SSDA_LAYERS",
            "DenoisingLayer", "LayerSpec", "kl_sparsity"]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["CharRNN", "pad_sequences", "masked_cross_entropy", "train_tbptt", "sample"]
+__all__ = ["CharRNN", "CharLM", "pad_sequences", "masked_cross_entropy", "train_tbptt", "sample"]
 
 
 class CharRNN(nn.Module):
@@ -44,6 +44,19 @@ class CharRNN(nn.Module):
         x = F.one_hot(ids, self.vocab_size).to(self.head.weight.dtype)   # (B, T, V)
         out, state = self.rnn(x, state)                                  # (B, T, H)
         return self.head(out), state
+
+
+class CharLM(nn.Module):
+    """A CharRNN for the distributed engines: ids (B, T) (any dtype) -> logits (B, T, vocab),
+    the state starting from zero in every window (whole-window BPTT)."""
+
+    def __init__(self, vocab_size: int, hidden: int = 200, layers: int = 2, kind: str = "lstm",
+                 dropout: float = 0.0):
+        super().__init__()
+        self.rnn = CharRNN(vocab_size, hidden, layers, kind, dropout)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.rnn(ids.long())[0]
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad: int = 0, max_len: int | None = None):

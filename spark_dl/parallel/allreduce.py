@@ -28,7 +28,13 @@ from torch import nn
 
 __all__ = ["AllReduceConfig", "GradientSync", "make_task", "LOSSES"]
 
-LOSSES = ("cross_entropy", "mse")
+LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
+
+
+def sequence_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every step of (B, T, V) logits against (B, T) class ids."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                       target.reshape(-1).long())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +73,8 @@ class AllReduceConfig:
 def loss_function(name: str) -> Callable:
     if name == "cross_entropy":
         return nn.functional.cross_entropy
+    if name == "sequence_cross_entropy":
+        return sequence_cross_entropy
     if name == "mse":
         return nn.functional.mse_loss
     raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)} "
@@ -77,8 +85,10 @@ class GradientSync:
     """Bucketed all-reduce of summed gradients plus (loss sum, sample count); sample-weighted.
 
     Buckets are flat buffers of about ``bucket_mb`` MB, reduced asynchronously in parallel;
-    the last one carries two extra values, the local loss sum and sample count. The messages
-    and bytes sent are counted.
+    the last one carries two extra values, the local loss sum and sample count. Every
+    ``p.grad`` is a view into its bucket (as DDP's ``gradient_as_bucket_view``), so backward
+    accumulates straight into the buffers that are reduced: no copies in or out. The messages,
+    bytes and seconds spent are counted.
     """
 
     def __init__(self, params: list[nn.Parameter], bucket_mb: float = 25.0, shm_name=None,
@@ -96,10 +106,21 @@ class GradientSync:
             self.buckets[-1].append(p)
             size += p.numel()
         ref = self.params[0]
-        self.flats = [torch.zeros(sum(p.numel() for p in b) + (2 if i == len(self.buckets) - 1
-                                                                else 0),
-                                  dtype=ref.dtype, device=ref.device)
-                      for i, b in enumerate(self.buckets)]
+        self.flats, self.views = [], []
+        for i, bucket in enumerate(self.buckets):
+            n = sum(p.numel() for p in bucket)
+            flat = torch.zeros(n + (2 if i == len(self.buckets) - 1 else 0), dtype=ref.dtype,
+                               device=ref.device)
+            off = 0
+            for p in bucket:
+                view = flat[off:off + p.numel()].view_as(p)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+                self.views.append((p, view))
+                off += p.numel()
+            self.flats.append(flat)
+        self.grad_numels = [sum(p.numel() for p in b) for b in self.buckets]
         self.calls = self.bytes = 0
         self.seconds = 0.0                # wall time inside the all-reduce (incl. waiting)
         self.shm = None
@@ -109,21 +130,19 @@ class GradientSync:
         self.transport = "shm" if self.shm is not None else dist.get_backend()
 
     def __call__(self, loss_sum: float, count: int) -> tuple[float, float]:
-        """Replace every .grad by the global sample-weighted mean gradient; returns the global
+        """Make every .grad the global sample-weighted mean gradient; returns the global
         (mean loss, sample count)."""
         t0 = time.perf_counter()
+        for p, view in self.views:            # someone replaced a .grad: bring it back
+            if p.grad is None:
+                view.zero_()
+                p.grad = view
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+                p.grad = view
+        self.flats[-1][-2], self.flats[-1][-1] = loss_sum, count
         works = []
-        for bucket, flat in zip(self.buckets, self.flats):
-            off = 0
-            for p in bucket:
-                n = p.numel()
-                if p.grad is None:
-                    flat[off:off + n].zero_()
-                else:
-                    flat[off:off + n].copy_(p.grad.reshape(-1))
-                off += n
-            if flat is self.flats[-1]:
-                flat[-2], flat[-1] = loss_sum, count
+        for flat in self.flats:
             if self.shm is not None:
                 self.shm(flat)
             else:
@@ -135,17 +154,13 @@ class GradientSync:
         self.calls += 1
         total = float(self.flats[-1][-1])
         loss = float(self.flats[-1][-2]) / max(total, 1.0)
-        for bucket, flat in zip(self.buckets, self.flats):
-            off = 0
-            for p in bucket:
-                n = p.numel()
-                g = flat[off:off + n].view_as(p).div_(max(total, 1.0))
-                if p.grad is None:
-                    p.grad = g.clone()
-                else:
-                    p.grad.copy_(g)
-                off += n
+        for flat, n in zip(self.flats, self.grad_numels):
+            flat[:n].div_(max(total, 1.0))
         return loss, total
+
+    def zero_grad(self) -> None:
+        for flat in self.flats:
+            flat.zero_()
 
 
 def _state_bytes(obj) -> bytes:
@@ -317,7 +332,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
 
     def run_step(micro):
         def closure():
-            opt.zero_grad(set_to_none=False)
+            sync.zero_grad()
             loss_sum, count = 0.0, 0
             for x, y in micro:
                 x = x.to(device=device, dtype=dtype, non_blocking=True)

@@ -44,6 +44,8 @@ class CharConfig:
     eval_every: int = 500
     sample_len: int = 300
     temperature: float = 0.8
+    strategy: str = "single"        # "single" (this process) or "allreduce" (Spark replicas)
+    replicas: int = 0               # allreduce: replicas (0: the cluster's task slots)
     run: RunConfig = RunConfig()
 
     def __post_init__(self):
@@ -55,6 +57,9 @@ class CharConfig:
         _check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "must be in (0, 1]")
         _check(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.tbptt <= self.seq_len, "tbptt", self.tbptt, "must be <= seq_len")
+        _check(self.strategy in ("single", "allreduce"), "strategy", self.strategy,
+               "must be 'single' or 'allreduce'")
+        _check(self.replicas >= 0, "replicas", self.replicas, "must be >= 0")
 
 
 @torch.no_grad()
@@ -72,7 +77,9 @@ def _validate(model, ids: torch.Tensor, chunk: int, streams: int = 16) -> float:
     return total / (n * streams)
 
 
-def train_char(cfg: CharConfig, log=print) -> dict:
+def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
+    if cfg.strategy == "allreduce":
+        return _train_char_allreduce(cfg, log, spark)
     seed_everything(cfg.run.seed)
     device = pick_device(cfg.run)
     text = Path(cfg.corpus).read_text(encoding="utf-8")
@@ -116,4 +123,76 @@ def train_char(cfg: CharConfig, log=print) -> dict:
             "lr": cfg.lr, "lr_decay": cfg.lr_decay, "time_budget_s": cfg.time_budget_s,
             "vocab": len(vocab), "val_loss": curve[-1]["val_loss"],
             "train_seconds": time.perf_counter() - t0, "curve": curve,
+            "sample": "ROMEO:\n" + text_out}
+
+
+def _window_frame(spark, corpus: str, vocab_json: str, lo: int, hi: int, T: int,
+                  partitions: int):
+    """DataFrame(features array<int>, label array<int>): the windows of characters lo..hi of
+    ``corpus`` (stride T, targets shifted by one), made in the executors from the file."""
+    import pyarrow as pa
+
+    def make(batches):
+        from spark_dl.data import CharVocab, char_windows
+        ids = CharVocab.from_json(vocab_json).encode(
+            Path(corpus).read_text(encoding="utf-8"))[lo:hi]
+        x, y = char_windows(ids, T)
+        for b in batches:
+            for p in b.column("id").to_numpy():
+                a, z = p * len(x) // partitions, (p + 1) * len(x) // partitions
+                if z > a:
+                    off = pa.array(np.arange(0, (z - a + 1) * T, T, dtype=np.int32))
+                    yield pa.RecordBatch.from_arrays(
+                        [pa.ListArray.from_arrays(off, pa.array(x[a:z].ravel().astype(np.int32))),
+                         pa.ListArray.from_arrays(off, pa.array(y[a:z].ravel().astype(np.int32)))],
+                        ["features", "label"])
+    return spark.range(partitions, numPartitions=partitions).mapInArrow(
+        make, "features array<int>, label array<int>")
+
+
+def _train_char_allreduce(cfg: CharConfig, log, spark) -> dict:
+    """Whole windows of ``tbptt`` characters (state reset per window) on Spark replicas; the
+    budget of ``updates`` steps becomes whole epochs over the training head's windows, and
+    ``lr_decay`` applies once per epoch. ``val_loss`` is measured as in the single-process
+    job (the tail read with the state carried)."""
+    from ..data import char_windows
+    from ..fit import fit
+    from ..models import CharLM
+    from ..session import get_session
+    if cfg.time_budget_s:
+        log("note: time_budget_s is not applied by the allreduce strategy")
+    spark = spark or get_session()
+    text = Path(cfg.corpus).read_text(encoding="utf-8")
+    vocab = CharVocab.from_text(text)
+    ids = vocab.encode(text)
+    split = int(len(ids) * (1 - cfg.val_fraction))
+    replicas = cfg.replicas or spark.sparkContext.defaultParallelism
+    T = cfg.tbptt
+    windows = (split - 1 - T) // T + 1
+    steps_per_epoch = -(-windows // replicas // cfg.batch_size)
+    epochs = max(1, -(-cfg.updates // steps_per_epoch))
+    df = _window_frame(spark, str(Path(cfg.corpus).resolve()), vocab.to_json(), 0, split, T,
+                       replicas)
+    vx, vy = char_windows(ids[split:], T)
+    V, hidden, layers, kind, dropout = len(vocab), cfg.hidden, cfg.layers, cfg.kind, cfg.dropout
+    res = fit(df, lambda: CharLM(V, hidden, layers, kind, dropout), shape=(T,),
+              label_shape=(T,), loss="sequence_cross_entropy", optimizer=cfg.optimizer,
+              lr=cfg.lr, lr_decay=cfg.lr_decay, epochs=epochs, batch_size=cfg.batch_size,
+              replicas=replicas, seed=cfg.run.seed, device=cfg.run.device,
+              threads=cfg.run.threads, validation=(vx, vy),
+              run_dir=f"{cfg.run.out_dir}/char-{kind}-allreduce", log=log)
+    model = res.model.rnn
+    val = _validate(model, torch.from_numpy(ids[split:]), cfg.tbptt)
+    prime = vocab.encode("ROMEO:\n").tolist()
+    text_out = vocab.decode(sample(model.cpu(), prime, cfg.sample_len, cfg.temperature,
+                                   torch.Generator().manual_seed(cfg.run.seed)))
+    return {"kind": kind, "hidden": hidden, "layers": layers, "dropout": dropout,
+            "strategy": "allreduce", "replicas": res.info["world"],
+            "updates": steps_per_epoch * epochs, "epochs": epochs, "tbptt": T,
+            "batch_size": cfg.batch_size, "global_batch": res.info["world"] * cfg.batch_size,
+            "optimizer": cfg.optimizer, "lr": cfg.lr, "lr_decay": cfg.lr_decay,
+            "vocab": V, "val_loss": val, "val_loss_per_window": res.history[-1]["val_loss"],
+            "train_seconds": res.info["train_seconds"], "history": res.history,
+            "curve": [{"updates": h["epoch"] * steps_per_epoch, "train_loss": h["loss"],
+                       "val_loss": h["val_loss"]} for h in res.history],
             "sample": "ROMEO:\n" + text_out}

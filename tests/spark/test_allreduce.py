@@ -197,3 +197,21 @@ def test_mnist_job_with_the_allreduce_strategy(spark, tmp_path):
     assert r["replicas"] == 2 and r["train_samples"] == 3000 and len(r["history"]) == 2
     assert r["history"][1]["loss"] < r["history"][0]["loss"] and r["test_accuracy"] > 0.3
     assert (tmp_path / "cnn-sgd-allreduce" / "checkpoint.pt").exists()
+
+
+def test_char_lstm_job_with_the_allreduce_strategy(spark, tmp_path):
+    from spark_dl.config import load_toml
+    from spark_dl.recipes.charlm import CharConfig, train_char
+
+    from ..conftest import ROOT
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((ROOT / "data/text/tinyshakespeare.txt").read_text()[:30000])
+    cfg = load_toml(CharConfig, ROOT / "conf/jobs/char_lstm.toml", {
+        "corpus": str(corpus), "hidden": 32, "layers": 1, "seq_len": 25, "tbptt": 25,
+        "batch_size": 16, "updates": 120, "sample_len": 40, "strategy": "allreduce",
+        "run.out_dir": str(tmp_path / "out"), "run.device": "cpu"})
+    r = train_char(cfg, log=lambda s: None, spark=spark)
+    # 27,000 training characters -> 1,079 windows of 25 -> 34 steps of 2 x 16 per epoch
+    assert r["replicas"] == 2 and r["epochs"] == 4 and r["updates"] == 136
+    assert r["history"][-1]["loss"] < r["history"][0]["loss"] < np.log(r["vocab"])
+    assert r["val_loss"] < np.log(r["vocab"]) and len(r["sample"]) == 7 + 40
