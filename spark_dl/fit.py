@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections import Counter
 import json
 import secrets
 import time
@@ -26,13 +27,13 @@ from torch import nn
 
 from .errors import ConfigError, DataError, ResourceError, SparkDLError
 from .optim.factory import OPTIMIZERS
-from .parallel import allreduce
+from .parallel import allreduce, downpour
 from .parallel.channel import MessageServer
 from .runs import new_run_dir, plot_history, write_history, write_json
 
 __all__ = ["fit", "FitResult", "STRATEGIES"]
 
-STRATEGIES = ("allreduce",)
+STRATEGIES = ("allreduce", "downpour")
 
 
 @dataclasses.dataclass
@@ -56,6 +57,12 @@ def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Modu
         raise TypeError(f"model must be a model name ('fc', 'cnn') or a function returning an "
                         f"nn.Module, got {type(model).__name__}")
     return model
+
+
+def _server_optimizer(optimizer: str, momentum: float) -> str:
+    if optimizer == "sgd":
+        return "momentum" if momentum else "sgd"
+    return optimizer
 
 
 def _slots(spark) -> int:
@@ -83,11 +90,20 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         dtype: str = "float32", device: str = "auto", amp: str | None = None,
         threads: int = 0, validation: tuple | None = None, run_dir: str | Path | None = None,
         resume: bool = True, progress: bool = True, log: Callable[[str], None] | None = print,
-        timeout_s: float = 300.0, transport: str = "auto") -> FitResult:
+        timeout_s: float = 300.0, transport: str = "auto", n_fetch: int = 1,
+        n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
+        ps_shards: int = 1, wire_dtype: str = "float32") -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
 
     strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
-      ring all-reduce of the gradients every step).
+      ring all-reduce of the gradients every step) or "downpour" (Downpour SGD: the tasks
+      train asynchronously against a parameter server on the driver).
+    downpour only: n_fetch / n_push (fetch parameters / push accumulated gradients every so
+      many steps), mode ("async", "sync": one averaged update per step of all replicas,
+      "sequential": every push its own step, fetched right after), server_optimizer ("sgd",
+      "momentum", "adagrad", "adam"; default: from ``optimizer``/``momentum``), ps_shards
+      (parameter blocks with their own lock and version), wire_dtype ("float32", "bfloat16",
+      "float64").
     lr_decay: the learning rate is multiplied by it after every epoch.
     batch_size: per replica and micro-batch; ``accumulate`` micro-batches make one step, so the
       global batch is replicas x accumulate x batch_size.
@@ -122,6 +138,25 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         raise ConfigError(f"amp must be None, 'bf16' or 'fp16', got {amp!r}")
     if amp is not None and dtype == "float64":
         raise ConfigError("amp autocasts float32 weights; use dtype='float32' with amp")
+    if strategy == "downpour":
+        from .parallel.ps import MODES, SERVER_OPTIMIZERS
+        if mode not in MODES:
+            raise ConfigError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if server_optimizer is not None and server_optimizer not in SERVER_OPTIMIZERS:
+            raise ConfigError(f"unknown server_optimizer {server_optimizer!r}; choose one of "
+                              f"{', '.join(SERVER_OPTIMIZERS)}")
+        if server_optimizer is None and optimizer not in ("sgd", "adagrad", "adam"):
+            raise ConfigError(f"optimizer {optimizer!r} has no parameter-server form; use "
+                              f"sgd, adagrad or adam (or set server_optimizer)")
+        for name, value in (("n_fetch", n_fetch), ("n_push", n_push), ("ps_shards", ps_shards)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if wire_dtype not in ("float32", "bfloat16", "float64"):
+            raise ConfigError(f"wire_dtype must be 'float32', 'bfloat16' or 'float64', got "
+                              f"{wire_dtype!r}")
+        if amp is not None or accumulate != 1 or lr_decay != 1.0:
+            raise ConfigError("amp, accumulate and lr_decay are options of the allreduce "
+                              "strategy; downpour accumulates with n_push")
     if transport not in ("auto", "process_group"):
         raise ConfigError(f"transport must be 'auto' or 'process_group', got {transport!r}")
     if device not in ("auto", "cpu", "cuda"):
@@ -154,9 +189,21 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     if replicas > slots:
         raise ResourceError(
             f"replicas={replicas} but the cluster runs {slots} task(s) at once (default "
-            f"parallelism {spark.sparkContext.defaultParallelism} / spark.task.cpus); a barrier "
-            f"stage needs all its tasks running together: use replicas <= {slots} or add "
-            f"executors/cores")
+            f"parallelism {spark.sparkContext.defaultParallelism} / spark.task.cpus); the "
+            f"replicas train together: use replicas <= {slots} or add executors/cores")
+    if strategy == "downpour":
+        return _fit_downpour(
+            df if parts == replicas else df.repartition(replicas), model, model_fn, loss_fn,
+            loss_name, replicas, validation, run_dir, progress, log,
+            downpour.DownpourConfig(
+                features=features, label=label, shape=tuple(shape),
+                label_shape=tuple(label_shape), num_classes=num_classes, loss=loss_name,
+                epochs=epochs, batch_size=batch_size, n_fetch=n_fetch,
+                n_push=1 if mode == "sync" else n_push, mode=mode, shuffle=shuffle, seed=seed,
+                dtype=dtype, wire_dtype=wire_dtype, device=device, threads=threads,
+                timeout_s=timeout_s),
+            server_optimizer or _server_optimizer(optimizer, momentum), lr, momentum,
+            ps_shards)
     if parts != replicas or _narrow_merges(df):
         # A barrier stage may not read through union()/coalesce() (Spark refuses the RDD
         # chain), so a shuffle gives it exactly ``replicas`` plain partitions.
@@ -233,5 +280,103 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     write_history(run_path / "history.csv", history)
     write_json(run_path / "info.json", info)
     plot_history(run_path / "loss.png", history, f"{strategy}, {replicas} replica(s)")
+    torch.save(net.state_dict(), run_path / "model.pt")
+    return FitResult(net, history, info, run_path)
+
+
+def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation, run_dir,
+                  progress, log, cfg, server_optimizer, lr, momentum, ps_shards) -> FitResult:
+    """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
+    from .parallel.ps import ParameterServer
+    spark = df.sparkSession
+    run_path = Path(run_dir).resolve() if run_dir is not None else \
+        new_run_dir("runs", "downpour")
+    run_path.mkdir(parents=True, exist_ok=True)
+    write_json(run_path / "config.json", {"strategy": "downpour", "replicas": replicas,
+                                          "server_optimizer": server_optimizer, "lr": lr,
+                                          "momentum": momentum, "ps_shards": ps_shards,
+                                          "model": model if isinstance(model, str) else
+                                          getattr(model, "__name__", repr(model)),
+                                          **dataclasses.asdict(cfg)})
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    torch.manual_seed(cfg.seed)
+    net = model_fn().to(dtype)
+    params = [p for p in net.parameters() if p.requires_grad]
+    secret = secrets.token_bytes(32)
+    host = spark.conf.get("spark.driver.host", "127.0.0.1")
+    ps = ParameterServer(torch.nn.utils.parameters_to_vector(params).detach(), secret, host,
+                         shards=ps_shards, optimizer=server_optimizer, lr=lr,
+                         momentum=momentum, mode=cfg.mode, workers=replicas,
+                         timeout_s=cfg.timeout_s)
+    val = None
+    if validation is not None:
+        val = (torch.as_tensor(validation[0], dtype=dtype), torch.as_tensor(validation[1]))
+    epochs_done: dict[int, list[dict]] = {}
+    history: list[dict] = []
+    metrics = open(run_path / "metrics.jsonl", "a")
+    t_start = time.perf_counter()
+
+    def evaluate_server(epoch: int, rows: list[dict]) -> dict:
+        """One history row when every worker has finished ``epoch``: the server's model."""
+        n = sum(r["samples"] for r in rows)
+        row = {"epoch": epoch, "loss": sum(r["loss"] * r["samples"] for r in rows) / max(n, 1),
+               "samples": n, "seconds": time.perf_counter() - t_start,
+               "samples_per_s": sum(r["samples_per_s"] for r in rows),
+               "server_versions": ps.versions}
+        if val is not None:
+            torch.nn.utils.vector_to_parameters(ps.parameters().to(dtype), params)
+            row.update(allreduce._evaluate(net, val, loss_fn, loss_name == "cross_entropy"))
+        return row
+
+    def on_message(m: dict) -> None:
+        metrics.write(json.dumps(m) + "\n")
+        metrics.flush()
+        if m.get("type") == "epoch":
+            rows = epochs_done.setdefault(m["epoch"], [])
+            rows.append(m)
+            if len(rows) == replicas:
+                row = evaluate_server(m["epoch"], rows)
+                history.append(row)
+                metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")
+                if progress and log is not None:
+                    extra = "".join(f" {k} {row[k]:.4f}" for k in ("val_loss", "val_accuracy")
+                                    if k in row)
+                    log(f"epoch {row['epoch']}: loss {row['loss']:.4f}{extra}, "
+                        f"{row['samples']} samples, {row['samples_per_s']:,.0f} samples/s, "
+                        f"server version {sum(row['server_versions'])}")
+        elif m.get("type") == "step" and progress and log is not None and m["worker"] == 0:
+            log(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']} "
+                f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s (worker 0)")
+
+    channel = MessageServer(host, secret, on_message)
+    task = downpour.make_task(cfg, model_fn, loss_fn, secret, ps.address, channel.address,
+                              str(run_path))
+    if log is not None:
+        log(f"downpour ({cfg.mode}, n_fetch={cfg.n_fetch}, n_push={cfg.n_push}): {replicas} "
+            f"worker(s), parameter server {ps.address[0]}:{ps.address[1]} "
+            f"({ps_shards} shard(s), {server_optimizer}), run directory {run_path}")
+    try:
+        rows = df.mapInArrow(task, downpour.RESULT_SCHEMA).collect()
+    finally:
+        channel.close()
+        ps.close()
+        metrics.close()
+    reports = sorted((json.loads(r.report) for r in rows), key=lambda r: r["worker"])
+    torch.nn.utils.vector_to_parameters(ps.parameters().to(dtype), params)
+    staleness: Counter = Counter()
+    for r in reports:
+        staleness.update({int(k): v for k, v in r["staleness"].items()})
+    info = {"world": replicas, "mode": cfg.mode, "n_fetch": cfg.n_fetch, "n_push": cfg.n_push,
+            "server": ps.stats(), "staleness_histogram": dict(sorted(staleness.items())),
+            "rows_per_replica": [r["rows"] for r in reports],
+            "devices": [r["device"] for r in reports], "workers": reports,
+            "total_rows": sum(r["rows"] for r in reports),
+            "train_seconds": max((r["task_seconds"] for r in reports), default=0.0),
+            "wall_seconds": time.perf_counter() - t_start,
+            "rejected_messages": channel.rejected}
+    history.sort(key=lambda h: h["epoch"])
+    write_history(run_path / "history.csv", history)
+    write_json(run_path / "info.json", info)
+    plot_history(run_path / "loss.png", history, f"downpour {cfg.mode}, {replicas} worker(s)")
     torch.save(net.state_dict(), run_path / "model.pt")
     return FitResult(net, history, info, run_path)

@@ -45,10 +45,13 @@ def assert_same_weights(a, b, tol=1e-9):
         assert torch.allclose(p.double(), q.double(), atol=tol, rtol=0), name
 
 
-def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path):
+@pytest.mark.parametrize("transport,used", [("auto", "shm"), ("process_group", "gloo")])
+def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, transport, used):
     x, y = data(96)
     res = fit(frame(spark, x, y, [48, 48]), small_fc, batch_size=8, epochs=2, lr=0.5,
-              momentum=0.9, shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+              momentum=0.9, shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None,
+              transport=transport)
+    assert res.info["transport"] == used
     # 2 epochs x 6 steps; the reference replays the same order each epoch.
     assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.9))
     assert res.info["world"] == 2 and res.info["rows_per_replica"] == [48, 48]

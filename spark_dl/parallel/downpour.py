@@ -1,0 +1,166 @@
+"""Downpour SGD workers: ordinary Spark tasks (``mapInArrow`` over the data) that train on
+their own partition and exchange parameters with the driver's parameter server (ps.py).
+
+Each worker fetches the parameters every ``n_fetch`` steps and, between fetches, computes
+gradients on the parameters it holds (a DistBelief replica does not update itself); it pushes
+the accumulated per-sample gradient sum every ``n_push`` steps. Spark schedules the tasks and
+retries a failed one, which registers again, fetches, and goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections import Counter
+from typing import Callable, Iterator
+
+import torch
+
+__all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
+
+RESULT_SCHEMA = "worker int, report string"
+
+
+@dataclasses.dataclass(frozen=True)
+class DownpourConfig:
+    features: str = "features"
+    label: str = "label"
+    shape: tuple = ()
+    label_shape: tuple = ()
+    num_classes: int | None = None
+    loss: str = "cross_entropy"
+    epochs: int = 1
+    batch_size: int = 64
+    n_fetch: int = 1
+    n_push: int = 1
+    mode: str = "async"
+    shuffle: bool = True
+    seed: int = 0
+    dtype: str = "float32"
+    wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
+    device: str = "auto"
+    threads: int = 0
+    timeout_s: float = 300.0
+    progress_every_s: float = 2.0
+
+
+_TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
+              ps_address, channel, run_dir: str | None):
+
+    def task(batches: Iterator) -> Iterator:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from spark_dl.data.bridge import ShardData
+        from spark_dl.parallel.channel import MessageClient
+        from spark_dl.parallel.ps import PSClient
+        from spark_dl.parallel.rendezvous import task_device
+
+        ctx = TaskContext.get()
+        worker = ctx.partitionId()
+        t_start = time.perf_counter()
+        shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
+                                     cfg.label_shape, cfg.num_classes,
+                                     where=f"partition {worker}")
+        gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
+        device, note = task_device(cfg.device, gpus, worker)
+        torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
+        if run_dir is not None:
+            _write_worker_info(run_dir, worker, {"pid": os.getpid(), "host": os.uname().nodename,
+                                                 "device": str(device), "attempt":
+                                                 ctx.attemptNumber(), "rows": len(shard)})
+        dtype = _TORCH[cfg.dtype]
+        torch.manual_seed(cfg.seed)
+        model = model_fn().to(device=device, dtype=dtype)
+        params = [p for p in model.parameters() if p.requires_grad]
+        client = PSClient(ps_address, secret, worker, _TORCH[cfg.wire_dtype], cfg.timeout_s)
+        progress = MessageClient(channel, secret)
+        steps = client.hello(len(shard), cfg.batch_size)
+        wire = torch.empty(client.numel, dtype=_TORCH[cfg.wire_dtype])
+
+        def fetch():
+            client.pull(wire)
+            torch.nn.utils.vector_to_parameters(wire.to(device=device, dtype=dtype), params)
+
+        fetch()
+        acc = torch.zeros(client.numel, dtype=dtype, device=device)
+        acc_samples = acc_steps = 0
+        staleness: Counter = Counter()
+        history, pushes = [], 0
+        n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
+        for epoch in range(cfg.epochs):
+            it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+                                    seed=cfg.seed * 1000003 + worker, epoch=epoch))
+            t0 = last = time.perf_counter()
+            loss_sum = samples = 0.0
+            for step in range(steps):
+                batch = next(it, None)
+                if batch is None and cfg.mode != "sync":
+                    break                             # only sync rounds need everyone
+                if batch is not None:
+                    x, y = batch
+                    x = x.to(device=device, dtype=dtype)
+                    y = y.to(device=device)
+                    if y.is_floating_point():
+                        y = y.to(dtype)
+                    loss = loss_fn(model(x), y)
+                    grads = torch.autograd.grad(loss, params)
+                    acc += torch.cat([g.reshape(-1) for g in grads]) * len(x)
+                    acc_samples += len(x)
+                    loss_sum += float(loss.detach()) * len(x)
+                    samples += len(x)
+                acc_steps += 1
+                last_step = step == steps - 1 or (cfg.mode != "sync" and
+                                                  samples >= len(shard))
+                if acc_steps >= cfg.n_push or last_step:
+                    for s in client.push(acc.cpu(), acc_samples, acc_steps):
+                        staleness[s] += 1
+                    pushes += 1
+                    acc.zero_()
+                    acc_samples = acc_steps = 0
+                if (step + 1) % n_fetch == 0 or cfg.mode == "sync":
+                    fetch()
+                now = time.perf_counter()
+                if now - last >= cfg.progress_every_s:
+                    last = now
+                    progress.send({"type": "step", "worker": worker, "epoch": epoch + 1,
+                                   "epochs": cfg.epochs, "step": step + 1, "steps": steps,
+                                   "loss": loss_sum / max(samples, 1),
+                                   "samples_per_s": samples / (now - t0)})
+            seconds = time.perf_counter() - t0
+            row = {"epoch": epoch + 1, "worker": worker, "loss": loss_sum / max(samples, 1),
+                   "samples": int(samples), "seconds": seconds,
+                   "samples_per_s": samples / max(seconds, 1e-9)}
+            history.append(row)
+            progress.send({"type": "epoch", **row})
+        client.close()
+        progress.close()
+        report = {"worker": worker, "rows": len(shard), "device": str(device), "note": note,
+                  "history": history, "pushes": pushes,
+                  "staleness": {str(k): v for k, v in sorted(staleness.items())},
+                  "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
+                  "bytes_sent": client.conn.bytes_sent,
+                  "bytes_received": client.conn.bytes_received,
+                  "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber()}
+        yield pa.RecordBatch.from_pydict({"worker": [worker], "report": [json.dumps(report)]},
+                                         schema=pa.schema([("worker", pa.int32()),
+                                                           ("report", pa.string())]))
+
+    return task
+
+
+def _write_worker_info(run_dir: str, worker: int, info: dict) -> None:
+    from pathlib import Path
+    try:
+        d = Path(run_dir) / "workers"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".worker-{worker}.json.tmp"
+        tmp.write_text(json.dumps({"worker": worker, **info}))
+        os.replace(tmp, d / f"worker-{worker}.json")
+    except OSError:
+        pass

@@ -1,0 +1,412 @@
+"""Parameter server of Downpour SGD (DistBelief), run by the driver for the duration of a fit.
+
+The parameters live on the server as one flat vector cut into ``shards`` contiguous blocks;
+each block has its own lock, version counter and server-side optimizer (a torch optimizer on
+that block, so the arithmetic is exactly torch's). Workers are ordinary Spark tasks that talk
+to it over TCP with a compact binary protocol:
+
+    frame  = header (72 bytes) + payload
+    header = magic "SDPS" | op | dtype | steps | worker | shard | version | count | length | mac
+    mac    = HMAC-SHA256(secret, nonce of the connection | sequence number | header fields)
+
+The secret is made per fit on the driver and reaches the tasks in the task closure; the nonce
+is the server's greeting to each connection, the sequence number counts the connection's
+frames, so a frame cannot be forged without the secret nor replayed. Payloads are raw arrays
+(float32, float64 or bfloat16 parameters and gradients, int64 for control data), never
+pickled, and their length must equal what the op and shard imply, so a frame claiming 10 GB
+is refused before a byte of it is read. Any malformed frame closes that connection only.
+
+Modes:
+  async       Downpour: every push is applied on arrival (one optimizer step per push).
+  sync        the server waits for all workers' pushes of a step, takes their sample-weighted
+              mean, applies it once; pushes computed on older versions are dropped.
+  sequential  "workers as boosters": every worker pushes the sum of k mini-batch gradients,
+              each push is its own optimizer step in arrival order, and the worker fetches the
+              result before going on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import torch
+
+__all__ = ["ParameterServer", "PSClient", "PSError", "MODES", "SERVER_OPTIMIZERS", "OPS"]
+
+MAGIC = b"SDPS"
+MODES = ("async", "sync", "sequential")
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
+OPS = {"hello": 1, "pull": 2, "push": 3, "bye": 4, "ok": 10, "error": 11}
+DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.bfloat16, 3: torch.int64}
+DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+_HEAD = struct.Struct("!4sBBHIIqqQ")          # without the MAC
+HEADER_BYTES = _HEAD.size + 32
+
+
+class PSError(RuntimeError):
+    """The parameter server refused a request or the connection broke."""
+
+
+def _mac(secret: bytes, nonce: bytes, seq: int, head: bytes) -> bytes:
+    return hmac.new(secret, nonce + seq.to_bytes(8, "big") + head, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int, into: memoryview | None = None) -> memoryview:
+    buf = into if into is not None else memoryview(bytearray(n))
+    got = 0
+    while got < n:
+        k = sock.recv_into(buf[got:n], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed")
+        got += k
+    return buf[:n]
+
+
+class _Conn:
+    """One side of an authenticated connection: frames with MACs and sequence numbers."""
+
+    def __init__(self, sock: socket.socket, secret: bytes, nonce: bytes):
+        self.sock, self.secret, self.nonce = sock, secret, nonce
+        self.send_seq = self.recv_seq = 0
+        self.bytes_sent = self.bytes_received = 0
+
+    def send(self, op: int, payload: torch.Tensor | np.ndarray | bytes | None = None, *,
+             worker=0, shard=0, version=0, count=0, steps=0, code=0):
+        if payload is None:
+            data = b""
+        elif isinstance(payload, bytes):
+            data = payload
+        elif isinstance(payload, torch.Tensor):
+            code = DTYPE_CODES[payload.dtype]
+            data = payload.contiguous().view(torch.uint8).numpy() if payload.dtype == \
+                torch.bfloat16 else payload.contiguous().numpy()
+        else:
+            code, data = DTYPE_CODES[torch.int64], np.ascontiguousarray(payload, np.int64)
+        view = memoryview(data).cast("B") if len(data) else b""
+        head = _HEAD.pack(MAGIC, op, code, steps, worker, shard, version, count, len(view))
+        self.sock.sendall(head + _mac(self.secret, self.nonce, self.send_seq, head))
+        if len(view):
+            self.sock.sendall(view)
+        self.send_seq += 1
+        self.bytes_sent += HEADER_BYTES + len(view)
+
+    def recv(self, max_payload: int, into: memoryview | None = None):
+        """(op, dtype, steps, worker, shard, version, count, payload memoryview)."""
+        raw = bytes(_recv_exact(self.sock, HEADER_BYTES))
+        head, mac = raw[:_HEAD.size], raw[_HEAD.size:]
+        magic, op, code, steps, worker, shard, version, count, length = _HEAD.unpack(head)
+        if magic != MAGIC:
+            raise PSError("bad magic: not a spark_dl parameter-server frame")
+        if op == OPS["error"]:
+            max_payload, into = max(max_payload, 4096), None
+        if not hmac.compare_digest(mac, _mac(self.secret, self.nonce, self.recv_seq, head)):
+            raise PSError("bad MAC: the peer does not know this fit's secret (or replayed a "
+                          "frame)")
+        if code not in DTYPES:
+            raise PSError(f"unknown dtype code {code}")
+        if length > max_payload:
+            raise PSError(f"frame announces {length} payload bytes, more than the {max_payload} "
+                          f"this request may carry")
+        payload = _recv_exact(self.sock, length, into) if length else memoryview(b"")
+        self.recv_seq += 1
+        self.bytes_received += HEADER_BYTES + length
+        return op, code, steps, worker, shard, version, count, payload
+
+
+class _Shard:
+    def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float):
+        self.param = torch.nn.Parameter(values.clone(), requires_grad=False)
+        self.param.grad = torch.zeros_like(self.param)
+        opts = {"sgd": lambda: torch.optim.SGD([self.param], lr=lr),
+                "momentum": lambda: torch.optim.SGD([self.param], lr=lr, momentum=momentum),
+                "adagrad": lambda: torch.optim.Adagrad([self.param], lr=lr),
+                "adam": lambda: torch.optim.Adam([self.param], lr=lr)}
+        self.opt = opts[optimizer]()
+        self.lock = threading.Condition()
+        self.version = 0
+        # sync mode: the round being collected
+        self.round_sum = torch.zeros_like(self.param)
+        self.round_count = 0.0
+        self.round_workers: set[int] = set()
+
+    def apply(self, grad: torch.Tensor) -> None:
+        self.param.grad.copy_(grad)
+        self.opt.step()
+        self.version += 1
+
+
+class ParameterServer:
+    """Serve ``initial`` (a flat tensor) to ``workers`` Spark tasks; see the module doc."""
+
+    def __init__(self, initial: torch.Tensor, secret: bytes, host: str = "127.0.0.1",
+                 shards: int = 1, optimizer: str = "sgd", lr: float = 0.01,
+                 momentum: float = 0.9, mode: str = "async", workers: int = 1,
+                 timeout_s: float = 300.0):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if optimizer not in SERVER_OPTIMIZERS:
+            raise ValueError(f"unknown server optimizer {optimizer!r}; choose one of "
+                             f"{', '.join(SERVER_OPTIMIZERS)}")
+        n = initial.numel()
+        if not 1 <= shards <= n:
+            raise ValueError(f"shards must be in 1..{n} (the parameter count), got {shards}")
+        self.secret, self.mode, self.workers = secret, mode, workers
+        self.timeout_s = timeout_s
+        self.dtype = initial.dtype
+        flat = initial.detach().reshape(-1).cpu()
+        self.bounds = [n * i // shards for i in range(shards + 1)]
+        self.shards = [_Shard(flat[a:b], optimizer, lr, momentum)
+                       for a, b in zip(self.bounds[:-1], self.bounds[1:])]
+        self.max_payload = max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])) * 8
+        self.staleness: Counter = Counter()     # staleness -> pushes
+        self.pushes = self.pulls = self.dropped = self.rejected = 0
+        self.bytes_in = self.bytes_out = 0
+        self.push_seconds = self.pull_seconds = 0.0
+        self._stats_lock = threading.Lock()
+        self._hello = threading.Condition()
+        self._registered: dict[int, tuple[int, int]] = {}      # worker -> (rows, batch)
+        self._stop = threading.Event()
+        self._sock = socket.create_server((host, 0))
+        self._sock.settimeout(0.2)
+        self.address = (host, self._sock.getsockname()[1])
+        self._thread = threading.Thread(target=self._serve, name="spark_dl-ps", daemon=True)
+        self._thread.start()
+
+    # -- state ---------------------------------------------------------------------------
+    def parameters(self) -> torch.Tensor:
+        """A consistent-per-shard copy of the current flat parameters."""
+        out = []
+        for s in self.shards:
+            with s.lock:
+                out.append(s.param.detach().clone())
+        return torch.cat(out)
+
+    @property
+    def versions(self) -> list[int]:
+        return [s.version for s in self.shards]
+
+    def stats(self) -> dict:
+        return {"mode": self.mode, "shards": len(self.shards), "versions": self.versions,
+                "pushes": self.pushes, "pulls": self.pulls, "dropped_stale": self.dropped,
+                "rejected_connections": self.rejected,
+                "staleness_histogram": dict(sorted(self.staleness.items())),
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "push_seconds": self.push_seconds, "pull_seconds": self.pull_seconds}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        for s in self.shards:
+            with s.lock:
+                s.lock.notify_all()
+        with self._hello:
+            self._hello.notify_all()
+        self._thread.join(timeout=2)
+
+    # -- serving -------------------------------------------------------------------------
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._sock.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(sock,), daemon=True).start()
+
+    def _handle(self, sock: socket.socket):
+        nonce = os.urandom(16)
+        conn = _Conn(sock, self.secret, nonce)
+        buf = memoryview(bytearray(self.max_payload))
+        with sock:
+            try:
+                sock.settimeout(self.timeout_s)
+                sock.sendall(nonce)
+                while not self._stop.is_set():
+                    frame = conn.recv(self.max_payload, buf)
+                    if not self._dispatch(conn, *frame):
+                        break
+            except (PSError, ValueError, KeyError, IndexError) as e:
+                with self._stats_lock:
+                    self.rejected += 1
+                try:
+                    conn.send(OPS["error"], str(e).encode()[:4000])
+                except OSError:
+                    pass
+            except OSError:
+                pass                                     # peer went away (e.g. a killed task)
+            finally:
+                with self._stats_lock:
+                    self.bytes_in += conn.bytes_received
+                    self.bytes_out += conn.bytes_sent
+
+    def _dispatch(self, conn, op, code, steps, worker, shard, version, count, payload) -> bool:
+        if op == OPS["bye"]:
+            return False
+        if op == OPS["hello"]:
+            return self._on_hello(conn, worker, payload)
+        if not 0 <= shard < len(self.shards):
+            raise PSError(f"shard {shard} does not exist (0..{len(self.shards) - 1})")
+        s = self.shards[shard]
+        if op == OPS["pull"]:
+            t0 = time.perf_counter()
+            with s.lock:
+                values, v = s.param.detach().clone(), s.version
+            conn.send(OPS["ok"], values.to(DTYPES[code] if code in (0, 1, 2) else self.dtype),
+                      shard=shard, version=v)
+            with self._stats_lock:
+                self.pulls += 1
+                self.pull_seconds += time.perf_counter() - t0
+            return True
+        if op == OPS["push"]:
+            t0 = time.perf_counter()
+            if code == 3:
+                raise PSError("gradients must be float32, float64 or bfloat16")
+            itemsize = torch.empty((), dtype=DTYPES[code]).element_size()
+            if len(payload) != s.param.numel() * itemsize:
+                raise PSError(f"push to shard {shard}: {len(payload)} bytes, expected "
+                              f"{s.param.numel() * itemsize}")
+            raw = torch.frombuffer(payload, dtype=torch.uint8)
+            grad = raw.view(DTYPES[code]).to(self.dtype)
+            if not torch.isfinite(grad).all():
+                raise PSError(f"push to shard {shard} holds NaN or inf; the worker diverged "
+                              f"(lower the learning rate)")
+            new_version, staleness = self._push(s, worker, grad, version, count, max(steps, 1))
+            conn.send(OPS["ok"], shard=shard, version=new_version, count=staleness)
+            with self._stats_lock:
+                self.pushes += 1
+                self.push_seconds += time.perf_counter() - t0
+            return True
+        raise PSError(f"unknown op {op}")
+
+    def _on_hello(self, conn, worker, payload) -> bool:
+        info = np.frombuffer(payload, np.int64)
+        if len(info) != 2:
+            raise PSError("hello carries [rows, batch_size]")
+        rows, batch = int(info[0]), int(info[1])
+        with self._hello:
+            self._registered[worker] = (rows, max(batch, 1))
+            self._hello.notify_all()
+            if self.mode == "sync":          # everyone runs the steps of the largest shard
+                deadline = time.monotonic() + self.timeout_s
+                while len(self._registered) < self.workers and not self._stop.is_set():
+                    if not self._hello.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        raise PSError(f"sync mode: only {len(self._registered)} of "
+                                      f"{self.workers} workers arrived")
+                steps = max(-(-r // b) for r, b in self._registered.values())
+            else:
+                steps = -(-rows // max(batch, 1))
+        conn.send(OPS["ok"], np.array(self.bounds + [steps], np.int64),
+                  count=self.numel, version=sum(self.versions))
+        return True
+
+    @property
+    def numel(self) -> int:
+        return self.bounds[-1]
+
+    def _push(self, s: _Shard, worker: int, grad: torch.Tensor, base: int, samples: int,
+              steps: int) -> tuple[int, int]:
+        with s.lock:
+            staleness = s.version - base
+            if self.mode != "sync":
+                self.staleness[staleness] += 1
+                # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
+                s.apply(grad * (steps / max(samples, 1)))
+                return s.version, staleness
+            if staleness > 0:                     # computed on an older round: dropped
+                self.dropped += 1
+                return s.version, staleness
+            self.staleness[0] += 1
+            s.round_sum += grad
+            s.round_count += samples
+            s.round_workers.add(worker)
+            target = s.version + 1
+            if len(s.round_workers) >= self.workers:
+                s.apply(s.round_sum / max(s.round_count, 1.0))
+                s.round_sum.zero_()
+                s.round_count = 0.0
+                s.round_workers.clear()
+                s.lock.notify_all()
+            else:
+                deadline = time.monotonic() + self.timeout_s
+                while s.version < target and not self._stop.is_set():
+                    if not s.lock.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        raise PSError(f"sync mode: round {target} of shard incomplete after "
+                                      f"{self.timeout_s} s (a worker is missing)")
+            return s.version, 0
+
+
+class PSClient:
+    """A worker's connection to the parameter server (one request at a time)."""
+
+    def __init__(self, address, secret: bytes, worker: int, dtype: torch.dtype = torch.float32,
+                 timeout_s: float = 300.0):
+        self.worker, self.dtype = worker, dtype
+        sock = socket.create_connection(tuple(address), timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        nonce = bytes(_recv_exact(sock, 16))
+        self.conn = _Conn(sock, secret, nonce)
+        self.bounds: list[int] = []
+        self.versions: list[int] = []
+        self.push_seconds = self.pull_seconds = 0.0
+
+    def _reply(self, max_payload: int, into=None):
+        op, code, steps, worker, shard, version, count, payload = self.conn.recv(max_payload,
+                                                                                 into)
+        if op == OPS["error"]:
+            raise PSError("parameter server: " + bytes(payload).decode(errors="replace"))
+        return code, shard, version, count, payload
+
+    def hello(self, rows: int, batch_size: int) -> int:
+        """Register; returns the steps per epoch (sync: those of the largest shard)."""
+        self.conn.send(OPS["hello"], np.array([rows, batch_size], np.int64), worker=self.worker)
+        _, _, _, n, payload = self._reply(1 << 20)
+        info = np.frombuffer(payload, np.int64)
+        self.bounds, steps = [int(b) for b in info[:-1]], int(info[-1])
+        self.versions = [0] * (len(self.bounds) - 1)
+        self.numel = n
+        return steps
+
+    def pull(self, out: torch.Tensor) -> None:
+        """Every shard into ``out`` (flat, numel parameters); remembers the versions."""
+        t0 = time.perf_counter()
+        item = out.element_size()
+        raw = out.view(torch.uint8).numpy()
+        for i, (a, b) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
+            self.conn.send(OPS["pull"], worker=self.worker, shard=i,
+                           code=DTYPE_CODES[out.dtype])
+            _, shard, version, _, payload = self._reply(
+                (b - a) * item, memoryview(raw)[a * item:b * item])
+            if len(payload) != (b - a) * item:
+                raise PSError(f"pull of shard {i}: {len(payload)} bytes, expected "
+                              f"{(b - a) * item}")
+            self.versions[i] = version
+        self.pull_seconds += time.perf_counter() - t0
+
+    def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1) -> list[int]:
+        """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all);
+        returns the staleness per shard."""
+        t0 = time.perf_counter()
+        stale = []
+        for i, (a, b) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
+            self.conn.send(OPS["push"], grad_sum[a:b].to(self.dtype), worker=self.worker,
+                           shard=i, version=self.versions[i], count=samples, steps=steps)
+            _, _, version, staleness, _ = self._reply(0)
+            stale.append(staleness)
+        self.push_seconds += time.perf_counter() - t0
+        return stale
+
+    def close(self) -> None:
+        try:
+            self.conn.send(OPS["bye"], worker=self.worker)
+        except OSError:
+            pass
+        self.conn.sock.close()

@@ -1,0 +1,80 @@
+"""Downpour SGD on real Spark (local[2]) with the driver's parameter server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spark_dl import fit
+from spark_dl.errors import ConfigError
+
+from .test_allreduce import assert_same_weights, data, frame, reference_epochs, small_fc
+
+
+def test_one_worker_fetch_push_every_step_is_single_process_sgd(spark, tmp_path):
+    x, y = data(48, seed=7)
+    res = fit(frame(spark, x, y, [48]), small_fc, strategy="downpour", batch_size=8, epochs=2,
+              lr=0.5, momentum=0.9, shuffle=False, dtype="float64", wire_dtype="float64",
+              run_dir=tmp_path / "run", log=None)
+    assert_same_weights(res.model, reference_epochs(x, y, [48], 8, 2, 0.5, 0.9))
+    assert res.info["server"]["versions"] == [12]
+    assert res.info["staleness_histogram"] == {0: 12}
+
+
+@pytest.mark.parametrize("splits", [[48, 48], [70, 30]])
+def test_sync_mode_follows_the_allreduce_trajectory(spark, tmp_path, splits):
+    x, y = data(sum(splits), seed=8)
+    kw = dict(batch_size=8, epochs=2, lr=0.3, momentum=0.9, shuffle=False, dtype="float64",
+              log=None)
+    ring = fit(frame(spark, x, y, splits), small_fc, run_dir=tmp_path / "ring", **kw)
+    ps = fit(frame(spark, x, y, splits), small_fc, strategy="downpour", mode="sync",
+             wire_dtype="float64", ps_shards=3, run_dir=tmp_path / "ps", **kw)
+    assert_same_weights(ps.model, ring.model, tol=1e-9)
+    steps = max(-(-n // 8) for n in splits)
+    assert ps.info["server"]["versions"] == [2 * steps] * 3
+    assert ps.info["server"]["dropped_stale"] == 0
+
+
+def test_async_workers_train_the_cnn_and_report_staleness(spark, mnist, tmp_path):
+    images, labels = mnist
+    x = images[:6000].reshape(6000, -1).astype(np.float32) / 255
+    vx, vy = images[-500:].reshape(500, -1).astype(np.float32) / 255, labels[-500:]
+    lines = []
+    res = fit(frame(spark, x, labels[:6000], [3000, 3000]), "cnn", strategy="downpour",
+              shape=(1, 28, 28), num_classes=10, optimizer="adam", lr=0.003, batch_size=32,
+              epochs=3, n_fetch=2, n_push=2, ps_shards=2, validation=(vx, vy),
+              run_dir=tmp_path / "run", log=lines.append)
+    assert [h["epoch"] for h in res.history] == [1, 2, 3]
+    assert res.history[-1]["val_accuracy"] > 0.6           # chance: 0.1
+    hist = res.info["staleness_histogram"]
+    pushes = sum(w["pushes"] for w in res.info["workers"])
+    assert sum(hist.values()) == pushes * 2                # one entry per push and shard
+    assert res.info["server"]["versions"] == [pushes] * 2
+    assert any(line.startswith("epoch 3:") for line in lines)
+    with torch.no_grad():
+        acc = (res.model(torch.from_numpy(vx).reshape(-1, 1, 28, 28)).argmax(1).numpy()
+               == vy).mean()
+    assert abs(acc - res.history[-1]["val_accuracy"]) < 1e-9
+
+
+def test_sequential_mode_applies_every_push_in_turn(spark, tmp_path):
+    x, y = data(64, seed=9)
+    res = fit(frame(spark, x, y, [32, 32]), small_fc, strategy="downpour", mode="sequential",
+              n_push=2, batch_size=4, epochs=1, lr=0.1, run_dir=tmp_path / "run", log=None)
+    # each worker: 8 mini-batches, pushed 2 at a time
+    assert [w["pushes"] for w in res.info["workers"]] == [4, 4]
+    assert res.info["server"]["versions"] == [8]
+
+
+def test_downpour_argument_errors(spark):
+    x, y = data(20)
+    df = frame(spark, x, y, [10, 10])
+    with pytest.raises(ConfigError, match="unknown mode 'eventual'"):
+        fit(df, small_fc, strategy="downpour", mode="eventual")
+    with pytest.raises(ConfigError, match="n_fetch must be an integer >= 1"):
+        fit(df, small_fc, strategy="downpour", n_fetch=0)
+    with pytest.raises(ConfigError, match="optimizer 'cg' has no parameter-server form"):
+        fit(df, small_fc, strategy="downpour", optimizer="cg")
+    with pytest.raises(ConfigError, match="wire_dtype must be"):
+        fit(df, small_fc, strategy="downpour", wire_dtype="int8")

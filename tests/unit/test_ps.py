@@ -1,0 +1,166 @@
+"""The parameter server over real sockets: load, modes, and hostile peers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from spark_dl.parallel.ps import MAGIC, OPS, ParameterServer, PSClient, PSError
+
+SECRET = b"s" * 32
+
+
+@pytest.fixture
+def server():
+    servers = []
+
+    def make(n=1000, **kw):
+        ps = ParameterServer(torch.linspace(-1, 1, n, dtype=torch.float64), SECRET, **kw)
+        servers.append(ps)
+        return ps
+    yield make
+    for ps in servers:
+        ps.close()
+
+
+def test_32_clients_x_200_pushes_apply_every_update(server):
+    ps = server(n=1000, shards=4, optimizer="sgd", lr=0.1)
+    initial = ps.parameters()
+    grads = torch.randn(32, 200, 1000, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(0))
+    errors = []
+
+    def worker(w):
+        try:
+            c = PSClient(ps.address, SECRET, w, dtype=torch.float64)
+            c.hello(rows=200, batch_size=1)
+            for k in range(200):
+                c.push(grads[w, k], samples=1)
+            c.close()
+        except Exception as e:                      # pragma: no cover - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert ps.versions == [6400] * 4 and ps.pushes == 6400 * 4
+    expected = initial - 0.1 * grads.sum(dim=(0, 1))
+    assert torch.allclose(ps.parameters(), expected, atol=1e-9)
+    assert sum(ps.staleness.values()) == 6400 * 4
+
+
+def test_pull_returns_the_current_values_and_versions(server):
+    ps = server(n=10, shards=3, optimizer="sgd", lr=1.0)
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=5, batch_size=5)
+    c.push(torch.ones(10, dtype=torch.float64) * 4, samples=2)      # mean gradient 2
+    out = torch.empty(10, dtype=torch.float64)
+    c.pull(out)
+    assert torch.allclose(out, torch.linspace(-1, 1, 10, dtype=torch.float64) - 2)
+    assert c.versions == [1, 1, 1]
+    # a push computed on version 1 after another push: staleness 1
+    c2 = PSClient(ps.address, SECRET, 1, dtype=torch.float64)
+    c2.hello(rows=5, batch_size=5)
+    c2.push(torch.zeros(10, dtype=torch.float64), samples=1)         # c2 never pulled
+    assert c.push(torch.zeros(10, dtype=torch.float64), samples=1) == [1, 1, 1]
+    assert ps.staleness[1] == 6           # both pushes came one version late, on 3 shards
+    c.close()
+    c2.close()
+
+
+def test_sync_mode_takes_the_sample_weighted_mean_once_per_round(server):
+    ps = server(n=4, optimizer="sgd", lr=1.0, mode="sync", workers=2)
+    results = {}
+
+    def worker(w, grad_sum, samples, rows):
+        c = PSClient(ps.address, SECRET, w, dtype=torch.float64)
+        results[f"steps{w}"] = c.hello(rows=rows, batch_size=10)
+        results[w] = c.push(grad_sum, samples)
+        c.close()
+    a = threading.Thread(target=worker, args=(0, torch.full((4,), 7.0, dtype=torch.float64),
+                                              7, 70))
+    b = threading.Thread(target=worker, args=(1, torch.full((4,), 9.0, dtype=torch.float64),
+                                              3, 30))
+    a.start(), b.start(), a.join(), b.join()
+    assert results["steps0"] == results["steps1"] == 7     # the largest shard's steps
+    assert ps.versions == [1]
+    # (7 + 9) / (7 + 3) = 1.6 per value, one SGD step with lr 1
+    assert torch.allclose(ps.parameters(), torch.linspace(-1, 1, 4, dtype=torch.float64) - 1.6)
+
+
+def _raw(ps):
+    s = socket.create_connection(ps.address, timeout=5)
+    nonce = s.recv(16)
+    return s, nonce
+
+
+def _still_serving(ps):
+    c = PSClient(ps.address, SECRET, 99, dtype=torch.float64)
+    c.hello(rows=1, batch_size=1)
+    out = torch.empty(ps.numel, dtype=torch.float64)
+    c.pull(out)
+    c.close()
+    return out
+
+
+def test_hostile_peers_are_rejected_and_change_nothing(server):
+    ps = server(n=100, shards=2, optimizer="sgd", lr=1.0)
+    before = ps.parameters()
+    # a client without the secret
+    bad = PSClient(ps.address, b"wrong secret", 0, dtype=torch.float64)
+    with pytest.raises((PSError, ConnectionError, OSError)):
+        bad.hello(rows=1, batch_size=1)
+        bad.push(torch.ones(100, dtype=torch.float64), samples=1)
+    # a truncated frame
+    s, _ = _raw(ps)
+    s.sendall(MAGIC + b"\x03\x01")
+    s.close()
+    # a frame claiming 10 GB (with a wrong MAC and with no payload)
+    s, _ = _raw(ps)
+    head = struct.pack("!4sBBHIIqqQ", MAGIC, OPS["push"], 1, 1, 0, 0, 0, 1, 10 * 2**30)
+    s.sendall(head + b"\x00" * 32)
+    assert s.recv(1 << 16) is not None
+    s.close()
+    # 10,000 random frames over a few connections
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        s, _ = _raw(ps)
+        try:
+            for _ in range(500):
+                s.sendall(rng.bytes(int(rng.integers(1, 200))))
+        except OSError:
+            pass                                   # the server hung up on us: as it should
+        s.close()
+    assert ps.rejected >= 3
+    assert torch.equal(_still_serving(ps), before) and ps.versions == [0, 0]
+
+
+def test_push_of_the_wrong_size_or_nan_is_refused(server):
+    ps = server(n=10, optimizer="sgd", lr=1.0)
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=1, batch_size=1)
+    with pytest.raises(PSError, match="NaN or inf"):
+        c.push(torch.full((10,), float("nan"), dtype=torch.float64), samples=1)
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=1, batch_size=1)
+    c.bounds = [0, 5]                               # lie about the shard size
+    with pytest.raises(PSError, match="expected 80"):
+        c.push(torch.ones(10, dtype=torch.float64), samples=1)
+    assert ps.versions == [0]
+
+
+def test_bad_server_arguments():
+    with pytest.raises(ValueError, match="unknown mode 'eventual'"):
+        ParameterServer(torch.zeros(3), SECRET, mode="eventual")
+    with pytest.raises(ValueError, match="unknown server optimizer 'lamb'"):
+        ParameterServer(torch.zeros(3), SECRET, optimizer="lamb")
+    with pytest.raises(ValueError, match="shards must be in 1..3"):
+        ParameterServer(torch.zeros(3), SECRET, shards=4)
