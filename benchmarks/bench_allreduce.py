@@ -105,13 +105,34 @@ def td_train(images, labels, model_name, rows, batch, epochs, lr, momentum):
     return {"epoch_seconds": secs}
 
 
-def torchdist(spark, model_name, rows, batch):
+TD_FAILURES: list[str] = []
+
+
+def torchdist(spark, model_name, rows, batch, timeout_s=120):
+    """One TorchDistributor fit; a run that fails or hangs (its torchrun agents sometimes
+    abort or wait out their 300 s exit barrier here) is cancelled after ``timeout_s``,
+    recorded in TD_FAILURES and counted as missing (None)."""
+    import threading
+
     from pyspark.ml.torch.distributor import TorchDistributor
-    t0 = time.perf_counter()
-    out = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-        td_train, IMAGES, LABELS, model_name, rows, batch, EPOCHS, LR, MOMENTUM)
+    out, t0 = {}, time.perf_counter()
+
+    def run():
+        try:
+            out["r"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                td_train, IMAGES, LABELS, model_name, rows, batch, EPOCHS, LR, MOMENTUM)
+        except Exception as e:
+            out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
     wall = time.perf_counter() - t0
-    return rows / statistics.median(out["epoch_seconds"][1:]), wall
+    if t.is_alive() or "r" not in out:
+        spark.sparkContext.cancelAllJobs()
+        t.join(30)
+        TD_FAILURES.append(f"{model_name}:{batch}: " + out.get("error", f"hung > {timeout_s} s"))
+        return None, wall
+    return rows / statistics.median(out["r"]["epoch_seconds"][1:]), wall
 
 
 def mnist_frame(spark, rows, shards=2):
@@ -183,10 +204,13 @@ def main(argv=None):
                 r, w = fn()
                 rate[k].append(r)
                 wall[k].append(w)
-        med = {k: statistics.median(v) for k, v in rate.items()}
-        medw = {k: statistics.median(v) for k, v in wall.items()}
-        ratios_td = [a / b for a, b in zip(rate["spark_dl"], rate["torchdist"])]
-        walls_td = [a / b for a, b in zip(wall["spark_dl"], wall["torchdist"])]
+        ok = [i for i, r in enumerate(rate["torchdist"]) if r is not None]
+        med = {k: statistics.median(v[i] for i in (ok if k == "torchdist" else range(len(v))))
+               for k, v in rate.items()}
+        medw = {k: statistics.median(v[i] for i in (ok if k == "torchdist" else range(len(v))))
+                for k, v in wall.items()}
+        ratios_td = [rate["spark_dl"][i] / rate["torchdist"][i] for i in ok]
+        walls_td = [wall["spark_dl"][i] / wall["torchdist"][i] for i in ok]
         row = {"model": model_name, "batch_per_replica": batch,
                "steady_samples_per_s": {k: round(v) for k, v in med.items()},
                "fit_wall_s": {k: round(v, 2) for k, v in medw.items()},
@@ -195,11 +219,13 @@ def main(argv=None):
                "spark_dl_vs_torchdist_steady": round(statistics.median(ratios_td), 3),
                "spark_dl_vs_torchdist_wall": round(statistics.median(walls_td), 3),
                "spark_dl_vs_plain_2t": round(med["spark_dl"] / med["plain-2t"], 3),
+               "torchdist_runs_ok": f"{len(ok)}/{args.repeats}",
                "spark_dl_profile_median": {k: round(statistics.median(p[k] for p in profile), 3)
                                            for k in profile[0]},
                "raw": {"samples_per_s": rate, "wall_s": wall}}
         results["configs"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "raw"}), flush=True)
+    results["torchdist_failures"] = TD_FAILURES
     spark.stop()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))

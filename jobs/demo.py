@@ -1,5 +1,6 @@
 """The README demo: extended-MNIST shards built on Spark, the thesis CNN trained on them for one
-pass with the all-reduce engine (one replica per task slot; strategy = "single" trains in one task).
+pass with Downpour SGD (one worker per task slot, parameter server on the driver); strategy =
+"allreduce" uses the synchronous engine, "single" trains in one task.
 
     spark-submit --properties-file conf/spark/local.conf jobs/demo.py --config conf/jobs/demo.toml
 """
@@ -43,11 +44,16 @@ def main(argv=None, spark=None) -> dict:
           f"shards at {d.shards_dir} ({gen_s:.1f} s, {manifest['rows'] / gen_s:.0f} samples/s)")
 
     shards = read_shards(spark, d.shards_dir)
-    if t.strategy == "allreduce":
-        res = spark_dl.fit(shards, t.model, shape=(1, 28, 28), num_classes=10,
-                           optimizer=t.optimizer, lr=t.lr, momentum=t.momentum,
+    if t.strategy in ("allreduce", "downpour"):
+        extra = dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode) \
+            if t.strategy == "downpour" else {}
+        res = spark_dl.fit(shards, t.model, strategy=t.strategy, shape=(1, 28, 28),
+                           num_classes=10, optimizer=t.optimizer, lr=t.lr, momentum=t.momentum,
                            epochs=t.epochs, batch_size=t.batch_size,
-                           replicas=t.replicas or None, seed=t.seed)
+                           replicas=t.replicas or None, seed=t.seed, **extra)
+        if t.strategy == "downpour":
+            print(f"staleness histogram (pushes per shard by versions behind): "
+                  f"{res.info['staleness_histogram']}")
         model, history = res.model, res.history
     else:
         model, history = fit_single_task(shards, t)

@@ -56,13 +56,20 @@ class TrainConfig:
     lr: float = 0.05
     momentum: float = 0.9
     seed: int = 0
-    strategy: str = "single"        # "single" (one process / one task) or "allreduce"
-    replicas: int = 0               # allreduce: replicas (0: the cluster's task slots)
+    strategy: str = "single"        # "single" (one process / one task), "allreduce", "downpour"
+    replicas: int = 0               # allreduce/downpour: replicas (0: the cluster's task slots)
+    n_fetch: int = 1                # downpour: fetch parameters every n_fetch steps
+    n_push: int = 1                 # downpour: push accumulated gradients every n_push steps
+    mode: str = "async"             # downpour: "async", "sync" or "sequential"
 
     def __post_init__(self):
         _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
-        _check(self.strategy in ("single", "allreduce"), "train.strategy", self.strategy,
-               "must be 'single' or 'allreduce'")
+        _check(self.strategy in ("single", "allreduce", "downpour"), "train.strategy",
+               self.strategy, "must be 'single', 'allreduce' or 'downpour'")
+        _check(self.n_fetch >= 1, "train.n_fetch", self.n_fetch, "must be >= 1")
+        _check(self.n_push >= 1, "train.n_push", self.n_push, "must be >= 1")
+        _check(self.mode in ("async", "sync", "sequential"), "train.mode", self.mode,
+               "must be 'async', 'sync' or 'sequential'")
         _check(self.replicas >= 0, "train.replicas", self.replicas, "must be >= 0")
         from .optim.factory import OPTIMIZERS
         _check(self.optimizer in OPTIMIZERS, "train.optimizer", self.optimizer,

@@ -92,7 +92,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         resume: bool = True, progress: bool = True, log: Callable[[str], None] | None = print,
         timeout_s: float = 300.0, transport: str = "auto", n_fetch: int = 1,
         n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
-        ps_shards: int = 1, wire_dtype: str = "float32") -> FitResult:
+        ps_shards: int = 1, wire_dtype: str = "float32",
+        max_staleness: int | None = None) -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
 
     strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
@@ -103,7 +104,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       "sequential": every push its own step, fetched right after), server_optimizer ("sgd",
       "momentum", "adagrad", "adam"; default: from ``optimizer``/``momentum``), ps_shards
       (parameter blocks with their own lock and version), wire_dtype ("float32", "bfloat16",
-      "float64").
+      "float64"), max_staleness (a worker more than this many pushes ahead of the slowest
+      waits; None: unbounded).
     lr_decay: the learning rate is multiplied by it after every epoch.
     batch_size: per replica and micro-batch; ``accumulate`` micro-batches make one step, so the
       global batch is replicas x accumulate x batch_size.
@@ -151,6 +153,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         for name, value in (("n_fetch", n_fetch), ("n_push", n_push), ("ps_shards", ps_shards)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if max_staleness is not None and (not isinstance(max_staleness, int)
+                                          or max_staleness < 0):
+            raise ConfigError(f"max_staleness must be None or an integer >= 0, got "
+                              f"{max_staleness!r}")
         if wire_dtype not in ("float32", "bfloat16", "float64"):
             raise ConfigError(f"wire_dtype must be 'float32', 'bfloat16' or 'float64', got "
                               f"{wire_dtype!r}")
@@ -203,7 +209,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
                 dtype=dtype, wire_dtype=wire_dtype, device=device, threads=threads,
                 timeout_s=timeout_s),
             server_optimizer or _server_optimizer(optimizer, momentum), lr, momentum,
-            ps_shards)
+            ps_shards, max_staleness)
     if parts != replicas or _narrow_merges(df):
         # A barrier stage may not read through union()/coalesce() (Spark refuses the RDD
         # chain), so a shuffle gives it exactly ``replicas`` plain partitions.
@@ -285,7 +291,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
 
 
 def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation, run_dir,
-                  progress, log, cfg, server_optimizer, lr, momentum, ps_shards) -> FitResult:
+                  progress, log, cfg, server_optimizer, lr, momentum, ps_shards,
+                  max_staleness) -> FitResult:
     """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
     from .parallel.ps import ParameterServer
     spark = df.sparkSession
@@ -307,11 +314,11 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     ps = ParameterServer(torch.nn.utils.parameters_to_vector(params).detach(), secret, host,
                          shards=ps_shards, optimizer=server_optimizer, lr=lr,
                          momentum=momentum, mode=cfg.mode, workers=replicas,
-                         timeout_s=cfg.timeout_s)
+                         max_staleness=max_staleness, timeout_s=cfg.timeout_s)
     val = None
     if validation is not None:
         val = (torch.as_tensor(validation[0], dtype=dtype), torch.as_tensor(validation[1]))
-    epochs_done: dict[int, list[dict]] = {}
+    epochs_done: dict[int, dict[int, dict]] = {}       # epoch -> worker -> its report
     history: list[dict] = []
     metrics = open(run_path / "metrics.jsonl", "a")
     t_start = time.perf_counter()
@@ -320,7 +327,8 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
         """One history row when every worker has finished ``epoch``: the server's model."""
         n = sum(r["samples"] for r in rows)
         row = {"epoch": epoch, "loss": sum(r["loss"] * r["samples"] for r in rows) / max(n, 1),
-               "samples": n, "seconds": time.perf_counter() - t_start,
+               "samples": n, "seconds": max(r["seconds"] for r in rows),
+               "since_start_s": time.perf_counter() - t_start,
                "samples_per_s": sum(r["samples_per_s"] for r in rows),
                "server_versions": ps.versions}
         if val is not None:
@@ -332,10 +340,13 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
         metrics.write(json.dumps(m) + "\n")
         metrics.flush()
         if m.get("type") == "epoch":
-            rows = epochs_done.setdefault(m["epoch"], [])
-            rows.append(m)
+            # a retried task reports its epochs again: the first report of each worker counts
+            rows = epochs_done.setdefault(m["epoch"], {})
+            if m["worker"] in rows:
+                return
+            rows[m["worker"]] = m
             if len(rows) == replicas:
-                row = evaluate_server(m["epoch"], rows)
+                row = evaluate_server(m["epoch"], list(rows.values()))
                 history.append(row)
                 metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")
                 if progress and log is not None:

@@ -20,6 +20,8 @@ Modes:
   async       Downpour: every push is applied on arrival (one optimizer step per push).
   sync        the server waits for all workers' pushes of a step, takes their sample-weighted
               mean, applies it once; pushes computed on older versions are dropped.
+  (any mode) max_staleness=S: stale-synchronous bound, a worker more than S pushes ahead of
+              the slowest registered worker waits for it.
   sequential  "workers as boosters": every worker pushes the sum of k mini-batch gradients,
               each push is its own optimizer step in arrival order, and the worker fetches the
               result before going on.
@@ -115,10 +117,24 @@ class _Conn:
         if length > max_payload:
             raise PSError(f"frame announces {length} payload bytes, more than the {max_payload} "
                           f"this request may carry")
+        if isinstance(into, _Growing):
+            into = into.get(length)
         payload = _recv_exact(self.sock, length, into) if length else memoryview(b"")
         self.recv_seq += 1
         self.bytes_received += HEADER_BYTES + length
         return op, code, steps, worker, shard, version, count, payload
+
+
+class _Growing:
+    """A receive buffer that grows to the largest frame seen (never beyond max_payload)."""
+
+    def __init__(self):
+        self.buf = memoryview(bytearray(0))
+
+    def get(self, n: int) -> memoryview:
+        if len(self.buf) < n:
+            self.buf = memoryview(bytearray(n))
+        return self.buf
 
 
 class _Shard:
@@ -137,8 +153,10 @@ class _Shard:
         self.round_count = 0.0
         self.round_workers: set[int] = set()
 
-    def apply(self, grad: torch.Tensor) -> None:
+    def apply(self, grad: torch.Tensor, scale: float = 1.0) -> None:
         self.param.grad.copy_(grad)
+        if scale != 1.0:
+            self.param.grad.mul_(scale)
         self.opt.step()
         self.version += 1
 
@@ -149,7 +167,7 @@ class ParameterServer:
     def __init__(self, initial: torch.Tensor, secret: bytes, host: str = "127.0.0.1",
                  shards: int = 1, optimizer: str = "sgd", lr: float = 0.01,
                  momentum: float = 0.9, mode: str = "async", workers: int = 1,
-                 timeout_s: float = 300.0):
+                 max_staleness: int | None = None, timeout_s: float = 300.0):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -159,7 +177,10 @@ class ParameterServer:
         if not 1 <= shards <= n:
             raise ValueError(f"shards must be in 1..{n} (the parameter count), got {shards}")
         self.secret, self.mode, self.workers = secret, mode, workers
-        self.timeout_s = timeout_s
+        self.timeout_s, self.max_staleness = timeout_s, max_staleness
+        self._clocks: dict[int, int] = {}         # worker -> pushes so far (bounded staleness)
+        self._clock_cv = threading.Condition()
+        self.waits = 0                            # pushes held back by the staleness bound
         self.dtype = initial.dtype
         flat = initial.detach().reshape(-1).cpu()
         self.bounds = [n * i // shards for i in range(shards + 1)]
@@ -196,6 +217,7 @@ class ParameterServer:
     def stats(self) -> dict:
         return {"mode": self.mode, "shards": len(self.shards), "versions": self.versions,
                 "pushes": self.pushes, "pulls": self.pulls, "dropped_stale": self.dropped,
+                "max_staleness": self.max_staleness, "held_back_pushes": self.waits,
                 "rejected_connections": self.rejected,
                 "staleness_histogram": dict(sorted(self.staleness.items())),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
@@ -207,6 +229,8 @@ class ParameterServer:
         for s in self.shards:
             with s.lock:
                 s.lock.notify_all()
+        with self._clock_cv:
+            self._clock_cv.notify_all()
         with self._hello:
             self._hello.notify_all()
         self._thread.join(timeout=2)
@@ -225,7 +249,7 @@ class ParameterServer:
     def _handle(self, sock: socket.socket):
         nonce = os.urandom(16)
         conn = _Conn(sock, self.secret, nonce)
-        buf = memoryview(bytearray(self.max_payload))
+        buf = _Growing()
         with sock:
             try:
                 sock.settimeout(self.timeout_s)
@@ -250,6 +274,9 @@ class ParameterServer:
 
     def _dispatch(self, conn, op, code, steps, worker, shard, version, count, payload) -> bool:
         if op == OPS["bye"]:
+            with self._clock_cv:
+                self._clocks.pop(worker, None)    # a finished worker holds nobody back
+                self._clock_cv.notify_all()
             return False
         if op == OPS["hello"]:
             return self._on_hello(conn, worker, payload)
@@ -276,9 +303,11 @@ class ParameterServer:
                               f"{s.param.numel() * itemsize}")
             raw = torch.frombuffer(payload, dtype=torch.uint8)
             grad = raw.view(DTYPES[code]).to(self.dtype)
-            if not torch.isfinite(grad).all():
+            if not torch.isfinite(grad.sum()) and not torch.isfinite(grad).all():
                 raise PSError(f"push to shard {shard} holds NaN or inf; the worker diverged "
                               f"(lower the learning rate)")
+            if shard == 0 and self.max_staleness is not None:
+                self._wait_for_slowest(worker)
             new_version, staleness = self._push(s, worker, grad, version, count, max(steps, 1))
             conn.send(OPS["ok"], shard=shard, version=new_version, count=staleness)
             with self._stats_lock:
@@ -292,6 +321,9 @@ class ParameterServer:
         if len(info) != 2:
             raise PSError("hello carries [rows, batch_size]")
         rows, batch = int(info[0]), int(info[1])
+        with self._clock_cv:                      # a (re)started worker starts at the slowest
+            others = [c for w, c in self._clocks.items() if w != worker]
+            self._clocks[worker] = min(others) if others else 0
         with self._hello:
             self._registered[worker] = (rows, max(batch, 1))
             self._hello.notify_all()
@@ -308,6 +340,23 @@ class ParameterServer:
                   count=self.numel, version=sum(self.versions))
         return True
 
+    def _wait_for_slowest(self, worker: int) -> None:
+        """Stale-synchronous bound: a worker more than max_staleness pushes ahead of the
+        slowest registered worker waits for it."""
+        with self._clock_cv:
+            clock = self._clocks.get(worker, 0) + 1
+            self._clocks[worker] = clock
+            self._clock_cv.notify_all()
+            deadline = time.monotonic() + self.timeout_s
+            held = False
+            while not self._stop.is_set() and \
+                    clock - min(self._clocks.values()) > self.max_staleness:
+                held = True
+                if not self._clock_cv.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    raise PSError(f"worker {worker} waited {self.timeout_s} s for the slowest "
+                                  f"worker (max_staleness={self.max_staleness})")
+            self.waits += held
+
     @property
     def numel(self) -> int:
         return self.bounds[-1]
@@ -319,7 +368,7 @@ class ParameterServer:
             if self.mode != "sync":
                 self.staleness[staleness] += 1
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
-                s.apply(grad * (steps / max(samples, 1)))
+                s.apply(grad, steps / max(samples, 1))
                 return s.version, staleness
             if staleness > 0:                     # computed on an older round: dropped
                 self.dropped += 1
@@ -330,7 +379,7 @@ class ParameterServer:
             s.round_workers.add(worker)
             target = s.version + 1
             if len(s.round_workers) >= self.workers:
-                s.apply(s.round_sum / max(s.round_count, 1.0))
+                s.apply(s.round_sum, 1.0 / max(s.round_count, 1.0))
                 s.round_sum.zero_()
                 s.round_count = 0.0
                 s.round_workers.clear()

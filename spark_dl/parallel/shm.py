@@ -44,9 +44,19 @@ class ShmAllReduce:
         dist.barrier()
         if self.rank != 0:
             self.shm = shared_memory.SharedMemory(name=name)
+        # Python's resource tracker would unlink (or warn about) the segment when a worker
+        # exits; its lifetime is ours: rank 0 unlinks it once every rank has it mapped.
+        try:
+            from multiprocessing import resource_tracker
+            resource_tracker.unregister(self.shm._name, "shared_memory")
+        except Exception:
+            pass
         dist.barrier()
-        if self.rank == 0:
-            self.shm.unlink()                       # mapped segments live on; no leftovers
+        if self.rank == 0:                          # mapped segments live on; no leftovers
+            try:
+                shared_memory._posixshmem.shm_unlink(self.shm._name)
+            except AttributeError:                  # not POSIX shared memory
+                self.shm.unlink()
         self._counters = np.ndarray((self.world, _LINE // 8), np.int64, self.shm.buf)
         slots = torch.frombuffer(self.shm.buf, dtype=dtype, offset=head,
                                  count=2 * self.world * numel)

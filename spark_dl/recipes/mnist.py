@@ -41,8 +41,8 @@ def _to(device, batches):
 
 
 def train_mnist(cfg: MnistJobConfig, log=print, spark=None) -> dict:
-    if cfg.train.strategy == "allreduce":
-        return _train_mnist_allreduce(cfg, log, spark)
+    if cfg.train.strategy != "single":
+        return _train_mnist_spark(cfg, log, spark)
     d, t = cfg.data, cfg.train
     seed_everything(t.seed)
     device = pick_device(cfg.run)
@@ -82,8 +82,9 @@ def train_mnist(cfg: MnistJobConfig, log=print, spark=None) -> dict:
             "best_test_accuracy": max(h["val_accuracy"] for h in history), "history": history}
 
 
-def _train_mnist_allreduce(cfg: MnistJobConfig, log, spark) -> dict:
-    """The same training set, generated in the executors, trained with the all-reduce engine."""
+def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
+    """The same training set, generated in the executors, trained with a distributed engine
+    (``train.strategy``: "allreduce" or "downpour")."""
     import pyarrow as pa  # noqa: F401  (the executors' generator needs it)
 
     from ..data import arrays_to_arrow, extended_mnist
@@ -105,15 +106,19 @@ def _train_mnist_allreduce(cfg: MnistJobConfig, log, spark) -> dict:
             for _ in batches:
                 yield arrays_to_arrow(x.reshape(len(x), -1).astype(np.float32) / 255, y)
         df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, MNIST_SCHEMA))
-    res = fit(df, t.model, shape=(1, 28, 28), num_classes=10, optimizer=t.optimizer, lr=t.lr,
-              lr_decay=cfg.lr_decay, momentum=t.momentum, max_iter=cfg.max_iter,
+    extra = dict(lr_decay=cfg.lr_decay) if t.strategy == "allreduce" else \
+        dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode)
+    if t.strategy == "downpour" and cfg.lr_decay != 1.0:
+        log(f"note: lr_decay={cfg.lr_decay} is not applied by the downpour strategy")
+    res = fit(df, t.model, strategy=t.strategy, shape=(1, 28, 28), num_classes=10,
+              optimizer=t.optimizer, lr=t.lr, **extra, momentum=t.momentum, max_iter=cfg.max_iter,
               epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
               device=cfg.run.device, threads=cfg.run.threads,
               validation=(test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y),
-              run_dir=f"{cfg.run.out_dir}/{t.model}-{t.optimizer}-allreduce", log=log)
+              run_dir=f"{cfg.run.out_dir}/{t.model}-{t.optimizer}-{t.strategy}", log=log)
     history = res.history
     return {"model": t.model, "optimizer": t.optimizer, "lr": t.lr, "batch_size": t.batch_size,
-            "strategy": "allreduce", "replicas": res.info["world"],
+            "strategy": t.strategy, "replicas": res.info["world"],
             "global_batch": res.info["world"] * t.batch_size, "epochs": t.epochs,
             "train_samples": res.info["total_rows"], "train_seconds": res.info["train_seconds"],
             "wall_seconds": res.info["wall_seconds"],

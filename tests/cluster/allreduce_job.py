@@ -1,7 +1,8 @@
-"""spark-submit job for the slow tier: the all-reduce engine on a real multi-executor cluster.
+"""spark-submit job for the slow tier: the engines on a real multi-executor cluster.
 
     spark-submit --properties-file conf/spark/local-cluster.conf allreduce_job.py OUT RUNS \
         [--device auto|cpu|cuda|by-name] [--fits clean,faulty] [--epochs 3]
+        [--strategy allreduce|downpour]
 
 Trains the thesis CNN on the first 8,000 shipped MNIST digits (two shards of 4,000, built in
 the executors from the file) and validates on the last 2,000; one fit per name in --fits, each
@@ -39,6 +40,7 @@ def main():
     ap.add_argument("--device", default="auto")
     ap.add_argument("--fits", default="clean")
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--strategy", default="allreduce")
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
@@ -49,12 +51,19 @@ def main():
     report = {"master": spark.sparkContext.master, "fits": {}}
     try:
         for name in args.fits.split(","):
-            res = fit(mnist_frame(spark), "cnn", shape=(1, 28, 28), num_classes=10,
+            res = fit(mnist_frame(spark), "cnn", strategy=args.strategy,
+                      shape=(1, 28, 28), num_classes=10,
                       optimizer="adam", lr=0.003, batch_size=32, epochs=args.epochs,
                       device=name if args.device == "by-name" else args.device,
                       validation=validation,
                       run_dir=Path(args.runs) / name)
             report["fits"][name] = {"history": res.history, "info": res.info}
+            if args.strategy == "downpour":
+                versions = [json.loads(line) for line in
+                            (Path(args.runs) / name / "metrics.jsonl").read_text().splitlines()]
+                report["fits"][name]["server_versions_per_epoch"] = [
+                    sum(m["server_versions"]) for m in versions
+                    if m.get("type") == "server_epoch"]
     except Exception as e:                      # reported to the test, which asserts on it
         report["error"] = f"{type(e).__name__}: {e}"
     Path(args.out).write_text(json.dumps(report))

@@ -172,3 +172,42 @@ def test_allreduce_reads_the_gpu_spark_assigns(venv_bin, tmp_path):
     assert report["error"].startswith("ResourceError: training did not start: task 0: "
                                       "device='cuda' but torch")
     assert "Spark assigned GPU addresses" in report["error"]
+
+
+def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
+    """Kill one Downpour worker's Python process on local-cluster: Spark retries the task, it
+    fetches the server's parameters and goes on; the server's state is never lost (its
+    version only grows) and the fit ends near an uninterrupted one."""
+    import signal
+    out, runs = tmp_path / "out.json", tmp_path / "runs"
+    proc = subprocess.Popen(
+        [str(venv_bin / "spark-submit"), "--properties-file",
+         str(ROOT / "conf/spark/local-cluster.conf"), str(ALLREDUCE_JOB), str(out), str(runs),
+         "--fits", "clean,faulty", "--epochs", "4", "--strategy", "downpour"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        metrics = runs / "faulty" / "metrics.jsonl"
+        _wait_for(metrics, proc)
+        import time
+        while '"type": "server_epoch"' not in metrics.read_text():    # epoch 1 is done
+            assert proc.poll() is None
+            time.sleep(0.05)
+        victim = json.loads((runs / "faulty" / "workers" / "worker-1.json").read_text())
+        os.kill(victim["pid"], signal.SIGKILL)
+        log, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log[-5000:]
+    report = json.loads(out.read_text())
+    assert "error" not in report, report["error"]
+    clean, faulty = report["fits"]["clean"], report["fits"]["faulty"]
+    assert "Python worker exited unexpectedly" in log
+    attempts = {w["worker"]: w["attempt"] for w in faulty["info"]["workers"]}
+    assert attempts[1] >= 1 and attempts[0] == 0          # worker 1 ran again
+    versions = faulty["server_versions_per_epoch"]
+    assert versions == sorted(versions) and len(versions) == 4
+    # the retried worker redid its shard: the server applied more pushes than the clean fit
+    assert faulty["info"]["server"]["versions"][0] > clean["info"]["server"]["versions"][0]
+    acc_clean = clean["history"][-1]["val_accuracy"]
+    acc_faulty = faulty["history"][-1]["val_accuracy"]
+    assert acc_clean > 0.9 and abs(acc_faulty - acc_clean) <= 0.01

@@ -218,3 +218,11 @@ def test_char_lstm_job_with_the_allreduce_strategy(spark, tmp_path):
     assert r["replicas"] == 2 and r["epochs"] == 4 and r["updates"] == 136
     assert r["history"][-1]["loss"] < r["history"][0]["loss"] < np.log(r["vocab"])
     assert r["val_loss"] < np.log(r["vocab"]) and len(r["sample"]) == 7 + 40
+
+
+def test_bf16_autocast_keeps_float32_master_weights(spark, tmp_path):
+    x, y = data(96, seed=10)
+    res = fit(frame(spark, x, y, [48, 48]), small_fc, batch_size=8, epochs=3, lr=0.5,
+              amp="bf16", run_dir=tmp_path / "run", log=None)
+    assert all(p.dtype == torch.float32 for p in res.model.parameters())
+    assert res.history[-1]["loss"] < res.history[0]["loss"]

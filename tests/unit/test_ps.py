@@ -164,3 +164,26 @@ def test_bad_server_arguments():
         ParameterServer(torch.zeros(3), SECRET, optimizer="lamb")
     with pytest.raises(ValueError, match="shards must be in 1..3"):
         ParameterServer(torch.zeros(3), SECRET, shards=4)
+
+
+def test_bounded_staleness_holds_a_worker_that_runs_ahead(server):
+    import time
+    ps = server(n=4, optimizer="sgd", lr=1.0, max_staleness=1)
+    fast = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    slow = PSClient(ps.address, SECRET, 1, dtype=torch.float64)
+    fast.hello(rows=1, batch_size=1)
+    slow.hello(rows=1, batch_size=1)
+    g = torch.ones(4, dtype=torch.float64)
+    fast.push(g, samples=1)                        # 1 ahead of the slow worker: allowed
+    t = threading.Thread(target=fast.push, args=(g, 1))
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive() and ps.versions == [1]     # 2 ahead: held back
+    slow.push(g, samples=1)
+    t.join(timeout=5)
+    assert not t.is_alive() and ps.versions == [3] and ps.waits == 1
+    slow.close()                                   # a finished worker holds nobody back
+    time.sleep(0.1)
+    fast.push(g, samples=1)
+    fast.push(g, samples=1)
+    assert ps.versions == [5]

@@ -1,0 +1,163 @@
+"""Downpour SGD vs the all-reduce engine vs single-process PyTorch: speed and time to accuracy.
+
+The thesis CNN on the first ROWS shipped MNIST digits (validation: the last 2,000), SGD with
+momentum (lr 0.05, 0.9; on the parameter server: its "momentum" optimizer), batch 16 per
+replica, EPOCHS epochs, 2 replicas x 1 thread on Spark local[2]. Systems, interleaved, medians
+of --repeats runs:
+
+  plain-1t            single-process loop, 1 thread (the calibration)
+  allreduce           spark_dl.fit(strategy="allreduce")
+  downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1
+  downpour-4-4        async, n_fetch = n_push = 4
+  downpour-sync       the synchronous parameter server
+
+Reported: steady samples/s (median over epochs 2..), the accuracy after each epoch, and the
+training time to 97% validation accuracy (sum of epoch times until the first epoch at or
+above 97%; evaluation and start-up excluded).
+
+    .venv/bin/python benchmarks/bench_downpour.py [--repeats 5] [--out benchmarks/results/downpour.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_allreduce import IMAGES, LABELS, _load, mnist_frame  # noqa: E402
+
+LR, MOMENTUM, BATCH, TARGET = 0.05, 0.9, 16, 0.97
+
+
+def _validation():
+    import numpy as np
+    from spark_dl.data import load_mnist
+    x, y = load_mnist(IMAGES, LABELS)
+    return x[-2000:].reshape(2000, -1).astype(np.float32) / 255, y[-2000:].astype(np.int64)
+
+
+def plain(rows, epochs):
+    import torch
+    from spark_dl.models import build_model
+    from spark_dl.train import evaluate
+    torch.set_num_threads(1)
+    x, y = _load(rows)
+    x, y = torch.from_numpy(x).reshape(rows, 1, 28, 28), torch.from_numpy(y)
+    vx, vy = _validation()
+    vx = torch.from_numpy(vx).reshape(-1, 1, 28, 28)
+    torch.manual_seed(0)
+    model = build_model("cnn")
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    hist = []
+    for e in range(epochs):
+        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(e))
+        t0 = time.perf_counter()
+        model.train()
+        for i in range(0, rows, BATCH):
+            idx = perm[i:i + BATCH]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        secs = time.perf_counter() - t0
+        hist.append({"epoch": e + 1, "seconds": secs, "samples_per_s": rows / secs,
+                     "val_accuracy": evaluate(model, vx, vy)["accuracy"]})
+    return hist
+
+
+def engine(spark, rows, epochs, runs, **kw):
+    from spark_dl import fit
+    res = fit(mnist_frame(spark, rows), "cnn", shape=(1, 28, 28), num_classes=10,
+              optimizer="sgd", lr=LR, momentum=MOMENTUM, batch_size=BATCH, epochs=epochs,
+              replicas=2, validation=_validation(), run_dir=runs / f"{time.time()}", log=None,
+              **kw)
+    hist = [{"epoch": h["epoch"], "seconds": h["seconds"], "samples_per_s": h["samples_per_s"],
+             "val_accuracy": h["val_accuracy"]} for h in res.history]
+    extra = {}
+    if kw.get("strategy") == "downpour":
+        extra = {"staleness": res.info["staleness_histogram"],
+                 "push_s": sum(w["push_seconds"] for w in res.info["workers"]),
+                 "pull_s": sum(w["pull_seconds"] for w in res.info["workers"])}
+    return hist, extra
+
+
+def _time_to(hist, target):
+    total = 0.0
+    for h in hist:
+        total += h["seconds"]
+        if h["val_accuracy"] >= target:
+            return total
+    return None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=8000)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/downpour.json"))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
+    import torch
+
+    from spark_dl import get_session
+    spark = get_session("local", master="local[2]")
+    runs = Path(tempfile.mkdtemp(prefix="bench-downpour-"))
+    R, E = args.rows, args.epochs
+    systems = {
+        "plain-1t": lambda: (plain(R, E), {}),
+        "allreduce": lambda: engine(spark, R, E, runs),
+        "downpour-1-1": lambda: engine(spark, R, E, runs, strategy="downpour"),
+        "downpour-4-4": lambda: engine(spark, R, E, runs, strategy="downpour", n_fetch=4,
+                                       n_push=4),
+        "downpour-sync": lambda: engine(spark, R, E, runs, strategy="downpour", mode="sync"),
+    }
+    engine(spark, R, 1, runs)                                  # warm the Python workers
+    raw = {k: [] for k in systems}
+    for _ in range(args.repeats):
+        for k, fn in systems.items():                          # interleaved
+            hist, extra = fn()
+            raw[k].append({"history": hist, **extra})
+    summary = {}
+    for k, runs_k in raw.items():
+        rate = statistics.median(statistics.median(h["samples_per_s"] for h in r["history"][1:])
+                                 for r in runs_k)
+        ttt = [_time_to(r["history"], TARGET) for r in runs_k]
+        reached = [t for t in ttt if t is not None]
+        summary[k] = {
+            "steady_samples_per_s": round(rate),
+            "val_accuracy_per_epoch_median": [
+                round(statistics.median(r["history"][e]["val_accuracy"] for r in runs_k), 4)
+                for e in range(E)],
+            "time_to_97_s_median": round(statistics.median(reached), 2) if reached else None,
+            "runs_reaching_97": f"{len(reached)}/{len(runs_k)}"}
+        if "staleness" in runs_k[0]:
+            summary[k]["staleness_example"] = runs_k[-1]["staleness"]
+    base = summary["allreduce"]["steady_samples_per_s"]
+    for k in summary:
+        summary[k]["vs_allreduce"] = round(summary[k]["steady_samples_per_s"] / base, 3)
+        summary[k]["vs_plain_1t"] = round(summary[k]["steady_samples_per_s"] /
+                                          summary["plain-1t"]["steady_samples_per_s"], 3)
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
+              "cpus": os.cpu_count(), "torch": torch.__version__, "rows": R, "epochs": E,
+              "batch_per_replica": BATCH, "repeats": args.repeats, "summary": summary,
+              "raw": raw}
+    for k, v in summary.items():
+        print(k, json.dumps(v))
+    spark.stop()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
