@@ -287,10 +287,11 @@ class ParameterServer:
             t0 = time.perf_counter()
             with s.lock:
                 values, v = s.param.detach().clone(), s.version
+            with self._stats_lock:
+                self.pulls += 1
             conn.send(OPS["ok"], values.to(DTYPES[code] if code in (0, 1, 2) else self.dtype),
                       shard=shard, version=v)
             with self._stats_lock:
-                self.pulls += 1
                 self.pull_seconds += time.perf_counter() - t0
             return True
         if op == OPS["push"]:
@@ -309,10 +310,10 @@ class ParameterServer:
             if shard == 0 and self.max_staleness is not None:
                 self._wait_for_slowest(worker)
             new_version, staleness = self._push(s, worker, grad, version, count, max(steps, 1))
-            conn.send(OPS["ok"], shard=shard, version=new_version, count=staleness)
-            with self._stats_lock:
-                self.pushes += 1
+            with self._stats_lock:               # counted before the reply: a caller that
+                self.pushes += 1                  # got its answer sees its push counted
                 self.push_seconds += time.perf_counter() - t0
+            conn.send(OPS["ok"], shard=shard, version=new_version, count=staleness)
             return True
         raise PSError(f"unknown op {op}")
 
