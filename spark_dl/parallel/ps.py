@@ -94,9 +94,14 @@ class _Conn:
             code, data = DTYPE_CODES[torch.int64], np.ascontiguousarray(payload, np.int64)
         view = memoryview(data).cast("B") if len(data) else b""
         head = _HEAD.pack(MAGIC, op, code, steps, worker, shard, version, count, len(view))
-        self.sock.sendall(head + _mac(self.secret, self.nonce, self.send_seq, head))
-        if len(view):
-            self.sock.sendall(view)
+        head += _mac(self.secret, self.nonce, self.send_seq, head)
+        # one gather-write for header and payload: no small segment left for Nagle to hold
+        sent = self.sock.sendmsg([head, view] if len(view) else [head])
+        if sent < len(head):                          # a partial write: finish it
+            self.sock.sendall(head[sent:])
+            sent = len(head)
+        if sent - len(head) < len(view):
+            self.sock.sendall(view[sent - len(head):])
         self.send_seq += 1
         self.bytes_sent += HEADER_BYTES + len(view)
 
@@ -247,6 +252,7 @@ class ParameterServer:
             threading.Thread(target=self._handle, args=(sock,), daemon=True).start()
 
     def _handle(self, sock: socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         nonce = os.urandom(16)
         conn = _Conn(sock, self.secret, nonce)
         buf = _Growing()
