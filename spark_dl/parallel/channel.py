@@ -88,10 +88,14 @@ class MessageServer:
                     self.rejected += 1
                     return
                 with self._lock:
+                    if self._stop.is_set():       # closed: the owner has moved on
+                        return
                     self.on_message(message)
 
     def close(self):
-        self._stop.set()
+        """Stop serving; when it returns, no ``on_message`` call is running or will run."""
+        with self._lock:
+            self._stop.set()
         self._sock.close()
         self._thread.join(timeout=2)
 
