@@ -162,9 +162,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         if wire_dtype not in ("float32", "bfloat16", "float64"):
             raise ConfigError(f"wire_dtype must be 'float32', 'bfloat16' or 'float64', got "
                               f"{wire_dtype!r}")
-        if amp is not None or accumulate != 1 or lr_decay != 1.0:
-            raise ConfigError("amp, accumulate and lr_decay are options of the allreduce "
-                              "strategy; downpour accumulates with n_push")
+        if amp is not None or accumulate != 1:
+            raise ConfigError("amp and accumulate are options of the allreduce strategy; "
+                              "downpour accumulates with n_push")
     if transport not in ("auto", "process_group"):
         raise ConfigError(f"transport must be 'auto' or 'process_group', got {transport!r}")
     if device not in ("auto", "cpu", "cuda"):
@@ -211,7 +211,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
                 dtype=dtype, wire_dtype=wire_dtype, device=device, threads=threads,
                 timeout_s=timeout_s),
             server_optimizer or _server_optimizer(optimizer, momentum), lr, momentum,
-            ps_shards, max_staleness)
+            ps_shards, max_staleness, lr_decay)
     if parts != replicas or _narrow_merges(df):
         # A barrier stage may not read through union()/coalesce() (Spark refuses the RDD
         # chain), so a shuffle gives it exactly ``replicas`` plain partitions.
@@ -294,7 +294,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
 
 def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation, run_dir,
                   progress, log, cfg, server_optimizer, lr, momentum, ps_shards,
-                  max_staleness) -> FitResult:
+                  max_staleness, lr_decay) -> FitResult:
     """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
     from .parallel.ps import ParameterServer
     spark = df.sparkSession
@@ -303,6 +303,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     run_path.mkdir(parents=True, exist_ok=True)
     write_json(run_path / "config.json", {"strategy": "downpour", "replicas": replicas,
                                           "server_optimizer": server_optimizer, "lr": lr,
+                                          "lr_decay": lr_decay,
                                           "momentum": momentum, "ps_shards": ps_shards or "auto",
                                           "model": model if isinstance(model, str) else
                                           getattr(model, "__name__", repr(model)),
@@ -318,7 +319,8 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     ps = ParameterServer(torch.nn.utils.parameters_to_vector(params).detach(), secret, host,
                          shards=ps_shards, optimizer=server_optimizer, lr=lr,
                          momentum=momentum, mode=cfg.mode, workers=replicas,
-                         max_staleness=max_staleness, timeout_s=cfg.timeout_s)
+                         max_staleness=max_staleness, timeout_s=cfg.timeout_s,
+                         lr_decay=lr_decay)
     val = None
     if validation is not None:
         val = (torch.as_tensor(validation[0], dtype=dtype), torch.as_tensor(validation[1]))

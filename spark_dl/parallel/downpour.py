@@ -81,14 +81,19 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
         client = PSClient(ps_address, secret, worker, _TORCH[cfg.wire_dtype], cfg.timeout_s)
         progress = MessageClient(channel, secret)
         steps = client.hello(len(shard), cfg.batch_size)
-        wire = torch.empty(client.numel, dtype=_TORCH[cfg.wire_dtype])
+        # parameters and gradients live in two flat vectors (p and p.grad are views): a pull
+        # lands in the model, backward accumulates the pushed sum in place, nothing is copied
+        # when the wire carries the model's dtype on the CPU
+        flat, grad = _flatten(params, client.numel)
+        direct = flat.dtype == client.dtype and flat.device.type == "cpu"
+        wire = flat if direct else torch.empty(client.numel, dtype=client.dtype)
 
-        def fetch():
-            client.pull(wire)
-            torch.nn.utils.vector_to_parameters(wire.to(device=device, dtype=dtype), params)
+        def landed():                                 # the pulled values into the model
+            if not direct:
+                flat.copy_(wire)
 
-        fetch()
-        acc = torch.zeros(client.numel, dtype=dtype, device=device)
+        client.pull(wire)
+        landed()
         acc_samples = acc_steps = 0
         staleness: Counter = Counter()
         history, pushes = [], 0
@@ -109,29 +114,27 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
                     if y.is_floating_point():
                         y = y.to(dtype)
                     loss = loss_fn(model(x), y)
-                    grads = torch.autograd.grad(loss, params)
-                    acc += torch.cat([g.reshape(-1) for g in grads]) * len(x)
+                    (loss * len(x)).backward()        # grad += the per-sample gradient sum
                     acc_samples += len(x)
                     loss_sum += float(loss.detach()) * len(x)
                     samples += len(x)
                 acc_steps += 1
                 last_step = step == steps - 1 or (cfg.mode != "sync" and
                                                   samples >= len(shard))
+                fetch = (step + 1) % n_fetch == 0 or cfg.mode == "sync"
                 if acc_steps >= cfg.n_push or last_step:
-                    for s in client.push(acc.cpu(), acc_samples, acc_steps):
+                    out = grad if grad.device.type == "cpu" else grad.cpu()
+                    for s in client.push(out, acc_samples, acc_steps,
+                                         pull_into=wire if fetch else None):
                         staleness[s] += 1
                     pushes += 1
-                    acc.zero_()
+                    grad.zero_()
                     acc_samples = acc_steps = 0
-                if (step + 1) % n_fetch == 0 or cfg.mode == "sync":
-                    fetch()
-                now = time.perf_counter()
-                if now - last >= cfg.progress_every_s:
-                    last = now
-                    progress.send({"type": "step", "worker": worker, "epoch": epoch + 1,
-                                   "epochs": cfg.epochs, "step": step + 1, "steps": steps,
-                                   "loss": loss_sum / max(samples, 1),
-                                   "samples_per_s": samples / (now - t0)})
+                    if fetch:
+                        landed()
+                elif fetch:
+                    client.pull(wire)
+                    landed()
             seconds = time.perf_counter() - t0
             row = {"epoch": epoch + 1, "worker": worker, "loss": loss_sum / max(samples, 1),
                    "samples": int(samples), "seconds": seconds,
@@ -152,6 +155,25 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
                                                            ("report", pa.string())]))
 
     return task
+
+
+def _flatten(params: list, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Make every parameter and its gradient a view into one flat vector each."""
+    if sum(p.numel() for p in params) != numel:
+        raise RuntimeError(f"the model has {sum(p.numel() for p in params)} trainable "
+                           f"parameters, the parameter server {numel}: model_fn must build "
+                           f"the same model in every task")
+    ref = params[0]
+    flat = torch.empty(numel, dtype=ref.dtype, device=ref.device)
+    grad = torch.zeros_like(flat)
+    off = 0
+    for p in params:
+        n = p.numel()
+        flat[off:off + n].copy_(p.detach().reshape(-1))
+        p.data = flat[off:off + n].view_as(p)
+        p.grad = grad[off:off + n].view_as(p)
+        off += n
+    return flat, grad
 
 
 def _write_worker_info(run_dir: str, worker: int, info: dict) -> None:

@@ -15,6 +15,11 @@ frames, so a frame cannot be forged without the secret nor replayed. Payloads ar
 (float32, float64 or bfloat16 parameters and gradients, int64 for control data), never
 pickled, and their length must equal what the op and shard imply, so a frame claiming 10 GB
 is refused before a byte of it is read. Any malformed frame closes that connection only.
+A push may ask for the shard's values after it in the same reply (op "pushpull"): a worker that
+fetches right after pushing pays one round trip, not two.
+
+The server-side learning rate decays per epoch (lr_decay): an epoch is the mini-batch steps of
+all workers' shards (sync: of the largest), counted as the pushes carry them.
 
 Modes:
   async       Downpour: every push is applied on arrival (one optimizer step per push).
@@ -46,7 +51,7 @@ __all__ = ["ParameterServer", "PSClient", "PSError", "MODES", "SERVER_OPTIMIZERS
 MAGIC = b"SDPS"
 MODES = ("async", "sync", "sequential")
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
-OPS = {"hello": 1, "pull": 2, "push": 3, "bye": 4, "ok": 10, "error": 11}
+OPS = {"hello": 1, "pull": 2, "push": 3, "bye": 4, "pushpull": 5, "ok": 10, "error": 11}
 DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.bfloat16, 3: torch.int64}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 _HEAD = struct.Struct("!4sBBHIIqqQ")          # without the MAC
@@ -143,7 +148,8 @@ class _Growing:
 
 
 class _Shard:
-    def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float):
+    def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float,
+                 lr_decay: float = 1.0):
         self.param = torch.nn.Parameter(values.clone(), requires_grad=False)
         self.param.grad = torch.zeros_like(self.param)
         opts = {"sgd": lambda: torch.optim.SGD([self.param], lr=lr),
@@ -151,6 +157,8 @@ class _Shard:
                 "adagrad": lambda: torch.optim.Adagrad([self.param], lr=lr),
                 "adam": lambda: torch.optim.Adam([self.param], lr=lr)}
         self.opt = opts[optimizer]()
+        self.lr, self.lr_decay = lr, lr_decay
+        self.steps = 0                  # mini-batch steps applied (a push of k counts k)
         self.lock = threading.Condition()
         self.version = 0
         # sync mode: the round being collected
@@ -158,11 +166,16 @@ class _Shard:
         self.round_count = 0.0
         self.round_workers: set[int] = set()
 
-    def apply(self, grad: torch.Tensor, scale: float = 1.0) -> None:
+    def apply(self, grad: torch.Tensor, scale: float = 1.0, steps: int = 1,
+              epoch_steps: int = 0) -> None:
+        if self.lr_decay != 1.0 and epoch_steps > 0:    # lr * decay^(epochs applied so far)
+            self.opt.param_groups[0]["lr"] = self.lr * self.lr_decay ** (self.steps //
+                                                                         epoch_steps)
         self.param.grad.copy_(grad)
         if scale != 1.0:
             self.param.grad.mul_(scale)
         self.opt.step()
+        self.steps += steps
         self.version += 1
 
 
@@ -172,7 +185,8 @@ class ParameterServer:
     def __init__(self, initial: torch.Tensor, secret: bytes, host: str = "127.0.0.1",
                  shards: int = 1, optimizer: str = "sgd", lr: float = 0.01,
                  momentum: float = 0.9, mode: str = "async", workers: int = 1,
-                 max_staleness: int | None = None, timeout_s: float = 300.0):
+                 max_staleness: int | None = None, timeout_s: float = 300.0,
+                 lr_decay: float = 1.0):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -189,7 +203,8 @@ class ParameterServer:
         self.dtype = initial.dtype
         flat = initial.detach().reshape(-1).cpu()
         self.bounds = [n * i // shards for i in range(shards + 1)]
-        self.shards = [_Shard(flat[a:b], optimizer, lr, momentum)
+        self.epoch_steps = 0            # mini-batch steps of one epoch, from the workers' hellos
+        self.shards = [_Shard(flat[a:b], optimizer, lr, momentum, lr_decay)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
         self.max_payload = max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])) * 8
         self.staleness: Counter = Counter()     # staleness -> pushes
@@ -300,7 +315,7 @@ class ParameterServer:
             with self._stats_lock:
                 self.pull_seconds += time.perf_counter() - t0
             return True
-        if op == OPS["push"]:
+        if op in (OPS["push"], OPS["pushpull"]):
             t0 = time.perf_counter()
             if code == 3:
                 raise PSError("gradients must be float32, float64 or bfloat16")
@@ -315,11 +330,15 @@ class ParameterServer:
                               f"(lower the learning rate)")
             if shard == 0 and self.max_staleness is not None:
                 self._wait_for_slowest(worker)
-            new_version, staleness = self._push(s, worker, grad, version, count, max(steps, 1))
+            pull = op == OPS["pushpull"]         # the reply carries the shard after the push
+            new_version, staleness, values = self._push(s, worker, grad, version, count,
+                                                        max(steps, 1), pull)
             with self._stats_lock:               # counted before the reply: a caller that
                 self.pushes += 1                  # got its answer sees its push counted
+                self.pulls += pull
                 self.push_seconds += time.perf_counter() - t0
-            conn.send(OPS["ok"], shard=shard, version=new_version, count=staleness)
+            conn.send(OPS["ok"], None if values is None else values.to(DTYPES[code]),
+                      shard=shard, version=new_version, count=staleness)
             return True
         raise PSError(f"unknown op {op}")
 
@@ -334,6 +353,8 @@ class ParameterServer:
         with self._hello:
             self._registered[worker] = (rows, max(batch, 1))
             self._hello.notify_all()
+            per_worker = [-(-r // b) for r, b in self._registered.values()]
+            self.epoch_steps = max(per_worker) if self.mode == "sync" else sum(per_worker)
             if self.mode == "sync":          # everyone runs the steps of the largest shard
                 deadline = time.monotonic() + self.timeout_s
                 while len(self._registered) < self.workers and not self._stop.is_set():
@@ -369,24 +390,26 @@ class ParameterServer:
         return self.bounds[-1]
 
     def _push(self, s: _Shard, worker: int, grad: torch.Tensor, base: int, samples: int,
-              steps: int) -> tuple[int, int]:
+              steps: int, pull: bool = False):
+        """Apply (or collect) one push; returns (version, staleness, and with ``pull`` the
+        shard's values after it, copied under the lock so that they belong to that version)."""
         with s.lock:
             staleness = s.version - base
             if self.mode != "sync":
                 self.staleness[staleness] += 1
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
-                s.apply(grad, steps / max(samples, 1))
-                return s.version, staleness
+                s.apply(grad, steps / max(samples, 1), steps, self.epoch_steps)
+                return s.version, staleness, s.param.detach().clone() if pull else None
             if staleness > 0:                     # computed on an older round: dropped
                 self.dropped += 1
-                return s.version, staleness
+                return s.version, staleness, s.param.detach().clone() if pull else None
             self.staleness[0] += 1
             s.round_sum += grad
             s.round_count += samples
             s.round_workers.add(worker)
             target = s.version + 1
             if len(s.round_workers) >= self.workers:
-                s.apply(s.round_sum, 1.0 / max(s.round_count, 1.0))
+                s.apply(s.round_sum, 1.0 / max(s.round_count, 1.0), steps, self.epoch_steps)
                 s.round_sum.zero_()
                 s.round_count = 0.0
                 s.round_workers.clear()
@@ -397,7 +420,7 @@ class ParameterServer:
                     if not s.lock.wait(timeout=max(0.0, deadline - time.monotonic())):
                         raise PSError(f"sync mode: round {target} of shard incomplete after "
                                       f"{self.timeout_s} s (a worker is missing)")
-            return s.version, 0
+            return s.version, 0, s.param.detach().clone() if pull else None
 
 
 class PSClient:
@@ -432,31 +455,49 @@ class PSClient:
         return steps
 
     def pull(self, out: torch.Tensor) -> None:
-        """Every shard into ``out`` (flat, numel parameters); remembers the versions."""
+        """Every shard into ``out`` (flat, numel parameters); remembers the versions. The
+        requests go out together (they are small), the shards come back in order."""
         t0 = time.perf_counter()
-        item = out.element_size()
-        raw = out.view(torch.uint8).numpy()
-        for i, (a, b) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
+        for i in range(len(self.versions)):
             self.conn.send(OPS["pull"], worker=self.worker, shard=i,
                            code=DTYPE_CODES[out.dtype])
-            _, shard, version, _, payload = self._reply(
-                (b - a) * item, memoryview(raw)[a * item:b * item])
-            if len(payload) != (b - a) * item:
-                raise PSError(f"pull of shard {i}: {len(payload)} bytes, expected "
-                              f"{(b - a) * item}")
-            self.versions[i] = version
+        for i in range(len(self.versions)):
+            self._read_values(i, out)
         self.pull_seconds += time.perf_counter() - t0
 
-    def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1) -> list[int]:
+    def _read_values(self, i: int, out: torch.Tensor) -> int:
+        """Read shard i's values into its slice of ``out``; returns the reply's count."""
+        a, b = self.bounds[i], self.bounds[i + 1]
+        item = out.element_size()
+        raw = memoryview(out.view(torch.uint8).numpy())
+        _, shard, version, count, payload = self._reply((b - a) * item,
+                                                        raw[a * item:b * item])
+        if shard != i or len(payload) != (b - a) * item:
+            raise PSError(f"reply for shard {i}: shard {shard} with {len(payload)} bytes, "
+                          f"expected {(b - a) * item}")
+        self.versions[i] = version
+        return count
+
+    def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
+             pull_into: torch.Tensor | None = None) -> list[int]:
         """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all);
-        returns the staleness per shard."""
+        returns the staleness per shard. With ``pull_into`` (flat, of the wire dtype) every
+        shard's reply carries its values after the push: one round trip, not two."""
+        if pull_into is not None and pull_into.dtype != self.dtype:
+            raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
         t0 = time.perf_counter()
+        op = OPS["push"] if pull_into is None else OPS["pushpull"]
         stale = []
         for i, (a, b) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
-            self.conn.send(OPS["push"], grad_sum[a:b].to(self.dtype), worker=self.worker,
-                           shard=i, version=self.versions[i], count=samples, steps=steps)
-            _, _, version, staleness, _ = self._reply(0)
-            stale.append(staleness)
+            g = grad_sum[a:b]
+            self.conn.send(op, g if g.dtype == self.dtype else g.to(self.dtype),
+                           worker=self.worker, shard=i, version=self.versions[i],
+                           count=samples, steps=steps)
+            if pull_into is not None:    # large replies: one shard at a time, so that the
+                stale.append(self._read_values(i, pull_into))  # peers never both block writing
+        if pull_into is None:            # small replies: all pushes went out, now read them
+            for _ in self.bounds[:-1]:
+                stale.append(self._reply(0)[3])
         self.push_seconds += time.perf_counter() - t0
         return stale
 

@@ -106,12 +106,10 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
             for _ in batches:
                 yield arrays_to_arrow(x.reshape(len(x), -1).astype(np.float32) / 255, y)
         df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, MNIST_SCHEMA))
-    extra = dict(lr_decay=cfg.lr_decay) if t.strategy == "allreduce" else \
+    extra = {} if t.strategy == "allreduce" else \
         dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode)
-    if t.strategy == "downpour" and cfg.lr_decay != 1.0:
-        log(f"note: lr_decay={cfg.lr_decay} is not applied by the downpour strategy")
     res = fit(df, t.model, strategy=t.strategy, shape=(1, 28, 28), num_classes=10,
-              optimizer=t.optimizer, lr=t.lr, **extra, momentum=t.momentum, max_iter=cfg.max_iter,
+              optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, **extra, momentum=t.momentum, max_iter=cfg.max_iter,
               epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
               device=cfg.run.device, threads=cfg.run.threads,
               validation=(test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y),

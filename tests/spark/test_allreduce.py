@@ -59,10 +59,11 @@ def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, tr
     assert [h["samples"] for h in res.history] == [96, 96]
 
 
-def reference_epochs(x, y, splits, batch, epochs, lr, momentum):
+def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0):
     torch.manual_seed(0)
     model = small_fc().double()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, lr_decay)
     bounds = np.cumsum([0] + list(splits))
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
     steps = max(-(-n // batch) for n in splits)
@@ -73,6 +74,7 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
             opt.step()
+        sched.step()
     return model
 
 

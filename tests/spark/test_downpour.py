@@ -14,19 +14,22 @@ from .test_allreduce import assert_same_weights, data, frame, reference_epochs, 
 
 def test_one_worker_fetch_push_every_step_is_single_process_sgd(spark, tmp_path):
     x, y = data(48, seed=7)
-    res = fit(frame(spark, x, y, [48]), small_fc, strategy="downpour", batch_size=8, epochs=2,
-              lr=0.5, momentum=0.9, shuffle=False, dtype="float64", wire_dtype="float64",
-              run_dir=tmp_path / "run", log=None)
-    assert_same_weights(res.model, reference_epochs(x, y, [48], 8, 2, 0.5, 0.9))
-    assert res.info["server"]["versions"] == [12]
-    assert res.info["staleness_histogram"] == {0: 12}
+    res = fit(frame(spark, x, y, [48]), small_fc, strategy="downpour", batch_size=8, epochs=3,
+              lr=0.5, lr_decay=0.5, momentum=0.9, shuffle=False, dtype="float64",
+              wire_dtype="float64", run_dir=tmp_path / "run", log=None)
+    # the server's learning rate halves after each epoch's 6 steps, as the scheduler's does
+    assert_same_weights(res.model, reference_epochs(x, y, [48], 8, 3, 0.5, 0.9, 0.5))
+    assert res.info["server"]["versions"] == [18]
+    assert res.info["staleness_histogram"] == {0: 18}
+    # every fetch came back with the push (one round trip per step): pulls = initial + pushes
+    assert res.info["server"]["pulls"] == 1 + 18
 
 
 @pytest.mark.parametrize("splits", [[48, 48], [70, 30]])
 def test_sync_mode_follows_the_allreduce_trajectory(spark, tmp_path, splits):
     x, y = data(sum(splits), seed=8)
-    kw = dict(batch_size=8, epochs=2, lr=0.3, momentum=0.9, shuffle=False, dtype="float64",
-              log=None)
+    kw = dict(batch_size=8, epochs=2, lr=0.3, lr_decay=0.7, momentum=0.9, shuffle=False,
+              dtype="float64", log=None)
     ring = fit(frame(spark, x, y, splits), small_fc, run_dir=tmp_path / "ring", **kw)
     ps = fit(frame(spark, x, y, splits), small_fc, strategy="downpour", mode="sync",
              wire_dtype="float64", ps_shards=3, run_dir=tmp_path / "ps", **kw)

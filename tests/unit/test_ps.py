@@ -76,6 +76,39 @@ def test_pull_returns_the_current_values_and_versions(server):
     c2.close()
 
 
+def test_push_with_pull_returns_each_shard_after_the_push(server):
+    ps = server(n=10, shards=3, optimizer="sgd", lr=1.0)
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=5, batch_size=5)
+    other = PSClient(ps.address, SECRET, 1, dtype=torch.float64)
+    other.hello(rows=5, batch_size=5)
+    other.push(torch.ones(10, dtype=torch.float64), samples=1)       # c has not seen it
+    out = torch.full((10,), float("nan"), dtype=torch.float64)
+    assert c.push(torch.ones(10, dtype=torch.float64) * 4, samples=2, pull_into=out) == [1] * 3
+    assert torch.equal(out, ps.parameters())                          # both pushes in it
+    assert torch.allclose(out, torch.linspace(-1, 1, 10, dtype=torch.float64) - 3)
+    assert c.versions == [2, 2, 2] and ps.pulls == 3
+    with pytest.raises(ValueError, match="pull_into must be torch.float64"):
+        c.push(torch.zeros(10, dtype=torch.float64), samples=1, pull_into=out.float())
+    c.close()
+    other.close()
+
+
+def test_learning_rate_decays_per_epoch_of_pushed_steps(server):
+    ps = server(n=4, optimizer="sgd", lr=1.0, lr_decay=0.5, workers=2)
+    a, b = (PSClient(ps.address, SECRET, w, dtype=torch.float64) for w in (0, 1))
+    assert a.hello(rows=4, batch_size=2) == 2 and b.hello(rows=2, batch_size=2) == 1
+    start = ps.parameters()
+    g = torch.ones(4, dtype=torch.float64)
+    # an epoch is 3 steps of all workers: lr 1 for steps 0-2, 0.5 for steps 3-5 (a push of 2
+    # steps is one update of twice the size), 0.25 from step 6
+    for client, steps in ((a, 1), (b, 1), (a, 1), (b, 2), (a, 1), (a, 1)):
+        client.push(g * steps, samples=steps, steps=steps)
+    assert torch.allclose(ps.parameters(), start - (3 * 1 + 0.5 * 2 + 0.5 + 0.25))
+    a.close()
+    b.close()
+
+
 def test_sync_mode_takes_the_sample_weighted_mean_once_per_round(server):
     ps = server(n=4, optimizer="sgd", lr=1.0, mode="sync", workers=2)
     results = {}
