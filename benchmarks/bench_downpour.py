@@ -7,12 +7,14 @@ of --repeats runs:
 
   plain-1t            single-process loop, 1 thread (the calibration)
   allreduce           spark_dl.fit(strategy="allreduce")
-  downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1
+  downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.8 (two
+                      asynchronous replicas add momentum of their own: at 0.9 it diverges)
   downpour-4-4        async, n_fetch = n_push = 4, lr / 4
   downpour-sync       the synchronous parameter server
-  elephas-epoch       Elephas 7.3, asynchronous mode, frequency "epoch" (its default), 3 epochs
+  elephas-epoch       Elephas 7.3, asynchronous mode, frequency "epoch" (its default)
   elephas-batch       Elephas 7.3, asynchronous mode, frequency "batch" (Downpour-like)
-                      (--elephas; needs benchmarks/setup_elephas.sh; runs in .venv-elephas)
+                      (--elephas; needs benchmarks/setup_elephas.sh; runs in .venv-elephas;
+                      a fit of 1 epoch and one of EPOCHS, samples/s from their difference)
 
 Reported: steady samples/s (median over epochs 2..), samples/s of the whole fit call (job
 start-up included, Spark session excluded: the figure Elephas gets, which reports no epochs),
@@ -79,11 +81,11 @@ def plain(rows, epochs):
     return hist
 
 
-def engine(spark, rows, epochs, runs, lr=LR, **kw):
+def engine(spark, rows, epochs, runs, lr=LR, momentum=MOMENTUM, **kw):
     from spark_dl import fit
     t0 = time.perf_counter()
     res = fit(mnist_frame(spark, rows), "cnn", shape=(1, 28, 28), num_classes=10,
-              optimizer="sgd", lr=lr, momentum=MOMENTUM, batch_size=BATCH, epochs=epochs,
+              optimizer="sgd", lr=lr, momentum=momentum, batch_size=BATCH, epochs=epochs,
               replicas=2, validation=_validation(), run_dir=runs / f"{time.time()}", log=None,
               **kw)
     wall = time.perf_counter() - t0
@@ -91,25 +93,31 @@ def engine(spark, rows, epochs, runs, lr=LR, **kw):
              "val_accuracy": h["val_accuracy"]} for h in res.history]
     extra = {"fit_wall_s": wall}
     if kw.get("strategy") == "downpour":
-        extra = {"staleness": res.info["staleness_histogram"],
+        extra |= {"staleness": res.info["staleness_histogram"],
                  "push_s": sum(w["push_seconds"] for w in res.info["workers"]),
                  "pull_s": sum(w["pull_seconds"] for w in res.info["workers"])}
     return hist, extra
 
 
-def elephas(data, epochs, frequency):
-    """One Elephas fit in its own interpreter; its history is one entry (after ``epochs``)."""
+def elephas(data, rows, epochs, frequency):
+    """Elephas fits of 1 and ``epochs`` epochs in its own interpreter. Its history holds the
+    two accuracies (after 1 and after ``epochs`` epochs) and, as the rate, the marginal
+    samples/s between the two fits (Elephas reports no epoch times)."""
     proc = subprocess.run([str(ROOT / ".venv-elephas/bin/python"),
                            str(ROOT / "benchmarks/elephas_peer.py"), str(data), "--epochs",
-                           str(epochs), "--frequency", frequency, "--lr", str(LR),
+                           f"1,{epochs}", "--frequency", frequency, "--lr", str(LR),
                            "--batch", str(BATCH)], capture_output=True, text=True, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
         raise RuntimeError(f"elephas run failed ({proc.returncode}): {proc.stderr[-2000:]}")
     r = json.loads(lines[-1])
-    return ([{"epoch": epochs, "seconds": r["fit_seconds"], "samples_per_s": r["samples_per_s"],
-              "val_accuracy": r["val_accuracy"]}],
-            {"fit_wall_s": r["fit_seconds"], "setup_s": r["setup_seconds"]})
+    one, full = r["fits"]
+    rate = rows * (epochs - 1) / (full["fit_seconds"] - one["fit_seconds"])
+    return ([{"epoch": 1, "seconds": one["fit_seconds"], "samples_per_s": rate,
+              "val_accuracy": one["val_accuracy"]},
+             {"epoch": epochs, "seconds": full["fit_seconds"], "samples_per_s": rate,
+              "val_accuracy": full["val_accuracy"]}],
+            {"fit_wall_s": full["fit_seconds"], "setup_s": r["setup_seconds"]})
 
 
 def _time_to(hist, target):
@@ -128,7 +136,6 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--elephas", action="store_true",
                     help="add Elephas 7.3 (benchmarks/setup_elephas.sh installs it)")
-    ap.add_argument("--elephas-epochs", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/downpour.json"))
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -142,7 +149,7 @@ def main(argv=None):
     systems = {
         "plain-1t": lambda: (plain(R, E), {}),
         "allreduce": lambda: engine(spark, R, E, runs),
-        "downpour-1-1": lambda: engine(spark, R, E, runs, strategy="downpour"),
+        "downpour-1-1": lambda: engine(spark, R, E, runs, momentum=0.8, strategy="downpour"),
         # a push of 4 accumulated steps is 4 steps' worth of gradient: lr / 4 keeps the step
         # size of one 64-sample batch (at lr 0.05 it diverges)
         "downpour-4-4": lambda: engine(spark, R, E, runs, strategy="downpour", n_fetch=4,
@@ -155,7 +162,7 @@ def main(argv=None):
         (x, y), (vx, vy) = _load(R), _validation()
         np.savez(data, x=x, y=y, vx=vx, vy=vy)
         for freq in ("epoch", "batch"):
-            systems[f"elephas-{freq}"] = (lambda f=freq: elephas(data, args.elephas_epochs, f))
+            systems[f"elephas-{freq}"] = (lambda f=freq: elephas(data, R, E, f))
     engine(spark, R, 1, runs)                                  # warm the Python workers
     raw = {k: [] for k in systems}
     for _ in range(args.repeats):
@@ -167,16 +174,17 @@ def main(argv=None):
         rate = statistics.median(statistics.median(h["samples_per_s"] for h in
                                                    r["history"][1:] or r["history"])
                                  for r in runs_k)
-        e_hist = len(runs_k[0]["history"])
-        ttt = [_time_to(r["history"], TARGET) for r in runs_k]
+        ttt = [None if k.startswith("elephas") else _time_to(r["history"], TARGET)
+               for r in runs_k]                   # Elephas: no epoch times to add up
         reached = [t for t in ttt if t is not None]
         summary[k] = {
             "steady_samples_per_s": round(rate),
-            "val_accuracy_per_epoch_median": [
-                round(statistics.median(r["history"][e]["val_accuracy"] for r in runs_k), 4)
-                for e in range(e_hist)],
-            "val_accuracy_after_3_epochs": sorted(
-                round(r["history"][min(2, e_hist - 1)]["val_accuracy"], 4) for r in runs_k),
+            "val_accuracy_per_epoch_median": {
+                h["epoch"]: round(statistics.median(r["history"][i]["val_accuracy"]
+                                                    for r in runs_k), 4)
+                for i, h in enumerate(runs_k[0]["history"])},
+            "val_accuracy_final": sorted(round(r["history"][-1]["val_accuracy"], 4)
+                                         for r in runs_k),
             "time_to_97_s_median": round(statistics.median(reached), 2) if reached else None,
             "runs_reaching_97": f"{len(reached)}/{len(runs_k)}"}
         if "fit_wall_s" in runs_k[0]:
@@ -190,6 +198,13 @@ def main(argv=None):
         summary[k]["vs_allreduce"] = round(summary[k]["steady_samples_per_s"] / base, 3)
         summary[k]["vs_plain_1t"] = round(summary[k]["steady_samples_per_s"] /
                                           summary["plain-1t"]["steady_samples_per_s"], 3)
+        for peer in ("elephas-epoch", "elephas-batch"):
+            if peer in summary and not k.startswith("elephas"):
+                summary[k][f"vs_{peer}"] = round(summary[k]["steady_samples_per_s"] /
+                                                 summary[peer]["steady_samples_per_s"], 2)
+                if "fit_samples_per_s" in summary[k]:
+                    summary[k][f"fit_vs_{peer}"] = round(summary[k]["fit_samples_per_s"] /
+                                                         summary[peer]["fit_samples_per_s"], 2)
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
               "cpus": os.cpu_count(), "torch": torch.__version__, "rows": R, "epochs": E,
               "batch_per_replica": BATCH, "repeats": args.repeats, "summary": summary,

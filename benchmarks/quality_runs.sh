@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quality runs of the model zoo (issue: models on real data), single process, written to
 # benchmarks/results/quality/ (or $OUT when set). Groups: mnist | text | sr | all, and
-# allreduce (the thesis CNN single-process vs the all-reduce engine, same global batch).
+# allreduce (the thesis CNN single-process vs the all-reduce engine, same global batch),
+# downpour (the thesis CNN with asynchronous Downpour SGD on local[*] and local-cluster).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,11 @@ run() {
   local name="$1"; shift
   "$PY" "$@" --set "run.out_dir='$SCRATCH/$name'" 2>&1 | tee "$DEST/$name.log"
   cp "$SCRATCH/$name"/*.json "$DEST/"
+}
+run_named() {                     # as run, the result file named after the run
+  local name="$1"; shift
+  "$PY" "$@" --set "run.out_dir='$SCRATCH/$name'" 2>&1 | tee "$DEST/$name.log"
+  cp "$SCRATCH/$name"/*.json "$DEST/$name.json"
 }
 group="${1:-all}"
 if [ "$group" = mnist ] || [ "$group" = all ]; then
@@ -41,4 +47,17 @@ if [ "$group" = allreduce ]; then
   run cnn-sgd-single jobs/train_mnist.py --config conf/jobs/cnn.toml --set run.threads=2
   run cnn-sgd-allreduce jobs/train_mnist.py --config conf/jobs/cnn.toml \
       --set train.strategy=allreduce --set train.batch_size=8
+fi
+if [ "$group" = downpour ]; then
+  # Asynchronous Downpour SGD, 2 replicas x batch 16 against the parameter server, the same
+  # data, lr and decay as cnn-sgd-single (allreduce group); momentum 0.8 on the server, as two
+  # asynchronous replicas add momentum of their own. On local[*], then on local-cluster (two
+  # executor JVMs) through spark-submit.
+  run_named cnn-sgd-downpour jobs/train_mnist.py --config conf/jobs/cnn.toml \
+      --set train.strategy=downpour --set train.momentum=0.8
+  BIN="$(cd "$(dirname "$PY")" && pwd)"
+  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+      run_named cnn-sgd-downpour-local-cluster --properties-file conf/spark/local-cluster.conf \
+      jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.strategy=downpour \
+      --set train.momentum=0.8
 fi

@@ -186,13 +186,18 @@ class ParameterServer:
                  shards: int = 1, optimizer: str = "sgd", lr: float = 0.01,
                  momentum: float = 0.9, mode: str = "async", workers: int = 1,
                  max_staleness: int | None = None, timeout_s: float = 300.0,
-                 lr_decay: float = 1.0):
+                 lr_decay: float = 1.0, bounds: list[int] | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
             raise ValueError(f"unknown server optimizer {optimizer!r}; choose one of "
                              f"{', '.join(SERVER_OPTIMIZERS)}")
         n = initial.numel()
+        if bounds is not None:                    # shards as the caller cut them
+            if bounds[0] != 0 or bounds[-1] != n or any(
+                    a >= b for a, b in zip(bounds[:-1], bounds[1:])):
+                raise ValueError(f"bounds must rise strictly from 0 to {n}, got {bounds}")
+            shards = len(bounds) - 1
         if not 1 <= shards <= n:
             raise ValueError(f"shards must be in 1..{n} (the parameter count), got {shards}")
         self.secret, self.mode, self.workers = secret, mode, workers
@@ -202,7 +207,8 @@ class ParameterServer:
         self.waits = 0                            # pushes held back by the staleness bound
         self.dtype = initial.dtype
         flat = initial.detach().reshape(-1).cpu()
-        self.bounds = [n * i // shards for i in range(shards + 1)]
+        self.bounds = list(bounds) if bounds is not None else \
+            [n * i // shards for i in range(shards + 1)]
         self.epoch_steps = 0            # mini-batch steps of one epoch, from the workers' hellos
         self.shards = [_Shard(flat[a:b], optimizer, lr, momentum, lr_decay)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
@@ -454,49 +460,66 @@ class PSClient:
         self.numel = n
         return steps
 
-    def pull(self, out: torch.Tensor) -> None:
-        """Every shard into ``out`` (flat, numel parameters); remembers the versions. The
-        requests go out together (they are small), the shards come back in order."""
+    def _layout(self, shards, n: int) -> list[tuple[int, int, int]]:
+        """(shard, its size, its offset in the caller's buffer) for ``shards`` (None: all),
+        whose buffer holds those shards one after the other (``n`` values)."""
+        shards = range(len(self.versions)) if shards is None else shards
+        rows, off = [], 0
+        for i in shards:
+            if not 0 <= i < len(self.versions):
+                raise ValueError(f"shard {i} does not exist (0..{len(self.versions) - 1})")
+            size = self.bounds[i + 1] - self.bounds[i]
+            rows.append((i, size, off))
+            off += size
+        if off != n:
+            raise ValueError(f"the buffer holds {n} values, the shards {list(shards)} {off}")
+        return rows
+
+    def pull(self, out: torch.Tensor, shards: list[int] | None = None) -> None:
+        """The shards (default: all) into ``out``, flat, one after the other; remembers the
+        versions. The requests go out together (they are small), the replies come in order."""
         t0 = time.perf_counter()
-        for i in range(len(self.versions)):
+        rows = self._layout(shards, out.numel())
+        for i, _, _ in rows:
             self.conn.send(OPS["pull"], worker=self.worker, shard=i,
                            code=DTYPE_CODES[out.dtype])
-        for i in range(len(self.versions)):
-            self._read_values(i, out)
+        for i, size, off in rows:
+            self._read_values(i, out[off:off + size])
         self.pull_seconds += time.perf_counter() - t0
 
     def _read_values(self, i: int, out: torch.Tensor) -> int:
-        """Read shard i's values into its slice of ``out``; returns the reply's count."""
-        a, b = self.bounds[i], self.bounds[i + 1]
-        item = out.element_size()
+        """Read shard i's values into ``out`` (its size); returns the reply's count."""
+        item, n = out.element_size(), out.numel()
         raw = memoryview(out.view(torch.uint8).numpy())
-        _, shard, version, count, payload = self._reply((b - a) * item,
-                                                        raw[a * item:b * item])
-        if shard != i or len(payload) != (b - a) * item:
+        _, shard, version, count, payload = self._reply(n * item, raw)
+        if shard != i or len(payload) != n * item:
             raise PSError(f"reply for shard {i}: shard {shard} with {len(payload)} bytes, "
-                          f"expected {(b - a) * item}")
+                          f"expected {n * item}")
         self.versions[i] = version
         return count
 
     def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
-             pull_into: torch.Tensor | None = None) -> list[int]:
-        """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all);
-        returns the staleness per shard. With ``pull_into`` (flat, of the wire dtype) every
+             pull_into: torch.Tensor | None = None, shards: list[int] | None = None
+             ) -> list[int]:
+        """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all) of
+        the shards (default: all; ``grad_sum`` holds them one after the other); returns the
+        staleness per shard. With ``pull_into`` (as ``grad_sum``, of the wire dtype) every
         shard's reply carries its values after the push: one round trip, not two."""
         if pull_into is not None and pull_into.dtype != self.dtype:
             raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
         t0 = time.perf_counter()
+        rows = self._layout(shards, grad_sum.numel())
         op = OPS["push"] if pull_into is None else OPS["pushpull"]
         stale = []
-        for i, (a, b) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
-            g = grad_sum[a:b]
+        for i, size, off in rows:
+            g = grad_sum[off:off + size]
             self.conn.send(op, g if g.dtype == self.dtype else g.to(self.dtype),
                            worker=self.worker, shard=i, version=self.versions[i],
                            count=samples, steps=steps)
             if pull_into is not None:    # large replies: one shard at a time, so that the
-                stale.append(self._read_values(i, pull_into))  # peers never both block writing
-        if pull_into is None:            # small replies: all pushes went out, now read them
-            for _ in self.bounds[:-1]:
+                stale.append(self._read_values(i, pull_into[off:off + size]))  # peers never
+        if pull_into is None:            # both block writing; small replies: all pushes
+            for _ in rows:               # went out, now read them
                 stale.append(self._reply(0)[3])
         self.push_seconds += time.perf_counter() - t0
         return stale

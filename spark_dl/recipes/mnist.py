@@ -109,7 +109,8 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
     extra = {} if t.strategy == "allreduce" else \
         dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode)
     res = fit(df, t.model, strategy=t.strategy, shape=(1, 28, 28), num_classes=10,
-              optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, **extra, momentum=t.momentum, max_iter=cfg.max_iter,
+              optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, momentum=t.momentum,
+              max_iter=cfg.max_iter, **extra,
               epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
               device=cfg.run.device, threads=cfg.run.threads,
               validation=(test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y),

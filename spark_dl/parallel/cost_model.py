@@ -1,0 +1,176 @@
+"""Communication cost of model parallelism (thesis §3.3) and a planner for F and R.
+
+    T_comm = K [T_lat + N T_data]                                            (eq. 3.4)
+
+K messages per epoch, N data units per message on average (so K N is the epoch's data),
+T_lat the latency of one message, T_data the time of one unit (here: one byte).
+
+``thesis_published`` evaluates eqs. 3.5-3.9 as printed, for M examples. ``thesis_counts``
+gives the exact messages and bytes of one step of the implementation
+(model_parallel/thesis.py, which documents where and why it departs from the printed
+counts); ``collective_counts`` those of the all-gather / all-reduce layers
+(model_parallel/layers.py) for a chain of Linear layers. ``probe`` measures T_lat and T_data
+on the running process group; ``plan`` recommends F (partitions per model) and R (replicas)
+for a model and a cluster, and explains the prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from .model_parallel.comm import Comm, split_sizes
+
+__all__ = ["thesis_published", "thesis_counts", "collective_counts", "predict_seconds",
+           "probe", "Link", "Cluster", "plan", "Plan"]
+
+
+def thesis_published(sizes: list[int], F: int, M: int, unit: int = 1) -> dict:
+    """K and N1..N3, N of eqs. 3.5-3.9 for layer widths ``sizes`` (b_0 .. b_{n-1}), F
+    processes and M examples; S(x) = x * unit (unit: bytes per number, or 1 for numbers)."""
+    n, lg = len(sizes), math.log2(F) if F > 1 else 0.0
+    hidden = range(1, n - 1)
+    K = M * ((F - 1) + sum(F * lg + 2 * (F - 1) for _ in hidden))
+    N1 = (F - 1) * (sizes[0] + sizes[-1] / F) * unit
+    N2 = sum(F * lg * sizes[i] / F for i in hidden) * unit
+    N3 = sum((F - 1) * sizes[i + 1] + (F - 1) * sizes[i] / F for i in hidden) * unit
+    return {"K": K, "N1": N1, "N2": N2, "N3": N3,
+            "N": M * (N1 + N2 + N3) / K if K else 0.0,
+            "data": M * (N1 + N2 + N3)}
+
+
+def thesis_counts(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> dict:
+    """Messages and bytes of one step of ThesisFC (all ranks together), by phase."""
+    n = len(sizes)
+    B, s = batch, itemsize
+    out = split_sizes(sizes[-1], F)
+    pow2 = F & (F - 1) == 0
+    lg = int(math.log2(F)) if F > 1 else 0
+    phases = {
+        "init": (F - 1, (F - 1) * B * sizes[0] * s + sum(out[1:]) * B * s),
+        "forward": (sum((F * lg if pow2 else F * (F - 1)) for _ in range(1, n - 1)),
+                    sum((F - 1) * B * sizes[i] * s for i in range(1, n - 1))),
+        "softmax": (2 * (F - 1), (F - 1) * 3 * B * s + (F - 1) * B * s),
+        "backward": (sum(2 * (F - 1) for _ in range(1, n - 1)),
+                     sum((F - 1) * B * sizes[i] * s + sum(split_sizes(sizes[i], F)[1:]) * B * s
+                         for i in range(1, n - 1))),
+    }
+    if F == 1:
+        phases = {k: (0, 0) for k in phases}
+    return {"phases": phases, "messages": sum(m for m, _ in phases.values()),
+            "bytes": sum(b for _, b in phases.values())}
+
+
+def collective_counts(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> dict:
+    """Messages and bytes of one step of a chain of ColumnLinear layers (all ranks): per
+    layer a ring all-gather of its output and, in backward, a ring all-reduce of dE/d(input)
+    except for the first layer (its input needs no gradient)."""
+    if F == 1:
+        return {"messages": 0, "bytes": 0, "all_gathers": 0, "all_reduces": 0}
+    B, s = batch, itemsize
+    layers = len(sizes) - 1
+    msgs = layers * F * (F - 1) + (layers - 1) * 2 * F * (F - 1)
+    data = sum((F - 1) * B * sizes[i] * s for i in range(1, layers + 1)) + \
+        sum(2 * (F - 1) * B * sizes[i] * s for i in range(1, layers))
+    return {"messages": msgs, "bytes": data, "all_gathers": layers, "all_reduces": layers - 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A measured link: seconds per message and per byte (T_lat, T_data of eq. 3.4)."""
+    t_lat: float
+    t_data: float
+
+
+def predict_seconds(counts: dict, link: Link, critical_fraction: float = 1.0) -> float:
+    """T_comm = K T_lat + (K N) T_data for the counted messages and bytes. Messages of
+    different ranks overlap; ``critical_fraction`` is the share on the critical path (1: all
+    serialised, as eq. 3.4 assumes)."""
+    return critical_fraction * (counts["messages"] * link.t_lat + counts["bytes"] * link.t_data)
+
+
+def probe(comm: Comm, small: int = 8, large: int = 1 << 22, repeats: int = 20) -> Link:
+    """T_lat and T_data between group ranks 0 and 1 by ping-pong of ``small`` and ``large``
+    bytes (one-way = half the round trip). Collective: every rank calls it; ranks other than
+    0 and 1 wait. Needs a group of two or more."""
+    import torch
+    if comm.size < 2:
+        raise ValueError("probe needs at least two ranks")
+
+    def one_way(nbytes: int) -> float:
+        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            if comm.rank == 0:
+                comm.send(buf, 1, "probe")
+                comm.recv(buf, 1)
+            elif comm.rank == 1:
+                comm.recv(buf, 0)
+                comm.send(buf, 0, "probe")
+            times.append((time.perf_counter() - t0) / 2)
+        return sorted(times)[len(times) // 2]
+
+    one_way(small)                                           # warm-up
+    t_small, t_large = one_way(small), one_way(large)
+    t_data = max(t_large - t_small, 0.0) / (large - small)
+    link = torch.tensor([t_small, t_data], dtype=torch.float64)
+    comm.broadcast(link, 0, "probe")                         # everyone gets rank 0's view
+    return Link(float(link[0]), float(link[1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """What the planner needs to know: task slots and their memory, and the link."""
+    slots: int                         # executors x cores / spark.task.cpus
+    memory_bytes: int                  # per task (e.g. spark.executor.pyspark.memory / cores)
+    link: Link
+    flops_per_s: float = 2e10          # one task's dense matmul rate (measure with probe_flops)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    partitions: int
+    replicas: int
+    step_seconds: float
+    table: list                        # one row per candidate F
+    explanation: str
+
+
+def plan(sizes: list[int], batch: int, cluster: Cluster, optimizer_slots: int = 1,
+         itemsize: int = 4, candidates: list[int] | None = None) -> Plan:
+    """Choose F (and R = slots // F) for an FC net of layer widths ``sizes`` trained with the
+    all-gather / all-reduce layers: the F with the least predicted time per sample among those
+    whose slice (parameters, gradients, ``optimizer_slots`` optimizer states) fits a task's
+    memory. Prediction per step: compute 6 B P / F flops at ``flops_per_s`` plus the counted
+    communication on the link."""
+    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    candidates = candidates or [f for f in (1, 2, 3, 4, 6, 8, 12, 16) if f <= cluster.slots]
+    rows, best = [], None
+    for F in candidates:
+        state = params * itemsize * (2 + optimizer_slots) / F
+        comp = 6 * batch * params / F / cluster.flops_per_s
+        comm = predict_seconds(collective_counts(sizes, F, batch, itemsize), cluster.link)
+        step = comp + comm
+        R = max(cluster.slots // F, 1)
+        per_sample = step / (batch * R)
+        fits = state <= cluster.memory_bytes
+        rows.append({"F": F, "R": R, "state_bytes_per_task": int(state), "fits": fits,
+                     "compute_s": comp, "comm_s": comm, "step_s": step,
+                     "samples_per_s": batch * R / step})
+        if fits and (best is None or per_sample < best[0]):
+            best = (per_sample, F, R, step)
+    if best is None:
+        need = params * itemsize * (2 + optimizer_slots)
+        raise ValueError(f"no partitioning in {candidates} fits: the model needs {need} bytes of "
+                         f"parameters, gradients and optimizer state, a task has "
+                         f"{cluster.memory_bytes}; add executors or memory")
+    _, F, R, step = best
+    row = next(r for r in rows if r["F"] == F)
+    why = (f"F={F}, R={R}: a task holds {row['state_bytes_per_task'] / 2**20:.1f} MiB of the "
+           f"model's state (limit {cluster.memory_bytes / 2**20:.0f} MiB); predicted step "
+           f"{step * 1e3:.2f} ms = compute {row['compute_s'] * 1e3:.2f} ms + communication "
+           f"{row['comm_s'] * 1e3:.2f} ms, {row['samples_per_s']:.0f} samples/s over {R} "
+           f"replica(s)")
+    return Plan(F, R, step, rows, why)

@@ -1,0 +1,193 @@
+"""Column partitioning on real processes (gloo on 127.0.0.1, float64): the partitioned FC net,
+CNN and LSTM compute the unpartitioned model's outputs and gradients, and the counted messages
+and bytes are those of the cost model."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from spark_dl.parallel import cost_model
+from spark_dl.parallel.model_parallel import split_sizes
+
+FC_SIZES = [20, 13, 7, 5]           # widths not divisible by 2, 3 or 4: uneven slices
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, world, port, out_dir):
+    import torch.distributed as dist
+
+    from spark_dl.models import FCNet, ThesisCNN
+    from spark_dl.models.rnn import CharRNN
+    from spark_dl.parallel.model_parallel import (Comm, ThesisFC, parameter_bytes,
+                                                  partition_model)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    report = {}
+    try:
+        comm = Comm()
+
+        def check(name, ref, inputs, loss_fn):
+            torch.manual_seed(0)
+            part = partition_model(ref, comm)
+            comm.reset()
+            ref.zero_grad()
+            out_ref = ref(*inputs)
+            out_ref = out_ref[0] if isinstance(out_ref, tuple) else out_ref
+            loss_fn(out_ref).backward()
+            out = part(*inputs)
+            out = out[0] if isinstance(out, tuple) else out
+            loss_fn(out).backward()
+            errs = [float((out - out_ref).abs().max())]
+            refs = dict(ref.named_parameters())
+            for pname, p in part.named_parameters():
+                errs.append(_slice_error(pname, p, refs, rank, world, ref))
+            report[name] = {"max_error": max(errs), "counts": comm.counts(),
+                            "param_bytes": parameter_bytes(part),
+                            "full_bytes": parameter_bytes(ref)}
+
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(6, FC_SIZES[0], dtype=torch.float64, generator=g)
+        y = torch.randint(0, FC_SIZES[-1], (6,), generator=g)
+        torch.manual_seed(0)
+        fc = FCNet(FC_SIZES).double()
+        check("fc", fc, (x,), lambda o: torch.nn.functional.cross_entropy(o, y))
+        torch.manual_seed(0)
+        cnn = ThesisCNN(widths=(5, 7, 6)).double()
+        xi = torch.randn(3, 1, 28, 28, dtype=torch.float64, generator=g)
+        yi = torch.randint(0, 10, (3,), generator=g)
+        check("cnn", cnn, (xi,), lambda o: torch.nn.functional.cross_entropy(o, yi))
+        torch.manual_seed(0)
+        lstm = CharRNN(vocab_size=9, hidden=11, layers=2, kind="lstm").double()
+        ids = torch.randint(0, 9, (2, 5), generator=g)
+        check("lstm", lstm, (ids,), lambda o: torch.nn.functional.cross_entropy(
+            o.reshape(-1, 9), ids.roll(-1, 1).reshape(-1)))
+
+        thesis_net = partition_model(FCNet((784, 480, 160, 10)), comm)
+        report["thesis_net_bytes"] = [parameter_bytes(thesis_net),
+                                      parameter_bytes(FCNet((784, 480, 160, 10)))]
+
+        # the thesis's master algorithm on the FC net
+        torch.manual_seed(0)
+        ref = FCNet(FC_SIZES).double()
+        ref.zero_grad()
+        ref_loss = torch.nn.functional.cross_entropy(ref(x), y)
+        ref_loss.backward()
+        thesis = ThesisFC(ref, comm)
+        comm.reset()
+        loss = thesis.step(x if rank == 0 else None, y if rank == 0 else None, batch=len(x))
+        counts = comm.counts()
+        errs = [abs(loss - float(ref_loss)) if rank == 0 else 0.0]
+        linears = [m for m in ref.modules() if isinstance(m, torch.nn.Linear)]
+        for i, m in enumerate(linears):
+            cols = _cols(m.out_features, world, rank)
+            errs.append(float((thesis.weight[i].grad - m.weight.grad[cols]).abs().max()))
+            errs.append(float((thesis.bias[i].grad - m.bias.grad[cols]).abs().max()))
+        state = thesis.full_state()
+        errs.append(max(float((state[k] - v).abs().max()) for k, v in ref.state_dict().items()))
+        report["thesis_fc"] = {"max_error": max(errs), "counts": counts}
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+def _cols(n, world, rank):
+    sizes = split_sizes(n, world)
+    a = sum(sizes[:rank])
+    return slice(a, a + sizes[rank])
+
+
+def _slice_error(pname, p, refs, rank, world, ref):
+    """Compare a partitioned parameter with this rank's slice of the reference gradient."""
+    if pname in refs:                                   # ColumnLinear / ColumnConv2d
+        r = refs[pname]
+        cols = _cols(r.shape[0], world, rank)
+        return max(float((p.grad - r.grad[cols]).abs().max()),
+                   float((p.detach() - r.detach()[cols]).abs().max()))
+    # ColumnLSTM: rnn.w_ih.k / rnn.w_hh.k / rnn.b.k against weight_*_l{k} rows of my units
+    module, kind, k = pname.rsplit(".", 2)
+    lstm = dict(ref.named_modules())[module]
+    H = lstm.hidden_size
+    cols = _cols(H, world, rank)
+    rows = torch.cat([torch.arange(H)[cols] + q * H for q in range(4)])
+    if kind == "b":
+        grad = getattr(lstm, f"bias_ih_l{k}").grad[rows]       # bias_ih and bias_hh: same grad
+    else:
+        key = {"w_ih": "weight_ih", "w_hh": "weight_hh"}[kind]
+        grad = getattr(lstm, f"{key}_l{k}").grad[rows]
+    return float((p.grad - grad).abs().max())
+
+
+def _run(world, tmp_path):
+    port = _free_port()
+    mp.start_processes(_rank_main, args=(world, port, str(tmp_path)), nprocs=world,
+                       join=True, start_method="spawn")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_partitioned_models_equal_the_unpartitioned_ones(world, tmp_path):
+    reports = _run(world, tmp_path)
+    for r, rep in enumerate(reports):
+        for name in ("fc", "cnn", "lstm", "thesis_fc"):
+            assert rep[name]["max_error"] < 1e-6, (world, r, name, rep[name]["max_error"])
+
+    def total(name, what):
+        return sum(rep[name]["counts"][what] for rep in reports)
+    # the thesis algorithm sends exactly what the cost model counts, message by message
+    expect = cost_model.thesis_counts(FC_SIZES, world, batch=6, itemsize=8)
+    assert total("thesis_fc", "total_messages") == expect["messages"]
+    assert total("thesis_fc", "total_bytes") == expect["bytes"]
+    # ... and the collective layers what the ring algorithms send
+    expect = cost_model.collective_counts(FC_SIZES, world, batch=6, itemsize=8)
+    assert total("fc", "total_messages") == expect["messages"]
+    assert total("fc", "total_bytes") == expect["bytes"]
+    # no parameter is held twice; on the thesis net every rank holds <= 1/F + 5% of them
+    for name in ("fc", "cnn", "lstm"):
+        assert sum(rep[name]["param_bytes"] for rep in reports) <= reports[0][name]["full_bytes"]
+    for rep in reports:
+        mine, full = rep["thesis_net_bytes"]
+        assert mine / full <= 1 / world + 0.05
+
+
+def test_published_counts_agree_with_the_implementation_where_the_thesis_is_exact():
+    # F = 2, widths divisible by 2: the printed K counts every message of the thesis's scheme;
+    # the implementation adds the softmax normaliser's 2 (F - 1) per example
+    sizes, F, M = [784, 480, 160, 10], 2, 1
+    pub = cost_model.thesis_published(sizes, F, M)
+    impl = cost_model.thesis_counts(sizes, F, batch=1, itemsize=1)
+    assert pub["K"] + 2 * (F - 1) == impl["messages"]
+    phases = impl["phases"]
+    # init: x and the label columns (N1); forward: a^i (N2, the same for F = 2)
+    assert phases["init"][1] == pub["N1"]
+    assert phases["forward"][1] == pub["N2"]
+    assert pub["N"] == pytest.approx(pub["data"] / pub["K"])
+
+
+def test_split_sizes_and_the_planner():
+    assert split_sizes(10, 4) == [3, 3, 2, 2]
+    with pytest.raises(ValueError, match="at least one"):
+        split_sizes(3, 4)
+    link = cost_model.Link(t_lat=50e-6, t_data=1e-9)
+    small = cost_model.Cluster(slots=4, memory_bytes=2 << 30, link=link)
+    p = cost_model.plan([784, 480, 160, 10], 16, small)
+    assert p.partitions == 1 and p.replicas == 4          # fits: pure data parallelism
+    wide = [784, 8192, 8192, 10]                            # 68M parameters, 1 GiB of state
+    tight = cost_model.Cluster(slots=4, memory_bytes=400 << 20, link=link)
+    p = cost_model.plan(wide, 16, tight)
+    assert p.partitions >= 3 and "MiB" in p.explanation
+    assert all(not r["fits"] for r in p.table if r["F"] < p.partitions)
+    with pytest.raises(ValueError, match="no partitioning"):
+        cost_model.plan(wide, 16, cost_model.Cluster(slots=2, memory_bytes=100 << 20, link=link))
