@@ -93,7 +93,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         timeout_s: float = 300.0, transport: str = "auto", n_fetch: int = 1,
         n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
         ps_shards: int | None = None, wire_dtype: str = "float32",
-        max_staleness: int | None = None) -> FitResult:
+        max_staleness: int | None = None, overlap: bool = False,
+        partitions: int = 1) -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
 
     strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
@@ -106,7 +107,12 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       (parameter blocks with their own lock and version; default 1, or 4 from a million
       parameters on: transfers of big models pipeline better), wire_dtype ("float32", "bfloat16",
       "float64"), max_staleness (a worker more than this many pushes ahead of the slowest
-      waits; None: unbounded).
+      waits; None: unbounded), overlap (async: a push and its reply travel while the worker
+      computes the next step, on parameters that miss that push: one more step of staleness,
+      no waiting for the round trip), partitions (F > 1: every replica's model is split by
+      columns over F tasks, which train it together on the union of their micro-batches
+      and each push and fetch their own slice: Downpour over model-parallel replicas, in a
+      barrier stage of replicas x F tasks; modes async and sequential).
     lr_decay: the learning rate is multiplied by it after every epoch.
     batch_size: per replica and micro-batch; ``accumulate`` micro-batches make one step, so the
       global batch is replicas x accumulate x batch_size.
@@ -162,6 +168,15 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         if wire_dtype not in ("float32", "bfloat16", "float64"):
             raise ConfigError(f"wire_dtype must be 'float32', 'bfloat16' or 'float64', got "
                               f"{wire_dtype!r}")
+        if not isinstance(partitions, int) or partitions < 1:
+            raise ConfigError(f"partitions must be an integer >= 1, got {partitions!r}")
+        if partitions > 1 and (mode == "sync" or max_staleness is not None):
+            raise ConfigError("partitions > 1 runs modes 'async' and 'sequential' without "
+                              "max_staleness (each partition is its own parameter-server "
+                              "shard, pushed by the replicas' tasks of that partition)")
+        if overlap and mode != "async":
+            raise ConfigError(f"overlap=True needs mode='async' (got {mode!r}): sync and "
+                              f"sequential rounds wait for the server by design")
         if amp is not None or accumulate != 1:
             raise ConfigError("amp and accumulate are options of the allreduce strategy; "
                               "downpour accumulates with n_push")
@@ -190,18 +205,28 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     spark = df.sparkSession
     slots = _slots(spark)
     parts = df.rdd.getNumPartitions()
+    if strategy != "downpour" and partitions != 1:
+        raise ConfigError("partitions > 1 (model parallelism) runs with strategy='downpour'")
     if replicas is None:
-        replicas = min(parts, slots)
+        replicas = max(min(parts, slots) // partitions, 1)
     if not isinstance(replicas, int) or replicas < 1:
         raise ConfigError(f"replicas must be an integer >= 1, got {replicas!r}")
+    if partitions > 1 and replicas * partitions > slots:
+        raise ResourceError(
+            f"replicas={replicas} x partitions={partitions} = {replicas * partitions} tasks, but "
+            f"the cluster runs {slots} at once; the tasks of a barrier stage start together: "
+            f"lower replicas or partitions, or add executors/cores")
     if replicas > slots:
         raise ResourceError(
             f"replicas={replicas} but the cluster runs {slots} task(s) at once (default "
             f"parallelism {spark.sparkContext.defaultParallelism} / spark.task.cpus); the "
             f"replicas train together: use replicas <= {slots} or add executors/cores")
     if strategy == "downpour":
+        tasks = replicas * partitions
+        if parts != tasks or (partitions > 1 and _narrow_merges(df)):
+            df = df.repartition(tasks)
         return _fit_downpour(
-            df if parts == replicas else df.repartition(replicas), model, model_fn, loss_fn,
+            df, model, model_fn, loss_fn,
             loss_name, replicas, validation, run_dir, progress, log,
             downpour.DownpourConfig(
                 features=features, label=label, shape=tuple(shape),
@@ -209,9 +234,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
                 epochs=epochs, batch_size=batch_size, n_fetch=n_fetch,
                 n_push=1 if mode == "sync" else n_push, mode=mode, shuffle=shuffle, seed=seed,
                 dtype=dtype, wire_dtype=wire_dtype, device=device, threads=threads,
-                timeout_s=timeout_s),
+                timeout_s=timeout_s, overlap=bool(overlap)),
             server_optimizer or _server_optimizer(optimizer, momentum), lr, momentum,
-            ps_shards, max_staleness, lr_decay)
+            ps_shards, max_staleness, lr_decay, partitions)
     if parts != replicas or _narrow_merges(df):
         # A barrier stage may not read through union()/coalesce() (Spark refuses the RDD
         # chain), so a shuffle gives it exactly ``replicas`` plain partitions.
@@ -292,9 +317,40 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     return FitResult(net, history, info, run_path)
 
 
+class _Layout:
+    """How the parameter server lays out a model's parameters: the flat parameter vector, or
+    with F partitions, partition 0's slices, then partition 1's, ... (shard p = partition p)."""
+
+    def __init__(self, net: torch.nn.Module, partitions: int):
+        from .parallel.model_parallel import Comm, partition_model
+        self.net, self.F = net, partitions
+        self.parts = [partition_model(net, Comm.layout(p, partitions))
+                      for p in range(partitions)] if partitions > 1 else [net]
+        sizes = [sum(q.numel() for q in part.parameters() if q.requires_grad)
+                 for part in self.parts]
+        self.bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)] if partitions > 1 \
+            else None
+
+    def flatten(self) -> torch.Tensor:
+        return torch.cat([torch.nn.utils.parameters_to_vector(
+            [q for q in part.parameters() if q.requires_grad]).detach() for part in self.parts])
+
+    def load(self, flat: torch.Tensor) -> None:
+        """The server's flat vector into ``net`` (merging the partitions' slices)."""
+        if self.F == 1:
+            torch.nn.utils.vector_to_parameters(
+                flat, [q for q in self.net.parameters() if q.requires_grad])
+            return
+        from .parallel.model_parallel import merge_partitions
+        for part, a, b in zip(self.parts, self.bounds[:-1], self.bounds[1:]):
+            torch.nn.utils.vector_to_parameters(
+                flat[a:b], [q for q in part.parameters() if q.requires_grad])
+        self.net.load_state_dict(merge_partitions(self.net, self.parts))
+
+
 def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation, run_dir,
                   progress, log, cfg, server_optimizer, lr, momentum, ps_shards,
-                  max_staleness, lr_decay) -> FitResult:
+                  max_staleness, lr_decay, partitions=1) -> FitResult:
     """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
     from .parallel.ps import ParameterServer
     spark = df.sparkSession
@@ -303,7 +359,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     run_path.mkdir(parents=True, exist_ok=True)
     write_json(run_path / "config.json", {"strategy": "downpour", "replicas": replicas,
                                           "server_optimizer": server_optimizer, "lr": lr,
-                                          "lr_decay": lr_decay,
+                                          "lr_decay": lr_decay, "partitions": partitions,
                                           "momentum": momentum, "ps_shards": ps_shards or "auto",
                                           "model": model if isinstance(model, str) else
                                           getattr(model, "__name__", repr(model)),
@@ -316,9 +372,12 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     ps_shards = ps_shards or (4 if numel >= 1_000_000 else 1)
     secret = secrets.token_bytes(32)
     host = spark.conf.get("spark.driver.host", "127.0.0.1")
-    ps = ParameterServer(torch.nn.utils.parameters_to_vector(params).detach(), secret, host,
+    layout = _Layout(net, partitions)
+    if partitions > 1:
+        ps_shards = partitions                    # shard p: partition p's slices
+    ps = ParameterServer(layout.flatten(), secret, host, bounds=layout.bounds,
                          shards=ps_shards, optimizer=server_optimizer, lr=lr,
-                         momentum=momentum, mode=cfg.mode, workers=replicas,
+                         momentum=momentum, mode=cfg.mode, workers=replicas * partitions,
                          max_staleness=max_staleness, timeout_s=cfg.timeout_s,
                          lr_decay=lr_decay)
     val = None
@@ -338,7 +397,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
                "samples_per_s": sum(r["samples_per_s"] for r in rows),
                "server_versions": ps.versions}
         if val is not None:
-            torch.nn.utils.vector_to_parameters(ps.parameters().to(dtype), params)
+            layout.load(ps.parameters().to(dtype))
             row.update(allreduce._evaluate(net, val, loss_fn, loss_name == "cross_entropy"))
         return row
 
@@ -367,13 +426,18 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
 
     channel = MessageServer(host, secret, on_message)
     task = downpour.make_task(cfg, model_fn, loss_fn, secret, ps.address, channel.address,
-                              str(run_path))
+                              str(run_path), partitions)
     if log is not None:
         log(f"downpour ({cfg.mode}, n_fetch={cfg.n_fetch}, n_push={cfg.n_push}): {replicas} "
             f"worker(s), parameter server {ps.address[0]}:{ps.address[1]} "
             f"({ps_shards} shard(s), {server_optimizer}), run directory {run_path}")
     try:
-        rows = df.mapInArrow(task, downpour.RESULT_SCHEMA).collect()
+        if partitions == 1:
+            rows = df.mapInArrow(task, downpour.RESULT_SCHEMA).collect()
+        else:              # a barrier stage (process groups); the shuffle after it lets Spark
+            rows = df.mapInArrow(task, downpour.RESULT_SCHEMA, barrier=True) \
+                .repartition(1).collect()       # retry it as a whole
+
         deadline = time.monotonic() + 2.0        # let the last epoch messages arrive
         while time.monotonic() < deadline and \
                 sum(len(v) for v in epochs_done.values()) < replicas * cfg.epochs:
@@ -381,7 +445,8 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     finally:
         channel.close()
         ps.close()
-    reports = sorted((json.loads(r.report) for r in rows), key=lambda r: r["worker"])
+    tasks = sorted((json.loads(r.report) for r in rows), key=lambda r: r.get("task", r["worker"]))
+    reports = [r for r in tasks if r.get("partition", 0) == 0]     # one per replica
     # epochs whose messages were lost (the driver channel is best effort): from the reports
     for e in range(1, cfg.epochs + 1):
         if e not in {h["epoch"] for h in history}:
@@ -391,16 +456,18 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
                 history.append(row)
                 metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")
     metrics.close()
-    torch.nn.utils.vector_to_parameters(ps.parameters().to(dtype), params)
+    layout.load(ps.parameters().to(dtype))
     staleness: Counter = Counter()
-    for r in reports:
+    for r in tasks:
         staleness.update({int(k): v for k, v in r["staleness"].items()})
     info = {"world": replicas, "mode": cfg.mode, "n_fetch": cfg.n_fetch, "n_push": cfg.n_push,
             "server": ps.stats(), "staleness_histogram": dict(sorted(staleness.items())),
-            "rows_per_replica": [r["rows"] for r in reports],
-            "devices": [r["device"] for r in reports], "workers": reports,
-            "total_rows": sum(r["rows"] for r in reports),
-            "train_seconds": max((r["task_seconds"] for r in reports), default=0.0),
+            "rows_per_replica": [sum(t["rows"] for t in tasks if t["worker"] == r["worker"])
+                                 for r in reports],
+            "devices": [r["device"] for r in reports], "workers": tasks,
+            "partitions": partitions,
+            "total_rows": sum(t["rows"] for t in tasks),
+            "train_seconds": max((t["task_seconds"] for t in tasks), default=0.0),
             "wall_seconds": time.perf_counter() - t_start,
             "rejected_messages": channel.rejected}
     history.sort(key=lambda h: h["epoch"])

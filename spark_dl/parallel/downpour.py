@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 from collections import Counter
 from typing import Callable, Iterator
@@ -44,117 +45,300 @@ class DownpourConfig:
     threads: int = 0
     timeout_s: float = 300.0
     progress_every_s: float = 2.0
+    overlap: bool = False              # async: a push travels while the next step computes
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
-              ps_address, channel, run_dir: str | None):
+              ps_address, channel, run_dir: str | None, partitions: int = 1):
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA)`` runs on every task. With
+    ``partitions`` F > 1 the stage is a barrier stage of R x F tasks: task r F + p holds
+    partition p of replica r's model (column partitioning), the F tasks of a replica train
+    together on the union of their micro-batches, and each pushes and fetches only its own
+    slice (parameter-server shard p): Downpour SGD over model-parallel replicas."""
 
     def task(batches: Iterator) -> Iterator:
         import pyarrow as pa
-        from pyspark import TaskContext
+        from pyspark import BarrierTaskContext, TaskContext
 
         from spark_dl.data.bridge import ShardData
-        from spark_dl.parallel.channel import MessageClient
-        from spark_dl.parallel.ps import PSClient
-        from spark_dl.parallel.rendezvous import task_device
 
-        ctx = TaskContext.get()
-        worker = ctx.partitionId()
+        ctx = TaskContext.get() if partitions == 1 else BarrierTaskContext.get()
+        rank = ctx.partitionId()
         t_start = time.perf_counter()
-        shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
-                                     cfg.label_shape, cfg.num_classes,
-                                     where=f"partition {worker}")
-        gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
-        device, note = task_device(cfg.device, gpus, worker)
-        torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
-        if run_dir is not None:
-            _write_worker_info(run_dir, worker, {"pid": os.getpid(), "host": os.uname().nodename,
-                                                 "device": str(device), "attempt":
-                                                 ctx.attemptNumber(), "rows": len(shard)})
-        dtype = _TORCH[cfg.dtype]
-        torch.manual_seed(cfg.seed)
-        model = model_fn().to(device=device, dtype=dtype)
-        params = [p for p in model.parameters() if p.requires_grad]
-        client = PSClient(ps_address, secret, worker, _TORCH[cfg.wire_dtype], cfg.timeout_s)
-        progress = MessageClient(channel, secret)
-        steps = client.hello(len(shard), cfg.batch_size)
-        # parameters and gradients live in two flat vectors (p and p.grad are views): a pull
-        # lands in the model, backward accumulates the pushed sum in place, nothing is copied
-        # when the wire carries the model's dtype on the CPU
-        flat, grad = _flatten(params, client.numel)
-        direct = flat.dtype == client.dtype and flat.device.type == "cpu"
-        wire = flat if direct else torch.empty(client.numel, dtype=client.dtype)
-
-        def landed():                                 # the pulled values into the model
-            if not direct:
-                flat.copy_(wire)
-
-        client.pull(wire)
-        landed()
-        acc_samples = acc_steps = 0
-        staleness: Counter = Counter()
-        history, pushes = [], 0
-        n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
-        for epoch in range(cfg.epochs):
-            it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
-                                    seed=cfg.seed * 1000003 + worker, epoch=epoch))
-            t0 = last = time.perf_counter()
-            loss_sum = samples = 0.0
-            for step in range(steps):
-                batch = next(it, None)
-                if batch is None and cfg.mode != "sync":
-                    break                             # only sync rounds need everyone
-                if batch is not None:
-                    x, y = batch
-                    x = x.to(device=device, dtype=dtype)
-                    y = y.to(device=device)
-                    if y.is_floating_point():
-                        y = y.to(dtype)
-                    loss = loss_fn(model(x), y)
-                    (loss * len(x)).backward()        # grad += the per-sample gradient sum
-                    acc_samples += len(x)
-                    loss_sum += float(loss.detach()) * len(x)
-                    samples += len(x)
-                acc_steps += 1
-                last_step = step == steps - 1 or (cfg.mode != "sync" and
-                                                  samples >= len(shard))
-                fetch = (step + 1) % n_fetch == 0 or cfg.mode == "sync"
-                if acc_steps >= cfg.n_push or last_step:
-                    out = grad if grad.device.type == "cpu" else grad.cpu()
-                    for s in client.push(out, acc_samples, acc_steps,
-                                         pull_into=wire if fetch else None):
-                        staleness[s] += 1
-                    pushes += 1
-                    grad.zero_()
-                    acc_samples = acc_steps = 0
-                    if fetch:
-                        landed()
-                elif fetch:
-                    client.pull(wire)
-                    landed()
-            seconds = time.perf_counter() - t0
-            row = {"epoch": epoch + 1, "worker": worker, "loss": loss_sum / max(samples, 1),
-                   "samples": int(samples), "seconds": seconds,
-                   "samples_per_s": samples / max(seconds, 1e-9)}
-            history.append(row)
-            progress.send({"type": "epoch", **row})
-        client.close()
-        progress.close()
-        report = {"worker": worker, "rows": len(shard), "device": str(device), "note": note,
-                  "history": history, "pushes": pushes,
-                  "staleness": {str(k): v for k, v in sorted(staleness.items())},
-                  "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
-                  "bytes_sent": client.conn.bytes_sent,
-                  "bytes_received": client.conn.bytes_received,
-                  "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber()}
-        yield pa.RecordBatch.from_pydict({"worker": [worker], "report": [json.dumps(report)]},
+        if partitions == 1:
+            shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
+                                         cfg.label_shape, cfg.num_classes,
+                                         where=f"partition {rank}")
+            report = _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
+                           shard, None, t_start)
+        else:
+            report = _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel,
+                                       run_dir, ctx, batches, partitions, t_start)
+        yield pa.RecordBatch.from_pydict({"worker": [rank], "report": [json.dumps(report)]},
                                          schema=pa.schema([("worker", pa.int32()),
                                                            ("report", pa.string())]))
 
     return task
+
+
+def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
+                      batches, F: int, t_start: float) -> dict:
+    """A barrier task of a model-parallel replica: rendezvous, sub-groups, then _work."""
+    import torch.distributed as dist
+
+    from spark_dl import errors
+    from spark_dl.data.bridge import ShardData
+    from spark_dl.parallel.model_parallel import Comm
+    from spark_dl.parallel.rendezvous import process_group
+
+    rank = ctx.partitionId()
+    status: dict = {"error": None}
+    shard = None
+    try:
+        shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
+                                     cfg.label_shape, cfg.num_classes, where=f"partition {rank}")
+        status["rows"] = len(shard)
+    except errors.SparkDLError as e:             # every task stops, with the reason
+        status["error"] = {"type": type(e).__name__, "message": str(e)}
+    with process_group(ctx, "gloo", secret.hex(), status, cfg.timeout_s) as (me, world,
+                                                                            statuses):
+        if me is None:
+            bad = [s["error"] for s in statuses if s.get("error")]
+            raise getattr(errors, bad[0]["type"], errors.SparkDLError)(
+                "; ".join(f"{e['message']}" for e in bad))
+        replicas = world // F
+        groups = [dist.new_group(list(range(r * F, (r + 1) * F))) for r in range(replicas)]
+        r = rank // F
+        comm = Comm(list(range(r * F, (r + 1) * F)), groups[r])
+        # the replica trains on the union of its tasks' shards: as many steps as its largest
+        steps = max(-(-statuses[r * F + q]["rows"] // cfg.batch_size) for q in range(F))
+        return _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard,
+                     (comm, steps), t_start)
+
+
+def _partitioned_model(model_fn: Callable, comm, device, dtype) -> torch.nn.Module:
+    """This task's slice of the model, without materialising the whole model: built on the
+    meta device, cut, then allocated (its values come from the parameter server)."""
+    from spark_dl.parallel.model_parallel import partition_model
+    with torch.device("meta"):
+        full = model_fn().to(dtype)
+    return partition_model(full, comm).to_empty(device=device)
+
+
+def _gather_batch(comm, x: torch.Tensor, y: torch.Tensor | None):
+    """The replica's mini-batch: every task's micro-batch, on every task (uneven sizes)."""
+    n = torch.tensor([len(x)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(comm.size)]
+    comm.all_gather(sizes, n, "batch")
+    sizes = [int(v) for v in sizes]
+    xs = [x.new_empty((k, *x.shape[1:])) for k in sizes]
+    comm.all_gather(xs, x, "batch")
+    ys = None
+    if y is not None:
+        ys = [y.new_empty((k, *y.shape[1:])) for k in sizes]
+        comm.all_gather(ys, y, "batch")
+        ys = torch.cat(ys)
+    return torch.cat(xs), ys
+
+
+def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard, partitioned,
+          t_start: float) -> dict:
+    """One worker's training loop; ``partitioned``: None, or (replica Comm, steps per epoch)."""
+    from spark_dl.parallel.channel import MessageClient
+    from spark_dl.parallel.ps import PSClient
+    from spark_dl.parallel.rendezvous import task_device
+
+    rank = ctx.partitionId()
+    comm, replica_steps = partitioned if partitioned is not None else (None, 0)
+    part = comm.rank if comm is not None else 0
+    worker = rank // comm.size if comm is not None else rank        # the replica
+    gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
+    device, note = task_device(cfg.device, gpus, rank)
+    if comm is not None and device.type != "cpu":
+        device, note = torch.device("cpu"), "cpu: model-parallel tasks run on gloo"
+    torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
+    if run_dir is not None:
+        _write_worker_info(run_dir, rank, {"pid": os.getpid(), "host": os.uname().nodename,
+                                           "device": str(device), "attempt":
+                                           ctx.attemptNumber(), "rows": len(shard),
+                                           "replica": worker, "partition": part})
+    dtype = _TORCH[cfg.dtype]
+    torch.manual_seed(cfg.seed)
+    if comm is None:
+        model = model_fn().to(device=device, dtype=dtype)
+    else:
+        model = _partitioned_model(model_fn, comm, device, dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
+    # progress and epoch reports come from one task per replica
+    progress = MessageClient(channel if part == 0 else None, secret)
+    if comm is None:
+        steps = client.hello(len(shard), cfg.batch_size)
+        shards = None
+    else:             # the server counts an epoch's steps once per replica (lr_decay)
+        client.hello(replica_steps * cfg.batch_size if part == 0 else 0, cfg.batch_size)
+        steps, shards = replica_steps, [part]
+    numel = sum(p.numel() for p in params)
+    expected = client.numel if shards is None else \
+        client.bounds[part + 1] - client.bounds[part]
+    # parameters and gradients live in two flat vectors (p and p.grad are views): a pull
+    # lands in the model, backward accumulates the pushed sum in place, nothing is copied
+    # when the wire carries the model's dtype on the CPU
+    flat, grad = _flatten(params, expected)
+    direct = flat.dtype == client.dtype and flat.device.type == "cpu"
+    wire = flat if direct else torch.empty(numel, dtype=client.dtype)
+
+    def landed():                                 # the pulled values into the model
+        if not direct:
+            flat.copy_(wire)
+
+    client.pull(wire, shards)
+    landed()
+    exchange = _Exchange(client, numel, client.dtype, shards) if cfg.overlap else None
+    held = list(client.versions)                  # versions of the parameters in the model
+    acc_samples = acc_steps = 0
+    staleness: Counter = Counter()
+    history, pushes = [], 0
+    n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
+    rows_total = len(shard) if comm is None else None
+    for epoch in range(cfg.epochs):
+        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+                                seed=cfg.seed * 1000003 + rank, epoch=epoch))
+        t0 = last = time.perf_counter()
+        loss_sum = samples = 0.0
+        for step in range(steps):
+            batch = next(it, None)
+            if comm is not None:                  # every task of the replica, every step
+                if batch is None:
+                    batch = (torch.from_numpy(shard.features[:0]),
+                             None if shard.labels is None else torch.from_numpy(
+                                 shard.labels[:0]))
+                batch = _gather_batch(comm, *batch)
+                if len(batch[0]) == 0:
+                    batch = None
+            elif batch is None and cfg.mode != "sync":
+                break                             # only sync rounds need everyone
+            if batch is not None:
+                x, y = batch
+                x = x.to(device=device, dtype=dtype)
+                y = y.to(device=device)
+                if y.is_floating_point():
+                    y = y.to(dtype)
+                loss = loss_fn(model(x), y)
+                (loss * len(x)).backward()        # grad += the per-sample gradient sum
+                acc_samples += len(x)
+                loss_sum += float(loss.detach()) * len(x)
+                samples += len(x)
+            acc_steps += 1
+            last_step = step == steps - 1 or (rows_total is not None and cfg.mode != "sync"
+                                              and samples >= rows_total)
+            fetch = (step + 1) % n_fetch == 0 or cfg.mode == "sync"
+            if exchange is not None and (acc_steps >= cfg.n_push or last_step):
+                for s in exchange.wait():         # the previous push's reply: the
+                    staleness[s] += 1             # parameters after it, into the model
+                computed_on = held
+                if exchange.pushed:
+                    wire.copy_(exchange.recv)
+                    landed()
+                    held = list(client.versions)
+                exchange.start(grad, acc_samples, acc_steps, computed_on)
+                pushes += 1
+                grad.zero_()
+                acc_samples = acc_steps = 0
+            elif acc_steps >= cfg.n_push or last_step:
+                out = grad if grad.device.type == "cpu" else grad.cpu()
+                for s in client.push(out, acc_samples, acc_steps,
+                                     pull_into=wire if fetch else None, shards=shards):
+                    staleness[s] += 1
+                pushes += 1
+                grad.zero_()
+                acc_samples = acc_steps = 0
+                if fetch:
+                    landed()
+            elif fetch:
+                client.pull(wire, shards)
+                landed()
+            now = time.perf_counter()
+            if now - last >= cfg.progress_every_s:
+                last = now
+                progress.send({"type": "step", "worker": worker, "epoch": epoch + 1,
+                               "epochs": cfg.epochs, "step": step + 1, "steps": steps,
+                               "loss": loss_sum / max(samples, 1),
+                               "samples_per_s": samples / (now - t0)})
+        seconds = time.perf_counter() - t0
+        row = {"epoch": epoch + 1, "worker": worker, "loss": loss_sum / max(samples, 1),
+               "samples": int(samples), "seconds": seconds,
+               "samples_per_s": samples / max(seconds, 1e-9)}
+        history.append(row)
+        progress.send({"type": "epoch", **row})
+    if exchange is not None:
+        for s in exchange.close():
+            staleness[s] += 1
+    client.close()
+    progress.close()
+    report = {"worker": worker, "task": rank, "partition": part, "rows": len(shard),
+              "device": str(device), "note": note, "history": history, "pushes": pushes,
+              "staleness": {str(k): v for k, v in sorted(staleness.items())},
+              "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
+              "bytes_sent": client.conn.bytes_sent,
+              "bytes_received": client.conn.bytes_received,
+              "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber()}
+    if comm is not None:
+        report["model_parallel"] = {"partitions": comm.size, "parameter_bytes": numel *
+                                    flat.element_size(), "communication": comm.counts()}
+    return report
+
+
+class _Exchange:
+    """One push-and-pull at a time in a thread of its own, so that it travels (and the server
+    applies it) while the worker computes its next step on the parameters it holds."""
+
+    def __init__(self, client, numel: int, dtype: torch.dtype, shards=None):
+        self.client, self.shards = client, shards
+        self.send, self.recv = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
+        self.job, self.result, self.error, self.pushed = None, [], None, False
+        self.go, self.done = threading.Event(), threading.Event()
+        self.done.set()
+        self.thread = threading.Thread(target=self._run, name="spark_dl-push", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.go.wait()
+            self.go.clear()
+            if self.job is None:
+                return
+            try:
+                samples, steps, versions = self.job
+                self.result = self.client.push(self.send, samples, steps, pull_into=self.recv,
+                                               shards=self.shards, versions=versions)
+            except BaseException as e:                # raised again in the worker
+                self.error = e
+            self.done.set()
+
+    def start(self, grad: torch.Tensor, samples: int, steps: int, versions: list[int]) -> None:
+        self.send.copy_(grad)
+        self.job, self.pushed = (samples, steps, versions), True
+        self.done.clear()
+        self.go.set()
+
+    def wait(self) -> list[int]:
+        """The staleness of the push in flight (none: []), once its reply is in ``recv``."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        result, self.result = self.result, []
+        return result
+
+    def close(self) -> list[int]:
+        result = self.wait()
+        self.job = None
+        self.go.set()
+        self.thread.join()
+        return result
 
 
 def _flatten(params: list, numel: int) -> tuple[torch.Tensor, torch.Tensor]:

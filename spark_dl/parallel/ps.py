@@ -499,12 +499,14 @@ class PSClient:
         return count
 
     def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
-             pull_into: torch.Tensor | None = None, shards: list[int] | None = None
-             ) -> list[int]:
+             pull_into: torch.Tensor | None = None, shards: list[int] | None = None,
+             versions: list[int] | None = None) -> list[int]:
         """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all) of
         the shards (default: all; ``grad_sum`` holds them one after the other); returns the
         staleness per shard. With ``pull_into`` (as ``grad_sum``, of the wire dtype) every
-        shard's reply carries its values after the push: one round trip, not two."""
+        shard's reply carries its values after the push: one round trip, not two.
+        ``versions``: the shard versions the gradient was computed on (default: the last
+        ones pulled), for the staleness count."""
         if pull_into is not None and pull_into.dtype != self.dtype:
             raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
         t0 = time.perf_counter()
@@ -514,8 +516,8 @@ class PSClient:
         for i, size, off in rows:
             g = grad_sum[off:off + size]
             self.conn.send(op, g if g.dtype == self.dtype else g.to(self.dtype),
-                           worker=self.worker, shard=i, version=self.versions[i],
-                           count=samples, steps=steps)
+                           worker=self.worker, shard=i,
+                           version=(versions or self.versions)[i], count=samples, steps=steps)
             if pull_into is not None:    # large replies: one shard at a time, so that the
                 stale.append(self._read_values(i, pull_into[off:off + size]))  # peers never
         if pull_into is None:            # both block writing; small replies: all pushes

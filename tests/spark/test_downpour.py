@@ -25,6 +25,54 @@ def test_one_worker_fetch_push_every_step_is_single_process_sgd(spark, tmp_path)
     assert res.info["server"]["pulls"] == 1 + 18
 
 
+def test_overlapped_push_is_sgd_delayed_by_one_step(spark, tmp_path):
+    # with the push of step t in flight, step t+1 computes on the parameters before it:
+    # w[t+1] = w[t] - lr * g(w[t-1], batch t), w[-1] = w[0]
+    x, y = data(48, seed=11)
+    res = fit(frame(spark, x, y, [48]), small_fc, strategy="downpour", overlap=True,
+              batch_size=8, epochs=2, lr=0.5, shuffle=False, dtype="float64",
+              wire_dtype="float64", run_dir=tmp_path / "run", log=None)
+    torch.manual_seed(0)
+    model = small_fc().double()
+    xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
+    previous = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        for s in range(6):
+            current = [p.detach().clone() for p in model.parameters()]
+            with torch.no_grad():
+                for p, old in zip(model.parameters(), previous):
+                    p.copy_(old)
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(xt[s * 8:(s + 1) * 8]),
+                                              yt[s * 8:(s + 1) * 8]).backward()
+            with torch.no_grad():
+                for p, cur in zip(model.parameters(), current):
+                    p.copy_(cur - 0.5 * p.grad)
+            previous = current
+    assert_same_weights(res.model, model)
+    # every push but the first was computed on the parameters before the previous push
+    assert res.info["staleness_histogram"] == {0: 1, 1: 11}
+
+
+def test_model_parallel_replica_is_single_process_sgd_on_the_union_of_its_batches(spark,
+                                                                                   tmp_path):
+    # one replica split over 2 tasks by columns; step s trains on both tasks' batch s
+    x, y = data(40, seed=12)
+    res = fit(frame(spark, x, y, [24, 16]), small_fc, strategy="downpour", partitions=2,
+              replicas=1, batch_size=8, epochs=2, lr=0.5, lr_decay=0.5, momentum=0.9,
+              shuffle=False, dtype="float64", wire_dtype="float64", run_dir=tmp_path / "run",
+              log=None)
+    assert_same_weights(res.model, reference_epochs(x, y, [24, 16], 8, 2, 0.5, 0.9, 0.5))
+    assert res.info["server"]["shards"] == 2 and res.info["server"]["versions"] == [6, 6]
+    tasks = res.info["workers"]
+    assert [t["partition"] for t in tasks] == [0, 1]
+    total = sum(p.numel() for p in res.model.parameters()) * 8
+    for t in tasks:                       # each task held about half of the parameters
+        assert t["model_parallel"]["parameter_bytes"] <= total / 2 + 8 * 64
+        assert t["model_parallel"]["communication"]["total_messages"] > 0
+    assert [h["epoch"] for h in res.history] == [1, 2]
+
+
 @pytest.mark.parametrize("splits", [[48, 48], [70, 30]])
 def test_sync_mode_follows_the_allreduce_trajectory(spark, tmp_path, splits):
     x, y = data(sum(splits), seed=8)
@@ -79,5 +127,7 @@ def test_downpour_argument_errors(spark):
         fit(df, small_fc, strategy="downpour", n_fetch=0)
     with pytest.raises(ConfigError, match="optimizer 'cg' has no parameter-server form"):
         fit(df, small_fc, strategy="downpour", optimizer="cg")
+    with pytest.raises(ConfigError, match="overlap=True needs mode='async'"):
+        fit(df, small_fc, strategy="downpour", mode="sync", overlap=True)
     with pytest.raises(ConfigError, match="wire_dtype must be"):
         fit(df, small_fc, strategy="downpour", wire_dtype="int8")

@@ -1,11 +1,11 @@
 """Model parallelism by column partitioning (the thesis's distributed backpropagation)."""
 
 from .comm import Comm, split_sizes
-from .layers import (ColumnConv2d, ColumnLinear, ColumnLSTM, gather_state, parameter_bytes,
+from .layers import (ColumnConv2d, ColumnLinear, ColumnLSTM, merge_partitions, parameter_bytes,
                      partition_model)
 from .mappings import copy_to_partitions, gather_from_partitions
 from .thesis import ThesisFC
 
 __all__ = ["Comm", "split_sizes", "ColumnLinear", "ColumnConv2d", "ColumnLSTM",
-           "partition_model", "gather_state", "parameter_bytes", "copy_to_partitions",
+           "partition_model", "merge_partitions", "parameter_bytes", "copy_to_partitions",
            "gather_from_partitions", "ThesisFC"]

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from .comm import Comm, split_sizes
 from .mappings import copy_to_partitions, gather_from_partitions
 
-__all__ = ["ColumnLinear", "ColumnConv2d", "ColumnLSTM", "partition_model", "gather_state",
+__all__ = ["ColumnLinear", "ColumnConv2d", "ColumnLSTM", "partition_model", "merge_partitions",
            "parameter_bytes"]
 
 
@@ -34,20 +34,22 @@ class ColumnLinear(nn.Module):
     """y = x W + b with W's columns (output units) split over the group; x (B, in) replicated,
     y (B, out) gathered on every rank."""
 
-    def __init__(self, in_features: int, out_features: int, comm: Comm, bias: bool = True):
+    def __init__(self, in_features: int, out_features: int, comm: Comm, bias: bool = True,
+                 device=None, dtype=None):
         super().__init__()
         self.comm, self.in_features, self.out_features = comm, in_features, out_features
         self.sizes = split_sizes(out_features, comm.size)
         n = self.sizes[comm.rank]
-        self.weight = nn.Parameter(torch.empty(n, in_features))       # (out/F, in)
-        self.bias = nn.Parameter(torch.zeros(n)) if bias else None
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(n, in_features, **kw))      # (out/F, in)
+        self.bias = nn.Parameter(torch.zeros(n, **kw)) if bias else None
 
     @classmethod
     def from_linear(cls, layer: nn.Linear, comm: Comm) -> "ColumnLinear":
-        m = cls(layer.in_features, layer.out_features, comm, layer.bias is not None)
+        m = cls(layer.in_features, layer.out_features, comm, layer.bias is not None,
+                layer.weight.device, layer.weight.dtype)
         cols = _slice(m.sizes, comm.rank)
         with torch.no_grad():
-            m.to(layer.weight.dtype)
             m.weight.copy_(layer.weight[cols])
             if m.bias is not None:
                 m.bias.copy_(layer.bias[cols])
@@ -94,14 +96,16 @@ class ColumnLSTM(nn.Module):
         self.comm, self.hidden, self.layers = comm, lstm.hidden_size, lstm.num_layers
         self.sizes = split_sizes(lstm.hidden_size, comm.size)
         H, cols = lstm.hidden_size, _slice(self.sizes, comm.rank)
-        rows = torch.cat([torch.arange(H)[cols] + g * H for g in range(4)])   # i, f, g, o
+
+        def rows(w):                           # my units' rows of the i, f, g and o gates
+            return torch.cat([w[g * H + cols.start:g * H + cols.stop] for g in range(4)])
         self.w_ih, self.w_hh, self.b = nn.ParameterList(), nn.ParameterList(), \
             nn.ParameterList()
         for k in range(lstm.num_layers):
-            w_ih = getattr(lstm, f"weight_ih_l{k}").detach()[rows]        # (4H/F, in)
-            w_hh = getattr(lstm, f"weight_hh_l{k}").detach()[rows]        # (4H/F, H)
-            b = (getattr(lstm, f"bias_ih_l{k}") + getattr(lstm, f"bias_hh_l{k}")).detach()[rows] \
-                if lstm.bias else torch.zeros(len(rows), dtype=w_ih.dtype)
+            w_ih = rows(getattr(lstm, f"weight_ih_l{k}").detach())       # (4H/F, in)
+            w_hh = rows(getattr(lstm, f"weight_hh_l{k}").detach())       # (4H/F, H)
+            b = rows((getattr(lstm, f"bias_ih_l{k}") + getattr(lstm, f"bias_hh_l{k}")).detach()) \
+                if lstm.bias else w_ih.new_zeros(len(w_ih))
             self.w_ih.append(nn.Parameter(w_ih.clone()))
             self.w_hh.append(nn.Parameter(w_hh.clone()))
             self.b.append(nn.Parameter(b.clone()))
@@ -155,30 +159,29 @@ def partition_model(model: nn.Module, comm: Comm) -> nn.Module:
     return model
 
 
-def gather_state(model: nn.Module, original: nn.Module, comm: Comm) -> dict:
-    """The unpartitioned state dict of ``original``'s layout, assembled from every rank's
-    slices (collective). Replicated parameters are taken from this rank."""
+def merge_partitions(original: nn.Module, parts: list[nn.Module]) -> dict:
+    """The state dict of ``original`` assembled from the F partitioned copies ``parts``
+    (``parts[p]`` holding partition p's slices, e.g. cut with Comm.layout(p, F)). No
+    communication: the driver uses it on the parameter server's values."""
     out = {}
-    parts = dict(model.named_modules())
+    modules = [dict(p.named_modules()) for p in parts]
     for name, module in original.named_modules():
-        p = parts.get(name)
-        if isinstance(p, (ColumnLinear, ColumnConv2d)):
-            out[f"{name}.weight"] = gather_from_partitions(p.weight.detach(), comm, p.sizes, 0)
-            if p.bias is not None:
-                out[f"{name}.bias"] = gather_from_partitions(p.bias.detach(), comm, p.sizes, 0)
-        elif isinstance(p, ColumnLSTM):
-            H = p.hidden
-            for k in range(p.layers):
-                for key, w in (("weight_ih", p.w_ih[k]), ("weight_hh", p.w_hh[k]),
-                               ("bias_ih", p.b[k])):
-                    n = p.sizes[comm.rank]
-                    gates = w.detach().split(n, 0)                 # i, f, g, o of my units
-                    full = torch.cat([gather_from_partitions(g.contiguous(), comm, p.sizes, 0)
-                                      for g in gates], 0)         # (4H, ...)
-                    out[f"{name}.{key}_l{k}"] = full
-                out[f"{name}.bias_hh_l{k}"] = torch.zeros(4 * H, dtype=p.b[k].dtype)
+        pieces = [m.get(name) for m in modules]
+        if isinstance(pieces[0], (ColumnLinear, ColumnConv2d)):
+            out[f"{name}.weight"] = torch.cat([q.weight.detach() for q in pieces])
+            if pieces[0].bias is not None:
+                out[f"{name}.bias"] = torch.cat([q.bias.detach() for q in pieces])
+        elif isinstance(pieces[0], ColumnLSTM):
+            for k in range(pieces[0].layers):
+                for key, attr in (("weight_ih", "w_ih"), ("weight_hh", "w_hh"),
+                                  ("bias_ih", "b")):
+                    gates = [getattr(q, attr)[k].detach().split(q.sizes[q.comm.rank])
+                             for q in pieces]                  # per part: i, f, g, o
+                    out[f"{name}.{key}_l{k}"] = torch.cat(
+                        [gates[p][g] for g in range(4) for p in range(len(parts))])
+                out[f"{name}.bias_hh_l{k}"] = torch.zeros_like(out[f"{name}.bias_ih_l{k}"])
     for key, value in original.state_dict().items():
-        out.setdefault(key, dict(model.state_dict()).get(key, value))
+        out.setdefault(key, value)
     return out
 
 
