@@ -2,7 +2,8 @@
 # Quality runs of the model zoo (issue: models on real data), single process, written to
 # benchmarks/results/quality/ (or $OUT when set). Groups: mnist | text | sr | all, and
 # allreduce (the thesis CNN single-process vs the all-reduce engine, same global batch),
-# downpour (the thesis CNN with asynchronous Downpour SGD on local[*] and local-cluster).
+# downpour (the thesis CNN with asynchronous Downpour SGD on local[*] and local-cluster),
+# hybrid (the widened FC net: one process vs 2 replicas x 2 column partitions).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,4 +61,20 @@ if [ "$group" = downpour ]; then
       run_named cnn-sgd-downpour-local-cluster --properties-file conf/spark/local-cluster.conf \
       jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.strategy=downpour \
       --set train.momentum=0.8
+fi
+if [ "$group" = hybrid ]; then
+  # The widened FC net in one process (2 threads), then Downpour over 2 replicas, each split
+  # by columns over 2 tasks (micro-batches of 16: a replica's step is 32 samples, as the
+  # single run's), on local[4] and on local-cluster (2 executors x 2 cores).
+  run_named fc-wide-single jobs/train_mnist.py --config conf/jobs/fc_hybrid.toml \
+      --set run.threads=2
+  BIN="$(cd "$(dirname "$PY")" && pwd)"
+  HYBRID=(jobs/train_mnist.py --config conf/jobs/fc_hybrid.toml --set train.strategy=downpour
+          --set train.partitions=2 --set train.replicas=2 --set train.batch_size=16
+          --set train.momentum=0.8)
+  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+      run_named fc-wide-hybrid-local4 --master "local[4]" "${HYBRID[@]}"
+  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+      run_named fc-wide-hybrid-local-cluster --properties-file conf/spark/local-cluster.conf \
+      --master "local-cluster[2,2,1024]" "${HYBRID[@]}"
 fi

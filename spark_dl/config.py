@@ -61,8 +61,16 @@ class TrainConfig:
     n_fetch: int = 1                # downpour: fetch parameters every n_fetch steps
     n_push: int = 1                 # downpour: push accumulated gradients every n_push steps
     mode: str = "async"             # downpour: "async", "sync" or "sequential"
+    overlap: bool = False           # downpour async: pushes travel while the next step computes
+    partitions: int = 1             # downpour: split every replica's model over this many tasks
+    fc_hidden: tuple = (480, 160)   # the FC net's hidden widths (the thesis: 480, 160)
 
     def __post_init__(self):
+        object.__setattr__(self, "fc_hidden", tuple(self.fc_hidden))
+        _check(len(self.fc_hidden) >= 1 and all(isinstance(w, int) and w >= 1
+                                                 for w in self.fc_hidden),
+               "train.fc_hidden", list(self.fc_hidden), "must list positive widths")
+        _check(self.partitions >= 1, "train.partitions", self.partitions, "must be >= 1")
         _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
         _check(self.strategy in ("single", "allreduce", "downpour"), "train.strategy",
                self.strategy, "must be 'single', 'allreduce' or 'downpour'")

@@ -14,7 +14,7 @@ import torch
 
 from ..config import DataConfig, TrainConfig, _check
 from ..data import ShardData, distort_range, mnist_split
-from ..models import build_model
+from ..models import FCNet, build_model
 from ..train import evaluate, fit, make_optimizer, seed_everything
 from .common import RunConfig, pick_device
 
@@ -62,7 +62,7 @@ def train_mnist(cfg: MnistJobConfig, log=print, spark=None) -> dict:
     log(f"training set: {len(shard)} digits ({d.extended_samples} distorted, generated in "
         f"{gen_s:.1f} s); test set: the last {d.n_test} digits; device {device}")
 
-    model = build_model(t.model).to(device)
+    model = _model_fn(t)().to(device)
     opt = make_optimizer(t.optimizer, model.parameters(), t.lr, t.momentum,
                          max_iter=cfg.max_iter)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
@@ -82,6 +82,14 @@ def train_mnist(cfg: MnistJobConfig, log=print, spark=None) -> dict:
             "best_test_accuracy": max(h["val_accuracy"] for h in history), "history": history}
 
 
+def _model_fn(t):
+    """The job's model factory: the thesis CNN, or the FC net with ``fc_hidden`` widths."""
+    if t.model == "fc":
+        sizes = (784, *t.fc_hidden, 10)
+        return lambda: FCNet(sizes)
+    return lambda: build_model(t.model)
+
+
 def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
     """The same training set, generated in the executors, trained with a distributed engine
     (``train.strategy``: "allreduce" or "downpour")."""
@@ -96,8 +104,9 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
     (src_x, src_y), (test_x, test_y) = mnist_split(d.images, d.labels, d.n_train_source,
                                                    d.n_test)
     slots = spark.sparkContext.defaultParallelism
-    replicas = t.replicas or slots
-    df = extended_mnist(spark, src_x, src_y, d.extended_samples, replicas, seed=d.seed)
+    replicas = t.replicas or max(slots // t.partitions, 1)
+    df = extended_mnist(spark, src_x, src_y, d.extended_samples, replicas * t.partitions,
+                        seed=d.seed)
     if cfg.include_originals:
         originals = spark.sparkContext.broadcast((src_x, src_y))
 
@@ -107,8 +116,9 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
                 yield arrays_to_arrow(x.reshape(len(x), -1).astype(np.float32) / 255, y)
         df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, MNIST_SCHEMA))
     extra = {} if t.strategy == "allreduce" else \
-        dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode)
-    res = fit(df, t.model, strategy=t.strategy, shape=(1, 28, 28), num_classes=10,
+        dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode, overlap=t.overlap,
+             partitions=t.partitions)
+    res = fit(df, _model_fn(t), strategy=t.strategy, shape=(1, 28, 28), num_classes=10,
               optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, momentum=t.momentum,
               max_iter=cfg.max_iter, **extra,
               epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
