@@ -9,6 +9,8 @@ of --repeats runs:
   allreduce           spark_dl.fit(strategy="allreduce")
   downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.8 (two
                       asynchronous replicas add momentum of their own: at 0.9 it diverges)
+  downpour-1-1-ovl    as downpour-1-1 with overlap=True: the push of step t travels while step
+                      t+1 computes (one more step of staleness, no waiting)
   downpour-4-4        async, n_fetch = n_push = 4, lr / 4
   downpour-sync       the synchronous parameter server
   elephas-epoch       Elephas 7.3, asynchronous mode, frequency "epoch" (its default)
@@ -150,6 +152,8 @@ def main(argv=None):
         "plain-1t": lambda: (plain(R, E), {}),
         "allreduce": lambda: engine(spark, R, E, runs),
         "downpour-1-1": lambda: engine(spark, R, E, runs, momentum=0.8, strategy="downpour"),
+        "downpour-1-1-ovl": lambda: engine(spark, R, E, runs, momentum=0.8, overlap=True,
+                                           strategy="downpour"),
         # a push of 4 accumulated steps is 4 steps' worth of gradient: lr / 4 keeps the step
         # size of one 64-sample batch (at lr 0.05 it diverges)
         "downpour-4-4": lambda: engine(spark, R, E, runs, strategy="downpour", n_fetch=4,

@@ -94,7 +94,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
         ps_shards: int | None = None, wire_dtype: str = "float32",
         max_staleness: int | None = None, overlap: bool = False,
-        partitions: int = 1) -> FitResult:
+        partitions: int | str = 1) -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
 
     strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
@@ -112,7 +112,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       no waiting for the round trip), partitions (F > 1: every replica's model is split by
       columns over F tasks, which train it together on the union of their micro-batches
       and each push and fetch their own slice: Downpour over model-parallel replicas, in a
-      barrier stage of replicas x F tasks; modes async and sequential).
+      barrier stage of replicas x F tasks; modes async and sequential; "auto": the cost
+      model's planner picks F and R for an FC net, with the link measured by a probe job and
+      the memory of a task from spark.executor.pyspark.memory).
     lr_decay: the learning rate is multiplied by it after every epoch.
     batch_size: per replica and micro-batch; ``accumulate`` micro-batches make one step, so the
       global batch is replicas x accumulate x batch_size.
@@ -168,9 +170,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         if wire_dtype not in ("float32", "bfloat16", "float64"):
             raise ConfigError(f"wire_dtype must be 'float32', 'bfloat16' or 'float64', got "
                               f"{wire_dtype!r}")
-        if not isinstance(partitions, int) or partitions < 1:
-            raise ConfigError(f"partitions must be an integer >= 1, got {partitions!r}")
-        if partitions > 1 and (mode == "sync" or max_staleness is not None):
+        if partitions != "auto" and (not isinstance(partitions, int) or partitions < 1):
+            raise ConfigError(f"partitions must be an integer >= 1 or 'auto', got "
+                              f"{partitions!r}")
+        if partitions != 1 and (mode == "sync" or max_staleness is not None):
             raise ConfigError("partitions > 1 runs modes 'async' and 'sequential' without "
                               "max_staleness (each partition is its own parameter-server "
                               "shard, pushed by the replicas' tasks of that partition)")
@@ -207,6 +210,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     parts = df.rdd.getNumPartitions()
     if strategy != "downpour" and partitions != 1:
         raise ConfigError("partitions > 1 (model parallelism) runs with strategy='downpour'")
+    if partitions == "auto":
+        partitions, planned = _plan_partitions(spark, model_fn, batch_size, slots, dtype, log)
+        replicas = replicas or planned
     if replicas is None:
         replicas = max(min(parts, slots) // partitions, 1)
     if not isinstance(replicas, int) or replicas < 1:
@@ -315,6 +321,49 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     plot_history(run_path / "loss.png", history, f"{strategy}, {replicas} replica(s)")
     torch.save(net.state_dict(), run_path / "model.pt")
     return FitResult(net, history, info, run_path)
+
+
+def _raise_task_error(e: Exception) -> None:
+    """A spark_dl error raised in a task reaches the driver inside Spark's exception text:
+    raise it again as itself (with its message), so that callers can catch ConfigError,
+    DataError or ResourceError. Returns when there is none."""
+    import re
+    m = re.search(r"spark_dl\.errors\.(ConfigError|DataError|ResourceError): ([^\n]*)", str(e))
+    if m:
+        cls = {"ConfigError": ConfigError, "DataError": DataError,
+               "ResourceError": ResourceError}[m.group(1)]
+        raise cls(m.group(2)) from e
+
+
+def _plan_partitions(spark, model_fn, batch_size, slots, dtype, log) -> tuple[int, int]:
+    """partitions="auto": F and R from cost_model.plan, with the link probed on the cluster."""
+    from .parallel import cost_model
+    with torch.device("meta"):
+        sizes = cost_model.fc_sizes(model_fn())
+    if sizes is None:
+        raise ConfigError("partitions='auto' plans FC nets (a chain of Linear layers); give "
+                          "partitions=F for this model")
+    link = cost_model.probe_cluster(spark) if slots >= 2 else cost_model.Link(0.0, 0.0)
+    memory = _task_memory(spark)
+    plan = cost_model.plan(sizes, batch_size, cost_model.Cluster(slots, memory, link),
+                           itemsize=8 if dtype == "float64" else 4)
+    if log is not None:
+        log(f"partitions='auto': {plan.explanation} (link: {link.t_lat * 1e6:.0f} us per "
+            f"message, {link.t_data * 1e9:.2f} ns per byte)")
+    return plan.partitions, plan.replicas
+
+
+def _task_memory(spark) -> int:
+    """Bytes a task's Python worker may use: spark.executor.pyspark.memory over the executor's
+    cores (unset: no limit)."""
+    value = spark.conf.get("spark.executor.pyspark.memory", None)
+    if not value:
+        return 1 << 62
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    v = value.strip().lower().rstrip("b")
+    size = int(float(v[:-1]) * units[v[-1]]) if v[-1] in units else int(v) << 20
+    cores = int(spark.conf.get("spark.executor.cores", "1") or 1)
+    return size // max(cores, 1)
 
 
 class _Layout:
@@ -432,11 +481,15 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
             f"worker(s), parameter server {ps.address[0]}:{ps.address[1]} "
             f"({ps_shards} shard(s), {server_optimizer}), run directory {run_path}")
     try:
-        if partitions == 1:
-            rows = df.mapInArrow(task, downpour.RESULT_SCHEMA).collect()
-        else:              # a barrier stage (process groups); the shuffle after it lets Spark
-            rows = df.mapInArrow(task, downpour.RESULT_SCHEMA, barrier=True) \
-                .repartition(1).collect()       # retry it as a whole
+        try:
+            if partitions == 1:
+                rows = df.mapInArrow(task, downpour.RESULT_SCHEMA).collect()
+            else:          # a barrier stage (process groups); the shuffle after it lets Spark
+                rows = df.mapInArrow(task, downpour.RESULT_SCHEMA, barrier=True) \
+                    .repartition(1).collect()   # retry it as a whole
+        except Exception as e:
+            _raise_task_error(e)
+            raise
 
         deadline = time.monotonic() + 2.0        # let the last epoch messages arrive
         while time.monotonic() < deadline and \

@@ -174,3 +174,38 @@ def plan(sizes: list[int], batch: int, cluster: Cluster, optimizer_slots: int = 
            f"{row['comm_s'] * 1e3:.2f} ms, {row['samples_per_s']:.0f} samples/s over {R} "
            f"replica(s)")
     return Plan(F, R, step, rows, why)
+
+
+def probe_cluster(spark, timeout_s: float = 120.0) -> Link:
+    """T_lat and T_data between two tasks of the running cluster: a 2-task barrier stage
+    rendezvous (gloo) and runs ``probe``. A few seconds; needs two free task slots."""
+    import json as _json
+    import secrets as _secrets
+
+    secret = _secrets.token_hex(16)
+
+    def task(_):
+        from pyspark import BarrierTaskContext
+
+        from spark_dl.parallel.model_parallel import Comm
+        from spark_dl.parallel.rendezvous import process_group
+        ctx = BarrierTaskContext.get()
+        with process_group(ctx, "gloo", secret, {"error": None}, timeout_s) as (rank, _, _s):
+            link = probe(Comm())
+        if rank == 0:
+            yield _json.dumps({"t_lat": link.t_lat, "t_data": link.t_data})
+
+    out = spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(task).collect()
+    return Link(**_json.loads(out[0]))
+
+
+def fc_sizes(model) -> list[int] | None:
+    """Layer widths b_0 .. b_{n-1} of a model whose trainable layers are a chain of Linear
+    layers (an FC net), else None."""
+    from torch import nn
+    layers = [m for m in model.modules() if len(list(m.parameters(recurse=False)))]
+    if not layers or not all(isinstance(m, nn.Linear) for m in layers):
+        return None
+    if any(a.out_features != b.in_features for a, b in zip(layers[:-1], layers[1:])):
+        return None
+    return [layers[0].in_features] + [m.out_features for m in layers]

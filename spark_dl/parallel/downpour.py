@@ -119,6 +119,19 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
                      (comm, steps), t_start)
 
 
+def _out_of_memory(comm, slice_bytes: int | None = None):
+    from spark_dl.errors import ResourceError
+    limit = os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB")
+    F = comm.size if comm is not None else 1
+    raise ResourceError(
+        f"the model does not fit this task's Python worker"
+        + (f" (spark.executor.pyspark.memory: {limit} MiB)" if limit else "")
+        + (f": its parameters and gradients take {2 * slice_bytes / 2**20:.0f} MiB here"
+           if slice_bytes else "")
+        + f" with partitions={F}; split it over more tasks (partitions={2 * F}, or 'auto' "
+          f"to let the planner choose) or give the Python workers more memory") from None
+
+
 def _partitioned_model(model_fn: Callable, comm, device, dtype) -> torch.nn.Module:
     """This task's slice of the model, without materialising the whole model: built on the
     meta device, cut, then allocated (its values come from the parameter server)."""
@@ -167,10 +180,13 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                                            "replica": worker, "partition": part})
     dtype = _TORCH[cfg.dtype]
     torch.manual_seed(cfg.seed)
-    if comm is None:
-        model = model_fn().to(device=device, dtype=dtype)
-    else:
-        model = _partitioned_model(model_fn, comm, device, dtype)
+    try:
+        if comm is None:
+            model = model_fn().to(device=device, dtype=dtype)
+        else:
+            model = _partitioned_model(model_fn, comm, device, dtype)
+    except MemoryError:
+        _out_of_memory(comm)
     params = [p for p in model.parameters() if p.requires_grad]
     client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
     # progress and epoch reports come from one task per replica
@@ -187,7 +203,10 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     # parameters and gradients live in two flat vectors (p and p.grad are views): a pull
     # lands in the model, backward accumulates the pushed sum in place, nothing is copied
     # when the wire carries the model's dtype on the CPU
-    flat, grad = _flatten(params, expected)
+    try:
+        flat, grad = _flatten(params, expected)
+    except MemoryError:
+        _out_of_memory(comm, expected * params[0].element_size())
     direct = flat.dtype == client.dtype and flat.device.type == "cpu"
     wire = flat if direct else torch.empty(numel, dtype=client.dtype)
 

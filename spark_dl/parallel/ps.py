@@ -162,7 +162,7 @@ class _Shard:
         self.lock = threading.Condition()
         self.version = 0
         # sync mode: the round being collected
-        self.round_sum = torch.zeros_like(self.param)
+        self.round_sum: torch.Tensor | None = None       # allocated by the first sync push
         self.round_count = 0.0
         self.round_workers: set[int] = set()
 
@@ -410,6 +410,8 @@ class ParameterServer:
                 self.dropped += 1
                 return s.version, staleness, s.param.detach().clone() if pull else None
             self.staleness[0] += 1
+            if s.round_sum is None:
+                s.round_sum = torch.zeros_like(s.param)
             s.round_sum += grad
             s.round_count += samples
             s.round_workers.add(worker)

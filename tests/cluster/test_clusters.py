@@ -212,3 +212,25 @@ def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
     acc_faulty = faulty["history"][-1]["val_accuracy"]
     # async runs differ run to run (measured: 96.15% clean vs 96.90% with the kill)
     assert acc_clean > 0.9 and abs(acc_faulty - acc_clean) <= 0.02
+
+
+MEMORY_JOB = ROOT / "tests" / "cluster" / "memory_job.py"
+
+
+def test_model_larger_than_a_python_worker_trains_split_in_two(venv_bin, tmp_path):
+    """spark.executor.pyspark.memory caps each Python worker's address space. A 161M-parameter
+    FC net (643 MB of float32 parameters, as much again of gradients) does not fit one worker
+    under the cap: the fit fails with a ResourceError naming the limit and the fix; split by
+    columns over the two executors (partitions=2) each task holds half and the fit trains."""
+    out = tmp_path / "out.json"
+    _submit(venv_bin, "--properties-file", ROOT / "conf/spark/local-cluster.conf",
+            "--conf", f"spark.executor.pyspark.memory={MEMORY_CAP}", MEMORY_JOB, out,
+            tmp_path / "runs", "--partitions", "1,2", timeout=600)
+    fits = json.loads(out.read_text())["fits"]
+    assert fits["1"]["error"].startswith("ResourceError: the model does not fit this task's "
+                                         "Python worker"), fits["1"]
+    assert "partitions=2" in fits["1"]["error"]
+    assert fits["2"].get("ok"), fits["2"]
+    full = (784 * 12288 + 12288 + 12288 * 12288 + 12288 + 12288 * 10 + 10) * 4
+    assert all(b <= full / 2 * 1.05 for b in fits["2"]["bytes"]) and len(fits["2"]["bytes"]) == 2
+    assert fits["2"]["history"][0]["samples"] == 64

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from spark_dl import fit
-from spark_dl.errors import ConfigError
+from spark_dl.errors import ConfigError, ResourceError
 
 from .test_allreduce import assert_same_weights, data, frame, reference_epochs, small_fc
 
@@ -129,5 +129,24 @@ def test_downpour_argument_errors(spark):
         fit(df, small_fc, strategy="downpour", optimizer="cg")
     with pytest.raises(ConfigError, match="overlap=True needs mode='async'"):
         fit(df, small_fc, strategy="downpour", mode="sync", overlap=True)
+    with pytest.raises(ConfigError, match="partitions > 1 runs modes 'async' and"):
+        fit(df, small_fc, strategy="downpour", mode="sync", partitions=2)
+    with pytest.raises(ResourceError, match="replicas=2 x partitions=2 = 4 tasks"):
+        fit(df, small_fc, strategy="downpour", replicas=2, partitions=2)
+    with pytest.raises(ConfigError, match="partitions='auto' plans FC nets"):
+        fit(df, "cnn", strategy="downpour", partitions="auto", shape=(1, 28, 28))
+    with pytest.raises(ConfigError, match="partitions > 1 .* runs with strategy='downpour'"):
+        fit(df, small_fc, partitions=2)
     with pytest.raises(ConfigError, match="wire_dtype must be"):
         fit(df, small_fc, strategy="downpour", wire_dtype="int8")
+
+
+def test_auto_partitions_plan_with_a_probed_link(spark, tmp_path):
+    x, y = data(32, seed=13)
+    lines = []
+    res = fit(frame(spark, x, y, [16, 16]), small_fc, strategy="downpour", partitions="auto",
+              batch_size=8, epochs=1, lr=0.1, run_dir=tmp_path / "run", log=lines.append)
+    plan = next(line for line in lines if line.startswith("partitions='auto'"))
+    # no memory limit is set, so the small net is not split: two data-parallel replicas
+    assert "F=1, R=2" in plan and "us per message" in plan
+    assert res.info["partitions"] == 1 and res.info["world"] == 2
