@@ -119,6 +119,12 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
                      (comm, steps), t_start)
 
 
+def _is_out_of_memory(e: BaseException) -> bool:
+    """MemoryError, or torch's allocator failing (it raises RuntimeError)."""
+    return isinstance(e, MemoryError) or "can't allocate memory" in str(e) or \
+        "not enough memory" in str(e)
+
+
 def _out_of_memory(comm, slice_bytes: int | None = None):
     from spark_dl.errors import ResourceError
     limit = os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB")
@@ -132,13 +138,13 @@ def _out_of_memory(comm, slice_bytes: int | None = None):
           f"to let the planner choose) or give the Python workers more memory") from None
 
 
-def _partitioned_model(model_fn: Callable, comm, device, dtype) -> torch.nn.Module:
+def _partitioned_model(model_fn: Callable, comm, dtype) -> torch.nn.Module:
     """This task's slice of the model, without materialising the whole model: built on the
-    meta device, cut, then allocated (its values come from the parameter server)."""
+    meta device and cut; _flatten allocates the slice (its values come from the server)."""
     from spark_dl.parallel.model_parallel import partition_model
     with torch.device("meta"):
         full = model_fn().to(dtype)
-    return partition_model(full, comm).to_empty(device=device)
+    return partition_model(full, comm)
 
 
 def _gather_batch(comm, x: torch.Tensor, y: torch.Tensor | None):
@@ -184,10 +190,11 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         if comm is None:
             model = model_fn().to(device=device, dtype=dtype)
         else:
-            model = _partitioned_model(model_fn, comm, device, dtype)
-    except MemoryError:
+            model = _partitioned_model(model_fn, comm, dtype)
+    except (MemoryError, RuntimeError) as e:
+        if not _is_out_of_memory(e):
+            raise
         _out_of_memory(comm)
-    params = [p for p in model.parameters() if p.requires_grad]
     client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
     # progress and epoch reports come from one task per replica
     progress = MessageClient(channel if part == 0 else None, secret)
@@ -197,16 +204,18 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     else:             # the server counts an epoch's steps once per replica (lr_decay)
         client.hello(replica_steps * cfg.batch_size if part == 0 else 0, cfg.batch_size)
         steps, shards = replica_steps, [part]
-    numel = sum(p.numel() for p in params)
     expected = client.numel if shards is None else \
         client.bounds[part + 1] - client.bounds[part]
     # parameters and gradients live in two flat vectors (p and p.grad are views): a pull
     # lands in the model, backward accumulates the pushed sum in place, nothing is copied
     # when the wire carries the model's dtype on the CPU
     try:
-        flat, grad = _flatten(params, expected)
-    except MemoryError:
-        _out_of_memory(comm, expected * params[0].element_size())
+        flat, grad = _flatten(model, expected, device, dtype)
+    except (MemoryError, RuntimeError) as e:
+        if not _is_out_of_memory(e):
+            raise
+        _out_of_memory(comm, expected * torch.empty((), dtype=dtype).element_size())
+    numel = flat.numel()
     direct = flat.dtype == client.dtype and flat.device.type == "cpu"
     wire = flat if direct else torch.empty(numel, dtype=client.dtype)
 
@@ -360,21 +369,30 @@ class _Exchange:
         return result
 
 
-def _flatten(params: list, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Make every parameter and its gradient a view into one flat vector each."""
-    if sum(p.numel() for p in params) != numel:
-        raise RuntimeError(f"the model has {sum(p.numel() for p in params)} trainable "
+def _flatten(model: torch.nn.Module, numel: int, device, dtype
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Make every trainable parameter and its gradient a view into one flat vector each, in
+    ``model.parameters()`` order. Parameters on the meta device are replaced by views (no
+    other memory is allocated); others are copied in."""
+    entries = [(m, name, p) for m in model.modules() for name, p in m._parameters.items()
+               if p is not None and p.requires_grad]
+    if sum(p.numel() for _, _, p in entries) != numel:
+        raise RuntimeError(f"the model has {sum(p.numel() for _, _, p in entries)} trainable "
                            f"parameters, the parameter server {numel}: model_fn must build "
                            f"the same model in every task")
-    ref = params[0]
-    flat = torch.empty(numel, dtype=ref.dtype, device=ref.device)
+    flat = torch.empty(numel, dtype=dtype, device=device)
     grad = torch.zeros_like(flat)
     off = 0
-    for p in params:
+    for module, name, p in entries:
         n = p.numel()
-        flat[off:off + n].copy_(p.detach().reshape(-1))
-        p.data = flat[off:off + n].view_as(p)
-        p.grad = grad[off:off + n].view_as(p)
+        view = flat[off:off + n].view(p.shape)
+        if p.is_meta:
+            p = torch.nn.Parameter(view)
+            setattr(module, name, p)
+        else:
+            view.copy_(p.detach())
+            p.data = view
+        p.grad = grad[off:off + n].view(p.shape)
         off += n
     return flat, grad
 

@@ -215,6 +215,11 @@ def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
 
 
 MEMORY_JOB = ROOT / "tests" / "cluster" / "memory_job.py"
+# RLIMIT_AS of each Python worker. A worker's address space is about 2 GB before the model
+# (torch, gloo's threads and their malloc arenas); partitions=1 then needs about 1.9 GB more
+# (the model, its flat copy and the gradients), partitions=2 about 0.9 GB (half of each, and
+# one layer's gradient while backward accumulates it).
+MEMORY_CAP = "3400m"
 
 
 def test_model_larger_than_a_python_worker_trains_split_in_two(venv_bin, tmp_path):
