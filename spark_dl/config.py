@@ -62,7 +62,8 @@ class TrainConfig:
     n_push: int = 1                 # downpour: push accumulated gradients every n_push steps
     mode: str = "async"             # downpour: "async", "sync" or "sequential"
     overlap: bool = False           # downpour async: pushes travel while the next step computes
-    partitions: int = 1             # downpour: split every replica's model over this many tasks
+    partitions: int | str = 1       # downpour: split every replica's model over this many
+                                    # tasks; "auto": the cost model's planner chooses
     fc_hidden: tuple = (480, 160)   # the FC net's hidden widths (the thesis: 480, 160)
 
     def __post_init__(self):
@@ -70,7 +71,9 @@ class TrainConfig:
         _check(len(self.fc_hidden) >= 1 and all(isinstance(w, int) and w >= 1
                                                  for w in self.fc_hidden),
                "train.fc_hidden", list(self.fc_hidden), "must list positive widths")
-        _check(self.partitions >= 1, "train.partitions", self.partitions, "must be >= 1")
+        _check(self.partitions == "auto" or (isinstance(self.partitions, int)
+                                              and self.partitions >= 1),
+               "train.partitions", self.partitions, "must be an integer >= 1 or 'auto'")
         _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
         _check(self.strategy in ("single", "allreduce", "downpour"), "train.strategy",
                self.strategy, "must be 'single', 'allreduce' or 'downpour'")

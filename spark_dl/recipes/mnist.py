@@ -104,9 +104,12 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
     (src_x, src_y), (test_x, test_y) = mnist_split(d.images, d.labels, d.n_train_source,
                                                    d.n_test)
     slots = spark.sparkContext.defaultParallelism
-    replicas = t.replicas or max(slots // t.partitions, 1)
-    df = extended_mnist(spark, src_x, src_y, d.extended_samples, replicas * t.partitions,
-                        seed=d.seed)
+    if t.partitions == "auto":            # the planner picks F and R inside fit
+        replicas, shards = t.replicas or None, slots
+    else:
+        replicas = t.replicas or max(slots // t.partitions, 1)
+        shards = replicas * t.partitions
+    df = extended_mnist(spark, src_x, src_y, d.extended_samples, shards, seed=d.seed)
     if cfg.include_originals:
         originals = spark.sparkContext.broadcast((src_x, src_y))
 

@@ -186,7 +186,9 @@ def test_push_of_the_wrong_size_or_nan_is_refused(server):
     c.hello(rows=1, batch_size=1)
     c.bounds = [0, 5]                               # lie about the shard size
     with pytest.raises(PSError, match="expected 80"):
-        c.push(torch.ones(10, dtype=torch.float64), samples=1)
+        c.push(torch.ones(5, dtype=torch.float64), samples=1)
+    with pytest.raises(ValueError, match="the buffer holds 10 values, the shards"):
+        c.push(torch.ones(10, dtype=torch.float64), samples=1)   # caught before sending
     assert ps.versions == [0]
 
 
