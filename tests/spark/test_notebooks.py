@@ -1,0 +1,29 @@
+"""The notebooks in notebooks/ run headless (nbclient, a fresh kernel and SparkSession each),
+on the small configuration they switch to when SPARK_DL_NOTEBOOK_QUICK=1."""
+
+from __future__ import annotations
+
+import sys
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from ..conftest import ROOT
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_headless(path, monkeypatch):
+    monkeypatch.setenv("SPARK_DL_NOTEBOOK_QUICK", "1")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    nb = nbformat.read(path, as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+        f"{path.name} is stored with outputs; clear them before committing"
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if o.output_type == "error"]
+    assert not errors
