@@ -213,6 +213,12 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     if partitions == "auto":
         partitions, planned = _plan_partitions(spark, model_fn, batch_size, slots, dtype, log)
         replicas = replicas or planned
+    barrier = strategy == "allreduce" or partitions > 1
+    if barrier and spark.conf.get("spark.dynamicAllocation.enabled", "false") == "true":
+        raise ConfigError("this fit runs a barrier stage (strategy='allreduce' or partitions > "
+                          "1), which Spark does not run with dynamic allocation: set "
+                          "spark.dynamicAllocation.enabled=false for this application, or "
+                          "use strategy='downpour' with partitions=1")
     if replicas is None:
         replicas = max(min(parts, slots) // partitions, 1)
     if not isinstance(replicas, int) or replicas < 1:
