@@ -193,3 +193,30 @@ def test_split_sizes_and_the_planner():
     assert max(fitting, key=lambda r: r["samples_per_s"])["F"] == p.partitions
     with pytest.raises(ValueError, match="no partitioning"):
         cost_model.plan(wide, 16, cost_model.Cluster(slots=2, memory_bytes=100 << 20, link=link))
+
+
+@pytest.mark.parametrize("F", [1, 2, 3])
+def test_cut_and_merge_give_back_the_model(F):
+    # the driver cuts a model into the partitions' slices (Comm.layout) and merges the
+    # parameter server's slices back: for the FC net, the CNN and the LSTM, exactly
+    from spark_dl.models import FCNet, ThesisCNN
+    from spark_dl.models.rnn import CharRNN
+    from spark_dl.parallel.model_parallel import Comm, merge_partitions, partition_model
+    torch.manual_seed(0)
+    for net in (FCNet([20, 13, 7, 5]), ThesisCNN(widths=(5, 7, 6)),
+                CharRNN(vocab_size=9, hidden=11, layers=2, kind="lstm")):
+        parts = [partition_model(net, Comm.layout(p, F)) for p in range(F)]
+        merged = merge_partitions(net, parts)
+        ref = net.state_dict()
+        assert merged.keys() == ref.keys()
+        for k, v in ref.items():
+            if k.startswith("rnn.bias_"):           # the LSTM's two biases merge into one
+                continue
+            assert torch.equal(merged[k], v), (type(net).__name__, F, k)
+        if isinstance(net, CharRNN):
+            for k in range(2):
+                total = ref[f"rnn.bias_ih_l{k}"] + ref[f"rnn.bias_hh_l{k}"]
+                assert torch.allclose(merged[f"rnn.bias_ih_l{k}"] + merged[f"rnn.bias_hh_l{k}"],
+                                      total)
+        sizes = sum(sum(q.numel() for q in part.parameters()) for part in parts)
+        assert sizes <= sum(q.numel() for q in net.parameters())
