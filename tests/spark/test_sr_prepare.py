@@ -1,0 +1,46 @@
+"""Super-resolution patch pairs made in the executors and written as Parquet (local[2])."""
+
+import json
+import shutil
+
+import numpy as np
+from PIL import Image
+
+from spark_dl.superres.images import load_y
+from spark_dl.superres.prepare import Degradation, make_pairs, prepare_patches
+
+from ..conftest import ROOT
+
+
+def test_prepare_patches_writes_pairs_and_skips_bad_images(spark, tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("t1.png", "t2.png"):
+        shutil.copy(ROOT / "data" / "sr" / "T91" / name, folder / name)
+    (folder / "broken.png").write_bytes(b"\\x89PNG\\r\\n\\x1a\\n not an image")
+    Image.fromarray(np.zeros((10, 10), np.uint8)).save(folder / "tiny.png")
+    rgba = np.zeros((40, 40, 4), np.uint8)
+    rgba[..., 3] = 255
+    Image.fromarray(rgba, "RGBA").save(folder / "rgba.png")
+    out = tmp_path / "patches"
+    res = prepare_patches(spark, str(folder), str(out), size=32, scale=2, stride=16,
+                          degradation=Degradation("gaussian", sigma=20), augment=False)
+    assert res.images == 5
+    assert set(res.skipped) == {f"file:{folder}/broken.png", f"file:{folder}/tiny.png"}
+    assert "corrupt or unreadable image" in res.skipped[f"file:{folder}/broken.png"]
+    assert "smaller than a 32x32 patch" in res.skipped[f"file:{folder}/tiny.png"]
+    # as many pairs as the images give, nothing else in the folder but the finished shards
+    expected = sum(len(make_pairs(load_y(folder / n), 32, 2, 16, Degradation("none"),
+                                  np.random.default_rng(0), augment=False)[0])
+                   for n in ("t1.png", "t2.png", "rgba.png"))
+    df = spark.read.parquet(str(out))
+    assert res.patches == df.count() == expected
+    assert not list(tmp_path.glob("patches.tmp-*"))
+    meta = json.loads((out / "_spark_dl.json").read_text())
+    assert meta["patches"] == expected and meta["degradation"]["sigma"] == 20
+    row = df.where(df.image.endswith("t1.png")).first()
+    hr = np.array(row.hr, np.float32).reshape(32, 32)
+    lr_clean = np.array(row.lr_clean, np.float32).reshape(16, 16)
+    lr = np.array(row.lr, np.float32).reshape(16, 16)
+    assert 0.03 < float((lr - lr_clean).std()) < 0.1          # sigma 20 / 255 = 0.078
+    assert hr.min() >= 0 and hr.max() <= 1 and lr.min() >= 0 and lr.max() <= 1
