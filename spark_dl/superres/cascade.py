@@ -1,0 +1,69 @@
+"""The noise-resilient super-resolution cascade (thesis ch. 5): SSDA denoiser -> reshape ->
+bicubic upscale -> deep CNN (SRCNN), trainable end to end.
+
+``Bicubic`` is the upscaling as a fixed linear layer: Pillow's bicubic resize is separable and
+linear, so resizing the unit vectors gives two matrices A_h (H' x H) and A_w (W' x W) with
+resize(x) = A_h x A_w^T. The layer applies them with matmuls, so gradients flow through it to
+the denoiser, and its output equals Pillow's resize (the tests compare them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..models.srcnn import SRCNN
+from ..models.ssda import SSDA
+from .images import bicubic
+
+__all__ = ["Bicubic", "resize_matrix", "Cascade"]
+
+
+def resize_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in): Pillow's 1-D bicubic resize from n_in to n_out samples, as a matrix."""
+    eye = np.eye(n_in, dtype=np.float32)
+    return np.stack([bicubic(eye[:, i:i + 1], (n_out, 1))[:, 0] for i in range(n_in)], 1)
+
+
+class Bicubic(nn.Module):
+    """(B, C, H, W) -> (B, C, H', W'): Pillow's bicubic resize as a differentiable layer."""
+
+    def __init__(self, in_size: tuple[int, int], out_size: tuple[int, int]):
+        super().__init__()
+        self.in_size, self.out_size = tuple(in_size), tuple(out_size)
+        self.register_buffer("a_h", torch.from_numpy(resize_matrix(in_size[0], out_size[0])))
+        self.register_buffer("a_w", torch.from_numpy(resize_matrix(in_size[1], out_size[1])))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[-2:]) != self.in_size:
+            raise ValueError(f"Bicubic was built for {self.in_size} inputs, got "
+                             f"{tuple(x.shape[-2:])}")
+        a_h, a_w = self.a_h.to(x.dtype), self.a_w.to(x.dtype)
+        return a_h @ x @ a_w.T                                  # (H', H) (H, W) (W, W')
+
+
+class Cascade(nn.Module):
+    """noisy LR patch (B, s_lr * s_lr) or (B, 1, s_lr, s_lr) -> HR patch (B, 1, s_hr, s_hr):
+    the SSDA denoises the flattened LR patch, the bicubic layer upscales it, the CNN restores
+    the detail. The two stages can be trained apart first (``ssda``, ``cnn`` given) and then
+    fine-tuned together."""
+
+    def __init__(self, lr_size: int = 16, scale: int = 2, ssda: SSDA | None = None,
+                 cnn: SRCNN | None = None):
+        super().__init__()
+        self.lr_size, self.hr_size = lr_size, lr_size * scale
+        self.ssda = ssda if ssda is not None else SSDA(lr_size * lr_size)
+        if self.ssda.n_in != lr_size * lr_size:
+            raise ValueError(f"the SSDA takes {self.ssda.n_in} inputs, the LR patch has "
+                             f"{lr_size * lr_size} pixels")
+        self.up = Bicubic((lr_size, lr_size), (self.hr_size, self.hr_size))
+        self.cnn = cnn if cnn is not None else SRCNN()
+
+    def denoise(self, lr: torch.Tensor) -> torch.Tensor:
+        """(B, ...) noisy LR -> (B, 1, s_lr, s_lr) denoised."""
+        return self.ssda(lr.reshape(len(lr), -1)).reshape(len(lr), 1, self.lr_size,
+                                                          self.lr_size)
+
+    def forward(self, lr: torch.Tensor) -> torch.Tensor:
+        return self.cnn(self.up(self.denoise(lr)))

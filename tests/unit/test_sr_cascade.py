@@ -1,0 +1,43 @@
+"""The differentiable bicubic layer against Pillow, and the cascade's shapes and gradients."""
+
+import numpy as np
+import pytest
+import torch
+
+from spark_dl.superres.cascade import Bicubic, Cascade
+from spark_dl.superres.images import bicubic
+
+
+@pytest.mark.parametrize("size, out", [((16, 16), (32, 32)), ((10, 7), (30, 21)),
+                                       ((12, 12), (48, 48))])
+def test_bicubic_layer_equals_pillow(size, out):
+    g = np.random.default_rng(0)
+    img = g.random(size).astype(np.float32)
+    layer = Bicubic(size, out)
+    got = layer(torch.from_numpy(img)[None, None])[0, 0].numpy()
+    assert np.abs(got - bicubic(img, out)).max() < 1e-5
+
+
+def test_bicubic_layer_passes_gradients_and_rejects_other_sizes():
+    layer = Bicubic((4, 4), (8, 8))
+    x = torch.rand(2, 1, 4, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(layer, (x,))
+    with pytest.raises(ValueError, match=r"built for \(4, 4\) inputs, got \(5, 5\)"):
+        layer(torch.rand(1, 1, 5, 5))
+
+
+def test_cascade_maps_noisy_lr_to_hr_and_trains_end_to_end():
+    torch.manual_seed(0)
+    model = Cascade(lr_size=16, scale=2)
+    lr = torch.rand(4, 256)
+    hr = torch.rand(4, 1, 32, 32)
+    out = model(lr)
+    assert out.shape == (4, 1, 32, 32)
+    assert model.denoise(lr).shape == (4, 1, 16, 16)
+    torch.nn.functional.mse_loss(out, hr).backward()
+    # fine-tuning reaches the denoiser through the bicubic layer
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.ssda.parameters())
+    assert model.up.a_h.grad is None                 # the resize itself is fixed
+    with pytest.raises(ValueError, match="the SSDA takes 64 inputs, the LR patch has 256"):
+        from spark_dl.models.ssda import SSDA
+        Cascade(lr_size=16, ssda=SSDA(64))
