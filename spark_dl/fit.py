@@ -365,9 +365,15 @@ def _task_memory(spark) -> int:
     value = spark.conf.get("spark.executor.pyspark.memory", None)
     if not value:
         return 1 << 62
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    v = value.strip().lower().rstrip("b")
-    size = int(float(v[:-1]) * units[v[-1]]) if v[-1] in units else int(v) << 20
+    import re
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(b?)\s*", value.lower())
+    if not m:
+        raise ConfigError(f"spark.executor.pyspark.memory={value!r} is not a size such as "
+                          f"'2g' or '512m'")
+    number, unit, b = m.groups()
+    scale = {"": 1 if b else 1 << 20, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30,
+             "t": 1 << 40, "p": 1 << 50}[unit]
+    size = int(float(number) * scale)
     cores = int(spark.conf.get("spark.executor.cores", "1") or 1)
     return size // max(cores, 1)
 
@@ -477,7 +483,8 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
                         f"server version {sum(row['server_versions'])}")
         elif m.get("type") == "step" and progress and log is not None and m["worker"] == 0:
             log(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']} "
-                f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s (worker 0)")
+                f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s, mean staleness "
+                f"{m.get('staleness', 0.0):.2f} (worker 0)")
 
     channel = MessageServer(host, secret, on_message)
     task = downpour.make_task(cfg, model_fn, loss_fn, secret, ps.address, channel.address,

@@ -76,7 +76,8 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
             sizes = (math.prod(shape), *hidden, classes)
             return lambda: FCNet(sizes)
         if name == "cnn":
-            return lambda: ThesisCNN(num_classes=classes)
+            channels = shape[0] if len(shape) == 3 else 1
+            return lambda: ThesisCNN(num_classes=classes, in_channels=channels)
         raise ValueError(f"model must be 'fc' or 'cnn', got {name!r}")
 
 

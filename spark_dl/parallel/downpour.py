@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 __all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
@@ -101,6 +102,9 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
         shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
                                      cfg.label_shape, cfg.num_classes, where=f"partition {rank}")
         status["rows"] = len(shard)
+        status["sample"] = [list(shard.features.shape[1:]), str(shard.features.dtype),
+                            None if shard.labels is None else
+                            [list(shard.labels.shape[1:]), str(shard.labels.dtype)]]
     except errors.SparkDLError as e:             # every task stops, with the reason
         status["error"] = {"type": type(e).__name__, "message": str(e)}
     with process_group(ctx, "gloo", secret.hex(), status, cfg.timeout_s) as (me, world,
@@ -114,7 +118,13 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
         r = rank // F
         comm = Comm(list(range(r * F, (r + 1) * F)), groups[r])
         # the replica trains on the union of its tasks' shards: as many steps as its largest
-        steps = max(-(-statuses[r * F + q]["rows"] // cfg.batch_size) for q in range(F))
+        replica = [statuses[r * F + q] for q in range(F)]
+        steps = max(-(-s["rows"] // cfg.batch_size) for s in replica)
+        if len(shard) == 0 and any(s["rows"] for s in replica):
+            # an empty partition: its (empty) micro-batches take the shape of a peer's rows
+            feat, fdtype, lab = next(s["sample"] for s in replica if s["rows"])
+            shard = ShardData(np.zeros((0, *feat), fdtype),
+                              None if lab is None else np.zeros((0, *lab[0]), lab[1]))
         return _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard,
                      (comm, steps), t_start)
 
@@ -286,16 +296,19 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 acc_samples = acc_steps = 0
                 if fetch:
                     landed()
-            elif fetch:
+            elif fetch and exchange is None:      # with overlap every push also fetches
                 client.pull(wire, shards)
                 landed()
             now = time.perf_counter()
             if now - last >= cfg.progress_every_s:
                 last = now
+                n_stale = sum(staleness.values())
                 progress.send({"type": "step", "worker": worker, "epoch": epoch + 1,
                                "epochs": cfg.epochs, "step": step + 1, "steps": steps,
                                "loss": loss_sum / max(samples, 1),
-                               "samples_per_s": samples / (now - t0)})
+                               "samples_per_s": samples / (now - t0),
+                               "staleness": sum(k * v for k, v in staleness.items())
+                               / max(n_stale, 1)})
         seconds = time.perf_counter() - t0
         row = {"epoch": epoch + 1, "worker": worker, "loss": loss_sum / max(samples, 1),
                "samples": int(samples), "seconds": seconds,
@@ -376,14 +389,19 @@ def _flatten(model: torch.nn.Module, numel: int, device, dtype
     other memory is allocated); others are copied in."""
     entries = [(m, name, p) for m in model.modules() for name, p in m._parameters.items()
                if p is not None and p.requires_grad]
-    if sum(p.numel() for _, _, p in entries) != numel:
-        raise RuntimeError(f"the model has {sum(p.numel() for _, _, p in entries)} trainable "
+    unique = {id(p): p for _, _, p in entries}        # a tied parameter counts once
+    if sum(p.numel() for p in unique.values()) != numel:
+        raise RuntimeError(f"the model has {sum(p.numel() for p in unique.values())} trainable "
                            f"parameters, the parameter server {numel}: model_fn must build "
                            f"the same model in every task")
     flat = torch.empty(numel, dtype=dtype, device=device)
     grad = torch.zeros_like(flat)
-    off = 0
+    off, done = 0, {}
     for module, name, p in entries:
+        if id(p) in done:                             # tied: the same view everywhere
+            setattr(module, name, done[id(p)])
+            continue
+        original = id(p)
         n = p.numel()
         view = flat[off:off + n].view(p.shape)
         if p.is_meta:
@@ -393,6 +411,7 @@ def _flatten(model: torch.nn.Module, numel: int, device, dtype
             view.copy_(p.detach())
             p.data = view
         p.grad = grad[off:off + n].view(p.shape)
+        done[original] = p
         off += n
     return flat, grad
 

@@ -84,6 +84,7 @@ class _Conn:
         self.sock, self.secret, self.nonce = sock, secret, nonce
         self.send_seq = self.recv_seq = 0
         self.bytes_sent = self.bytes_received = 0
+        self.worker: int | None = None           # bound by the hello (server side)
 
     def send(self, op: int, payload: torch.Tensor | np.ndarray | bytes | None = None, *,
              worker=0, shard=0, version=0, count=0, steps=0, code=0):
@@ -300,6 +301,12 @@ class ParameterServer:
                     self.bytes_out += conn.bytes_sent
 
     def _dispatch(self, conn, op, code, steps, worker, shard, version, count, payload) -> bool:
+        bound = conn.worker
+        if bound is not None and worker != bound:
+            raise PSError(f"this connection registered as worker {bound}, a frame says {worker}")
+        if op in (OPS["bye"], OPS["pull"]) and len(payload):
+            raise PSError(f"a {'bye' if op == OPS['bye'] else 'pull'} frame carries no payload, "
+                          f"got {len(payload)} bytes")
         if op == OPS["bye"]:
             with self._clock_cv:
                 self._clocks.pop(worker, None)    # a finished worker holds nobody back
@@ -349,9 +356,10 @@ class ParameterServer:
         raise PSError(f"unknown op {op}")
 
     def _on_hello(self, conn, worker, payload) -> bool:
+        if len(payload) != 16:
+            raise PSError("hello carries [rows, batch_size] as two int64")
         info = np.frombuffer(payload, np.int64)
-        if len(info) != 2:
-            raise PSError("hello carries [rows, batch_size]")
+        conn.worker = worker
         rows, batch = int(info[0]), int(info[1])
         with self._clock_cv:                      # a (re)started worker starts at the slowest
             others = [c for w, c in self._clocks.items() if w != worker]

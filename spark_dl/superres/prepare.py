@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import uuid
 import zlib
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -158,19 +155,22 @@ def prepare_patches(spark, folder: str, out: str, size: int = 32, scale: int = 2
     files.mapInArrow(task, PATCH_SCHEMA).write.mode("overwrite").parquet(tmp)
     skipped = dict(skipped_acc.value)
     n_patches = spark.read.parquet(tmp).count()
-    local = "://" not in out or out.startswith("file:")
-    if local:                            # complete, then visible under its name
-        dest = Path(out.replace("file://", ""))
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp.replace("file://", ""), dest)
-        (dest / "_spark_dl.json").write_text(json.dumps({
-            "size": size, "scale": scale, "stride": stride, "augment": augment, "seed": seed,
-            "degradation": dataclasses.asdict(degradation), "patches": n_patches,
-            "images": n_files, "skipped": skipped}, indent=1))
-    else:
-        out = tmp
-    return PreparedPatches(out if not local else str(dest), n_patches, n_files, skipped)
+    # complete, then visible under its name: a rename on the output's own filesystem
+    jvm, conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
+    dest, tmp_path = jvm.org.apache.hadoop.fs.Path(out), jvm.org.apache.hadoop.fs.Path(tmp)
+    fs = dest.getFileSystem(conf)
+    if fs.exists(dest):
+        fs.delete(dest, True)
+    if not fs.rename(tmp_path, dest):
+        raise DataError(f"could not rename {tmp} to {out}; the patches are complete under the "
+                        f"first name")
+    meta = json.dumps({"size": size, "scale": scale, "stride": stride, "augment": augment,
+                       "seed": seed, "degradation": dataclasses.asdict(degradation),
+                       "patches": n_patches, "images": n_files, "skipped": skipped}, indent=1)
+    stream = fs.create(jvm.org.apache.hadoop.fs.Path(f"{out.rstrip('/')}/_spark_dl.json"), True)
+    stream.write(bytearray(meta.encode()))
+    stream.close()
+    return PreparedPatches(out, n_patches, n_files, skipped)
 
 
 def _to_uint8(img: np.ndarray) -> np.ndarray:

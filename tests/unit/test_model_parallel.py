@@ -220,3 +220,31 @@ def test_cut_and_merge_give_back_the_model(F):
                                       total)
         sizes = sum(sum(q.numel() for q in part.parameters()) for part in parts)
         assert sizes <= sum(q.numel() for q in net.parameters())
+
+
+def test_partitioning_refuses_what_it_cannot_split():
+    from spark_dl.parallel.model_parallel import Comm, partition_model
+    net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.LayerNorm(6),
+                              torch.nn.Linear(6, 2))
+    with pytest.raises(ValueError, match=r"module 1 \(LayerNorm\) has parameters or buffers"):
+        partition_model(net, Comm.layout(0, 2))
+    with pytest.raises(ValueError, match="without dropout between layers"):
+        partition_model(torch.nn.Sequential(torch.nn.LSTM(3, 4, 2, batch_first=True,
+                                                          dropout=0.5)), Comm.layout(0, 2))
+
+
+def test_flat_views_keep_tied_weights_tied():
+    from spark_dl.parallel.downpour import _flatten
+    a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+    b.weight = a.weight                                  # tied
+    net = torch.nn.Sequential(a, b)
+    flat, grad = _flatten(net, 9 + 3 + 3, "cpu", torch.float32)
+    assert net[0].weight is net[1].weight
+    assert net[0].weight.data_ptr() == flat.data_ptr()
+    net(torch.ones(2, 3)).sum().backward()
+    assert grad.abs().sum() > 0
+    with torch.device("meta"):
+        meta = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    meta[1].weight = meta[0].weight
+    flat, _ = _flatten(meta, 15, "cpu", torch.float32)
+    assert meta[0].weight is meta[1].weight and meta[0].weight.device.type == "cpu"

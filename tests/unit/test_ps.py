@@ -94,6 +94,16 @@ def test_push_with_pull_returns_each_shard_after_the_push(server):
     other.close()
 
 
+def test_a_connection_speaks_for_the_worker_it_registered(server):
+    ps = server(n=4, optimizer="sgd", lr=1.0)
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=4, batch_size=2)
+    c.worker = 1                                    # pretend to be another worker
+    with pytest.raises(PSError, match="registered as worker 0, a frame says 1"):
+        c.push(torch.ones(4, dtype=torch.float64), samples=1)
+    assert ps.versions == [0]
+
+
 def test_learning_rate_decays_per_epoch_of_pushed_steps(server):
     ps = server(n=4, optimizer="sgd", lr=1.0, lr_decay=0.5, workers=2)
     a, b = (PSClient(ps.address, SECRET, w, dtype=torch.float64) for w in (0, 1))

@@ -90,9 +90,10 @@ class ColumnLSTM(nn.Module):
 
     def __init__(self, lstm: nn.LSTM, comm: Comm):
         super().__init__()
-        if not lstm.batch_first or lstm.bidirectional or lstm.proj_size:
-            raise ValueError("ColumnLSTM partitions batch-first, unidirectional LSTMs without "
-                             "projections")
+        if not lstm.batch_first or lstm.bidirectional or lstm.proj_size or not lstm.bias \
+                or lstm.dropout:
+            raise ValueError("ColumnLSTM partitions batch-first, unidirectional LSTMs with "
+                             "biases, without projections and without dropout between layers")
         self.comm, self.hidden, self.layers = comm, lstm.hidden_size, lstm.num_layers
         self.sizes = split_sizes(lstm.hidden_size, comm.size)
         H, cols = lstm.hidden_size, _slice(self.sizes, comm.rank)
@@ -156,7 +157,26 @@ def partition_model(model: nn.Module, comm: Comm) -> nn.Module:
             else:
                 swap(child)
     swap(model)
+    for name, m in model.named_modules():
+        if isinstance(m, (ColumnLinear, ColumnConv2d, ColumnLSTM)):
+            continue
+        own = [k for k, _ in m.named_parameters(recurse=False)] + \
+            [k for k, _ in m.named_buffers(recurse=False)]
+        if own and not any(isinstance(a, (ColumnLinear, ColumnConv2d, ColumnLSTM))
+                           for a in _ancestors(model, name)):
+            raise ValueError(f"module {name or 'the model'} ({type(m).__name__}) has "
+                             f"parameters or buffers {own} that column partitioning does not "
+                             f"split; partitioned models are made of Linear, Conv2d and LSTM "
+                             f"layers and parameter-free ones (activations, pooling)")
     return model
+
+
+def _ancestors(model: nn.Module, name: str):
+    parts = name.split(".") if name else []
+    m = model
+    for p in parts[:-1]:
+        m = getattr(m, p)
+        yield m
 
 
 def merge_partitions(original: nn.Module, parts: list[nn.Module]) -> dict:
@@ -180,8 +200,9 @@ def merge_partitions(original: nn.Module, parts: list[nn.Module]) -> dict:
                     out[f"{name}.{key}_l{k}"] = torch.cat(
                         [gates[p][g] for g in range(4) for p in range(len(parts))])
                 out[f"{name}.bias_hh_l{k}"] = torch.zeros_like(out[f"{name}.bias_ih_l{k}"])
+    trained = parts[0].state_dict()            # identical in every part
     for key, value in original.state_dict().items():
-        out.setdefault(key, value)
+        out.setdefault(key, trained.get(key, value))
     return out
 
 
