@@ -1,0 +1,66 @@
+"""Whole images through patch models: the SSDA denoises fixed-size LR patches, so an image of any
+size is cut into overlapping tiles, each tile is denoised, and the tiles are stitched back by
+averaging where they overlap. The CNN is fully convolutional and takes the upscaled image whole.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .images import bicubic
+
+__all__ = ["tile_starts", "apply_tiled", "super_resolve"]
+
+
+def tile_starts(n: int, size: int, stride: int) -> list[int]:
+    """Starts of tiles of ``size`` covering 0..n at ``stride``, the last one flush with the
+    end (so that every pixel is covered and no tile leaves the image)."""
+    if n < size:
+        raise ValueError(f"the image side {n} is smaller than a tile ({size}); pad it or use "
+                         f"a smaller tile")
+    starts = list(range(0, n - size + 1, stride))
+    if starts[-1] != n - size:
+        starts.append(n - size)
+    return starts
+
+
+def apply_tiled(img: np.ndarray, fn: Callable[[np.ndarray], np.ndarray], size: int,
+                stride: int, batch: int = 1024) -> np.ndarray:
+    """fn maps (n, size, size) tiles to (n, size, size); returns the stitched (H, W) image,
+    every pixel the mean of the tiles that cover it."""
+    h, w = img.shape
+    ys, xs = tile_starts(h, size, stride), tile_starts(w, size, stride)
+    coords = [(y, x) for y in ys for x in xs]
+    out = np.zeros((h, w), np.float64)
+    weight = np.zeros((h, w), np.float64)
+    for i in range(0, len(coords), batch):
+        part = coords[i:i + batch]
+        tiles = np.stack([img[y:y + size, x:x + size] for y, x in part])
+        res = fn(tiles)
+        for (y, x), t in zip(part, res):
+            out[y:y + size, x:x + size] += t
+            weight[y:y + size, x:x + size] += 1
+    return (out / weight).astype(np.float32)
+
+
+@torch.no_grad()
+def super_resolve(lr: np.ndarray, scale: int, ssda=None, cnn=None, lr_patch: int = 16,
+                  stride: int = 8) -> np.ndarray:
+    """Noisy LR Y image (H, W) in [0, 1] -> (H*scale, W*scale): the SSDA (if given) denoises
+    it tile by tile, bicubic upscales it, the CNN (if given) restores it; clipped to [0, 1]."""
+    x = lr.astype(np.float32)
+    if ssda is not None:
+        ssda.eval()
+
+        def denoise(t: np.ndarray) -> np.ndarray:
+            flat = torch.from_numpy(t.reshape(len(t), -1))
+            return ssda(flat).reshape(t.shape).numpy()
+        x = apply_tiled(x, denoise, lr_patch, stride)
+    up = bicubic(np.clip(x, 0, 1), (x.shape[0] * scale, x.shape[1] * scale))
+    if cnn is not None:
+        cnn.eval()
+        up = cnn(torch.from_numpy(up)[None, None])[0, 0].numpy()
+    return np.clip(up, 0.0, 1.0)
