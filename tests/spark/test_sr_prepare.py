@@ -44,3 +44,32 @@ def test_prepare_patches_writes_pairs_and_skips_bad_images(spark, tmp_path):
     lr = np.array(row.lr, np.float32).reshape(16, 16)
     assert 0.03 < float((lr - lr_clean).std()) < 0.1          # sigma 20 / 255 = 0.078
     assert hr.min() >= 0 and hr.max() <= 1 and lr.min() >= 0 and lr.max() <= 1
+
+
+def test_the_three_stages_train_with_the_engine(spark, tmp_path):
+    import torch
+
+    from spark_dl.models.ssda import LayerSpec
+    from spark_dl.superres.pipeline import finetune_cascade, train_cnn, train_ssda
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("t1.png", "t2.png"):
+        shutil.copy(ROOT / "data" / "sr" / "T91" / name, folder / name)
+    res = prepare_patches(spark, str(folder), str(tmp_path / "p"), size=32, scale=2,
+                          stride=16, augment=False)
+    df = spark.read.parquet(res.path)
+    layers = (LayerSpec(48), LayerSpec(256, beta=0.0, rho=1.0))
+    kw = dict(replicas=2, batch_size=16, log=None)
+    ssda, hist = train_ssda(df, 16, layers, pretrain_epochs=2, finetune_epochs=2, lr=0.5, **kw)
+    assert len(hist) == 3 and all(len(h) == 2 for h in hist)
+    assert all(h[1]["loss"] < h[0]["loss"] for h in hist)          # every fit learns
+    conventional, h2 = train_cnn(df, ssda, epochs=2, lr=1e-3, **kw)
+    cascade, h3 = finetune_cascade(df, ssda, conventional.cnn, epochs=1, lr=1e-4, **kw)
+    assert h2[-1]["loss"] < h2[0]["loss"]
+    # stage 2 left the denoiser alone; stage 3 tuned it
+    assert all(torch.equal(a, b) for a, b in zip(conventional.ssda.state_dict().values(),
+                                                 ssda.state_dict().values()))
+    assert not all(torch.equal(a, b) for a, b in zip(cascade.ssda.state_dict().values(),
+                                                     ssda.state_dict().values()))
+    x = torch.from_numpy(np.array(df.first().lr, np.float32))[None]
+    assert cascade(x).shape == (1, 1, 32, 32)

@@ -1,0 +1,130 @@
+"""Training the super-resolution stages with the distributed engines (``spark_dl.fit``), on the
+patch pairs of prepare.py (columns ``lr``, ``lr_clean``, ``hr``):
+
+    stage 1  SSDA denoiser, noisy LR -> clean LR: greedy layer-wise pretraining (layer k on the
+             codes of the layers below, eq. 5.3), then fine-tuning of the stack (eq. 5.4)
+    stage 2  SRCNN on the bicubic upscale of the denoised LR -> HR (the SSDA frozen)
+    stage 3  the cascade SSDA -> bicubic -> SRCNN fine-tuned end to end, noisy LR -> HR
+
+Every stage is one or more ``fit`` calls, so it runs with ``strategy="allreduce"`` or
+``"downpour"`` on the executors' partitions. The weight decay of eqs. 5.3-5.4 is the optimizer's
+(it also decays the biases, which the equations leave alone).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..models.srcnn import SRCNN
+from ..models.ssda import SSDA, THESIS_SSDA_LAYERS, DenoisingLayer, kl_sparsity
+from .cascade import Cascade
+
+__all__ = ["train_ssda", "train_cnn", "finetune_cascade"]
+
+
+def _encoder(layers: list[DenoisingLayer]):
+    """The frozen encoders below a layer, as plain tensors (no parameters to train)."""
+    weights = [(l.weight.detach().clone(), l.bias.detach().clone()) for l in layers]
+
+    def encode(x: torch.Tensor) -> torch.Tensor:
+        for w, b in weights:
+            x = torch.sigmoid(x @ w.to(x.dtype).t() + b.to(x.dtype))
+        return x
+    return encode
+
+
+class _LayerStep(nn.Module):
+    """Pretraining of one layer: noisy LR -> [reconstruction of the clean code | hidden code]."""
+
+    def __init__(self, below: list[DenoisingLayer], layer: DenoisingLayer):
+        super().__init__()
+        self.encode_below = _encoder(below)
+        self.layer = copy.deepcopy(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            code = self.encode_below(x.reshape(len(x), -1))
+        h = self.layer.encode(code)
+        return torch.cat([self.layer.decode(h), h], 1)
+
+
+def _layer_loss(below: list[DenoisingLayer], layer: DenoisingLayer):
+    """Eq. 5.3 without the weight decay (the optimizer's), against the clean code."""
+    encode, n_in, spec = _encoder(below), layer.bias_out.numel(), layer.spec
+
+    def loss(out: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = encode(clean.reshape(len(clean), -1))
+        recon, h = out[:, :n_in], out[:, n_in:]
+        total = 0.5 * ((recon - target) ** 2).sum(1).mean()
+        if spec.beta > 0:
+            total = total + spec.beta * kl_sparsity(h.mean(0), spec.rho)
+        return total
+    return loss
+
+
+def _half_squared_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return 0.5 * ((out.reshape(len(out), -1) - target.reshape(len(target), -1)) ** 2) \
+        .sum(1).mean()
+
+
+def train_ssda(df, lr_size: int = 16, layers=THESIS_SSDA_LAYERS, pretrain_epochs: int = 1,
+               finetune_epochs: int = 1, lr: float = 0.1, batch_size: int = 64,
+               strategy: str = "allreduce", log=print, **fit_kw) -> tuple[SSDA, list]:
+    """Stage 1 on columns lr (features) and lr_clean (targets); returns the SSDA and the
+    histories of every fit (one per pretrained layer, then the fine-tuning)."""
+    from ..fit import fit
+    n = lr_size * lr_size
+    ssda = SSDA(n, layers)
+    kw = dict(strategy=strategy, features="lr", label="lr_clean", shape=(n,), label_shape=(n,),
+              batch_size=batch_size, lr=lr, log=log, **fit_kw)
+    histories = []
+    for k, layer in enumerate(ssda.layers):
+        below = list(ssda.layers[:k])
+        step = _LayerStep(below, layer)
+        res = fit(df, lambda: copy.deepcopy(step), loss=_layer_loss(below, layer),
+                  epochs=pretrain_epochs, weight_decay=layer.spec.weight_decay, **kw)
+        layer.load_state_dict(res.model.layer.state_dict())
+        histories.append(res.history)
+    if finetune_epochs:
+        decay = layers[0].weight_decay
+        res = fit(df, lambda: copy.deepcopy(ssda), loss=_half_squared_error,
+                  epochs=finetune_epochs, weight_decay=decay, **kw)
+        ssda.load_state_dict(res.model.state_dict())
+        histories.append(res.history)
+    return ssda, histories
+
+
+def train_cnn(df, ssda: SSDA, lr_size: int = 16, scale: int = 2, epochs: int = 1,
+              lr: float = 1e-3, batch_size: int = 64, strategy: str = "allreduce",
+              optimizer: str = "adam", log=print, **fit_kw) -> tuple[Cascade, list]:
+    """Stage 2: SRCNN on bicubic(SSDA(noisy LR)) -> HR, the SSDA frozen; columns lr, hr.
+    Returns the "conventional" pipeline (the stages trained apart) as a Cascade."""
+    from ..fit import fit
+    model = Cascade(lr_size, scale, copy.deepcopy(ssda), SRCNN())
+    for p in model.ssda.parameters():
+        p.requires_grad_(False)
+    hr = lr_size * scale
+    res = fit(df, lambda: copy.deepcopy(model), loss="mse", strategy=strategy, features="lr",
+              label="hr", shape=(lr_size * lr_size,), label_shape=(1, hr, hr),
+              optimizer=optimizer, lr=lr, epochs=epochs, batch_size=batch_size, log=log,
+              **fit_kw)
+    return res.model, res.history
+
+
+def finetune_cascade(df, ssda: SSDA, cnn: SRCNN, lr_size: int = 16, scale: int = 2,
+                     epochs: int = 1, lr: float = 1e-4, batch_size: int = 64,
+                     strategy: str = "allreduce", optimizer: str = "adam", log=print,
+                     **fit_kw) -> tuple[Cascade, list]:
+    """Stage 3: the whole cascade, noisy LR -> HR, every parameter trained."""
+    from ..fit import fit
+    model = Cascade(lr_size, scale, copy.deepcopy(ssda), copy.deepcopy(cnn))
+    hr = lr_size * scale
+    res = fit(df, lambda: copy.deepcopy(model), loss="mse", strategy=strategy, features="lr",
+              label="hr", shape=(lr_size * lr_size,), label_shape=(1, hr, hr),
+              optimizer=optimizer, lr=lr, epochs=epochs, batch_size=batch_size, log=log,
+              **fit_kw)
+    return res.model, res.history
