@@ -73,3 +73,24 @@ def test_the_three_stages_train_with_the_engine(spark, tmp_path):
                                                      ssda.state_dict().values()))
     x = torch.from_numpy(np.array(df.first().lr, np.float32))[None]
     assert cascade(x).shape == (1, 1, 32, 32)
+
+
+def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
+    from spark_dl import load_toml
+    from spark_dl.recipes.superres_pipeline import SuperResConfig, run_superres
+    train, test = tmp_path / "train", tmp_path / "test"
+    train.mkdir()
+    test.mkdir()
+    for name in ("t1.png", "t2.png"):
+        shutil.copy(ROOT / "data" / "sr" / "T91" / name, train / name)
+    shutil.copy(ROOT / "data" / "sr" / "Set5" / "bird.png", test / "bird.png")
+    cfg = load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres.toml",
+                    {"train_images": str(train), "test_images": str(test),
+                     "ssda_layers": [32, 256], "finetune_epochs": 1, "cnn_epochs": 1,
+                     "batch_size": 32, "run.out_dir": str(tmp_path / "run")})
+    out = run_superres(cfg, log=lambda _: None, spark=spark)
+    assert out["patches"] > 0 and not out["skipped_images"]
+    assert set(out["report"]["images"]["bird"]) == {"bicubic", "conventional", "cascade"}
+    assert (tmp_path / "run" / "report" / "report.md").exists()
+    assert (tmp_path / "run" / "report" / "bird.png").exists()
+    assert out["cascade_gain_db"] == round(out["psnr_cascade"] - out["psnr_conventional"], 3)

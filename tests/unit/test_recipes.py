@@ -33,6 +33,11 @@ def test_shipped_job_configs_load():
     for cls, name in [(MnistJobConfig, "cnn"), (MnistJobConfig, "fc"), (CharConfig, "char_lstm"),
                       (CharConfig, "char_rnn"), (SSDAConfig, "ssda"), (SRCNNConfig, "srcnn")]:
         load_toml(cls, ROOT / "conf" / "jobs" / f"{name}.toml")
+    from spark_dl.recipes.superres_pipeline import SuperResConfig
+    load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres.toml")
+    load_toml(MnistJobConfig, ROOT / "conf" / "jobs" / "fc_hybrid.toml")
+    with pytest.raises(ConfigError, match="'patch' must be a multiple of scale 3"):
+        load_toml(SuperResConfig, ROOT / "conf/jobs/superres.toml", {"scale": 3})
     assert load_toml(CharConfig, ROOT / "conf/jobs/char_rnn.toml").kind == "rnn"
     with pytest.raises(ConfigError, match="unknown key 'hiden'"):
         load_toml(CharConfig, ROOT / "conf/jobs/char_lstm.toml", {"hiden": 3})

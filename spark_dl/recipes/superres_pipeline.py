@@ -1,0 +1,100 @@
+"""The super-resolution job (jobs/superres.py): patch pairs on Spark, the three stages trained
+with a distributed engine, the evaluation report on a test folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from ..config import _check
+from .common import RunConfig
+
+__all__ = ["SuperResConfig", "run_superres"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SuperResConfig:
+    train_images: str = "data/sr/T91"
+    test_images: str = "data/sr/Set5"
+    scale: int = 2
+    patch: int = 32                 # HR patch side; the LR patch is patch / scale
+    stride: int = 16
+    augment: bool = True            # the 8 flips/rotations of every training image
+    noise: str = "gaussian"         # gaussian, blur, salt_pepper, blur+gaussian, none
+    sigma: float = 20.0             # Gaussian noise std on 0-255
+    blur: float = 1.0
+    amount: float = 0.05            # salt-and-pepper fraction
+    ssda_layers: tuple = (1280, 1280, 256)
+    pretrain_epochs: int = 1
+    finetune_epochs: int = 1
+    cnn_epochs: int = 1
+    cascade_epochs: int = 1
+    ssda_lr: float = 0.1
+    cnn_lr: float = 1e-3
+    cascade_lr: float = 1e-4
+    batch_size: int = 64
+    strategy: str = "allreduce"     # or "downpour"
+    replicas: int = 0               # 0: the cluster's task slots
+    run: RunConfig = RunConfig()
+
+    def __post_init__(self):
+        object.__setattr__(self, "ssda_layers", tuple(self.ssda_layers))
+        _check(self.scale >= 2, "scale", self.scale, "must be >= 2")
+        _check(self.patch % self.scale == 0, "patch", self.patch,
+               f"must be a multiple of scale {self.scale}")
+        _check(self.strategy in ("allreduce", "downpour"), "strategy", self.strategy,
+               "must be 'allreduce' or 'downpour'")
+        _check(len(self.ssda_layers) >= 1 and all(isinstance(w, int) and w > 0
+                                                   for w in self.ssda_layers),
+               "ssda_layers", list(self.ssda_layers), "must list positive widths")
+
+
+def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
+    from ..models.ssda import LayerSpec
+    from ..session import get_session
+    from ..superres.evaluate import evaluate_folder
+    from ..superres.pipeline import finetune_cascade, train_cnn, train_ssda
+    from ..superres.prepare import Degradation, prepare_patches
+    spark = spark or get_session()
+    out = Path(cfg.run.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    degradation = Degradation(cfg.noise, cfg.sigma, cfg.blur, cfg.amount)
+    t0 = time.perf_counter()
+    prep = prepare_patches(spark, cfg.train_images, str((out / "patches").resolve()),
+                           cfg.patch, cfg.scale, cfg.stride, degradation, cfg.augment,
+                           seed=cfg.run.seed)
+    log(f"patches: {prep.patches} pairs from {prep.images} images "
+        f"({len(prep.skipped)} skipped) in {time.perf_counter() - t0:.1f} s")
+    df = spark.read.parquet(prep.path)
+    # App. B: the hidden layers sparse, the last one (the code) without sparsity
+    specs = tuple(LayerSpec(w, 0.01, 0.05, 1e-4) for w in cfg.ssda_layers[:-1]) + \
+        (LayerSpec(cfg.ssda_layers[-1], 0.0, 1.0, 1e-4),)
+    lr_size = cfg.patch // cfg.scale
+    kw = dict(strategy=cfg.strategy, batch_size=cfg.batch_size,
+              replicas=cfg.replicas or None, log=log)
+    timings = {}
+    t = time.perf_counter()
+    ssda, h1 = train_ssda(df, lr_size, specs, cfg.pretrain_epochs, cfg.finetune_epochs,
+                          cfg.ssda_lr, **kw)
+    timings["ssda_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    conventional, h2 = train_cnn(df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr, **kw)
+    timings["cnn_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    cascade, h3 = finetune_cascade(df, ssda, conventional.cnn, lr_size, cfg.scale,
+                                   cfg.cascade_epochs, cfg.cascade_lr, **kw)
+    timings["cascade_s"] = time.perf_counter() - t
+    report = evaluate_folder(cfg.test_images, out / "report", cfg.scale, degradation,
+                             {"conventional": (conventional.ssda, conventional.cnn),
+                              "cascade": (cascade.ssda, cascade.cnn)}, seed=cfg.run.seed)
+    avg = report["average"]
+    log("average PSNR / SSIM: " + ", ".join(f"{m} {v['psnr']:.2f} / {v['ssim']:.4f}"
+                                             for m, v in avg.items()))
+    return {"patches": prep.patches, "skipped_images": prep.skipped, "timings": timings,
+            "psnr_bicubic": avg["bicubic"]["psnr"],
+            "psnr_conventional": avg["conventional"]["psnr"],
+            "psnr_cascade": avg["cascade"]["psnr"],
+            "cascade_gain_db": round(avg["cascade"]["psnr"] - avg["conventional"]["psnr"], 3),
+            "report": report, "histories": {"ssda": h1, "cnn": h2, "cascade": h3},
+            "report_dir": str(out / "report")}
