@@ -30,7 +30,7 @@ class SuperResConfig:
     finetune_epochs: int = 1
     cnn_epochs: int = 1
     cascade_epochs: int = 1
-    ssda_lr: float = 0.1
+    ssda_lr: float = 1e-3           # Adam, as the single-process SSDA job
     cnn_lr: float = 1e-3
     cascade_lr: float = 1e-4
     batch_size: int = 64

@@ -72,15 +72,16 @@ def _half_squared_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 
 
 def train_ssda(df, lr_size: int = 16, layers=THESIS_SSDA_LAYERS, pretrain_epochs: int = 1,
-               finetune_epochs: int = 1, lr: float = 0.1, batch_size: int = 64,
-               strategy: str = "allreduce", log=print, **fit_kw) -> tuple[SSDA, list]:
+               finetune_epochs: int = 1, lr: float = 1e-3, batch_size: int = 64,
+               strategy: str = "allreduce", optimizer: str = "adam", log=print,
+               **fit_kw) -> tuple[SSDA, list]:
     """Stage 1 on columns lr (features) and lr_clean (targets); returns the SSDA and the
     histories of every fit (one per pretrained layer, then the fine-tuning)."""
     from ..fit import fit
     n = lr_size * lr_size
     ssda = SSDA(n, layers)
     kw = dict(strategy=strategy, features="lr", label="lr_clean", shape=(n,), label_shape=(n,),
-              batch_size=batch_size, lr=lr, log=log, **fit_kw)
+              batch_size=batch_size, lr=lr, optimizer=optimizer, log=log, **fit_kw)
     histories = []
     for k, layer in enumerate(ssda.layers):
         below = list(ssda.layers[:k])

@@ -60,7 +60,7 @@ def test_the_three_stages_train_with_the_engine(spark, tmp_path):
     df = spark.read.parquet(res.path)
     layers = (LayerSpec(48), LayerSpec(256, beta=0.0, rho=1.0))
     kw = dict(replicas=2, batch_size=16, log=None)
-    ssda, hist = train_ssda(df, 16, layers, pretrain_epochs=2, finetune_epochs=2, lr=0.5, **kw)
+    ssda, hist = train_ssda(df, 16, layers, pretrain_epochs=2, finetune_epochs=2, lr=3e-3, **kw)
     assert len(hist) == 3 and all(len(h) == 2 for h in hist)
     assert all(h[1]["loss"] < h[0]["loss"] for h in hist)          # every fit learns
     conventional, h2 = train_cnn(df, ssda, epochs=2, lr=1e-3, **kw)
