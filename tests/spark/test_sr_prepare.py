@@ -94,3 +94,28 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
     assert (tmp_path / "run" / "report" / "report.md").exists()
     assert (tmp_path / "run" / "report" / "bird.png").exists()
     assert out["cascade_gain_db"] == round(out["psnr_cascade"] - out["psnr_conventional"], 3)
+
+
+def test_a_folder_of_images_is_super_resolved_by_a_spark_job(spark, tmp_path):
+    import torch
+
+    from spark_dl.models.ssda import SSDA, LayerSpec
+    from spark_dl.superres.cascade import Cascade
+    from spark_dl.superres.infer import super_resolve_folder
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(ROOT / "data" / "sr" / "Set5" / "bird.png", folder / "bird.png")
+    gray = (np.random.default_rng(0).random((40, 52)) * 255).astype(np.uint8)
+    Image.fromarray(gray).save(folder / "gray.png")
+    (folder / "bad.png").write_bytes(b"not an image")
+    torch.manual_seed(0)
+    model = Cascade(16, 2, SSDA(256, (LayerSpec(32), LayerSpec(256, 0.0, 1.0))))
+    rows = {r.path.rsplit("/", 1)[-1]: r for r in
+            super_resolve_folder(spark, model, str(folder), str(tmp_path / "out"))}
+    assert rows["bad.png"].error.startswith("corrupt or unreadable image")
+    w, h = Image.open(folder / "bird.png").size
+    out = Image.open(rows["bird.png"].output)
+    assert out.size == (2 * w, 2 * h) and out.mode == "RGB"
+    g = Image.open(rows["gray.png"].output)
+    assert g.size == (104, 80) and g.mode == "L"
+    assert not list((tmp_path / "out").glob("*.tmp"))
