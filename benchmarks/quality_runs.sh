@@ -11,6 +11,7 @@ PY="${PYTHON:-python3}"
 DEST="${OUT:-benchmarks/results/quality}"
 mkdir -p "$DEST"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export SPARK_CONF_DIR="${SPARK_CONF_DIR:-$PWD/conf/logging}"   # spark-submit runs: quiet log4j
 SCRATCH="$(mktemp -d)"            # checkpoints stay out of $DEST; results and logs go there
 run() {
   local name="$1"; shift
