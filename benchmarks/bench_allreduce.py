@@ -136,15 +136,8 @@ def torchdist(spark, model_name, rows, batch, timeout_s=120):
 
 
 def mnist_frame(spark, rows, shards=2):
-    def make(batches):
-        from spark_dl.data import arrays_to_arrow, load_mnist
-        x, y = load_mnist(IMAGES, LABELS)
-        for b in batches:
-            for i in b.column("id").to_numpy():
-                lo, hi = i * rows // shards, (i + 1) * rows // shards
-                yield arrays_to_arrow(x[lo:hi].reshape(hi - lo, -1) / 255.0, y[lo:hi])
-    return spark.range(shards, numPartitions=shards).mapInArrow(
-        make, "features array<float>, label long")
+    from spark_dl.data import mnist_file_dataframe
+    return mnist_file_dataframe(spark, IMAGES, LABELS, 0, rows, shards)
 
 
 def spark_dl_fit(spark, model_name, rows, batch, runs_dir, profile):

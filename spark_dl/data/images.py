@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..errors import DataError
 
-__all__ = ["read_images", "decode_image", "IMAGE_SCHEMA", "IMAGE_EXTENSIONS"]
+__all__ = ["read_images", "image_files", "decode_image", "IMAGE_SCHEMA", "IMAGE_EXTENSIONS"]
 
 IMAGE_SCHEMA = ("path string, height int, width int, channels int, mode string, "
                 "data binary, error string")
@@ -39,20 +39,25 @@ def decode_image(raw: bytes, path: str = "<bytes>") -> np.ndarray:
                         f"or read with on_error='skip'") from e
 
 
+def image_files(spark, folder: str, recursive: bool = True, extensions=IMAGE_EXTENSIONS):
+    """The image files under ``folder`` as a DataFrame (path, content), read by Spark."""
+    from pyspark.errors import AnalysisException
+    pattern = "*.{" + ",".join(sorted({e.lower() for e in extensions} |
+                                      {e.upper() for e in extensions})) + "}"
+    try:
+        return (spark.read.format("binaryFile").option("pathGlobFilter", pattern)
+                .option("recursiveFileLookup", str(recursive).lower()).load(folder)
+                .select("path", "content"))
+    except AnalysisException as e:   # the folder does not exist
+        raise DataError(f"cannot list images in {folder}: {e}") from e
+
+
 def read_images(spark, folder: str, on_error: str = "raise", recursive: bool = True,
                 extensions=IMAGE_EXTENSIONS):
     """Decode every image file under ``folder`` (see module docstring for ``on_error``)."""
     if on_error not in ("raise", "skip", "keep"):
         raise ValueError(f"on_error must be 'raise', 'skip' or 'keep', got {on_error!r}")
-    from pyspark.errors import AnalysisException
-    pattern = "*.{" + ",".join(sorted({e.lower() for e in extensions} |
-                                      {e.upper() for e in extensions})) + "}"
-    try:
-        files = (spark.read.format("binaryFile").option("pathGlobFilter", pattern)
-                 .option("recursiveFileLookup", str(recursive).lower()).load(folder)
-                 .select("path", "content"))
-    except AnalysisException as e:   # the folder does not exist
-        raise DataError(f"cannot list images in {folder}: {e}") from e
+    files = image_files(spark, folder, recursive, extensions)
 
     def _decode_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Runs on executors: decode each file with Pillow.

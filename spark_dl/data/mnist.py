@@ -16,7 +16,7 @@ from .distort import Distortion, distort_range
 from .idx import load_mnist
 
 __all__ = ["MNIST_SCHEMA", "mnist_split", "arrays_to_arrow", "mnist_dataframe",
-           "extended_mnist"]
+           "mnist_file_dataframe", "extended_mnist"]
 
 MNIST_SCHEMA = "features array<float>, label long"
 
@@ -50,6 +50,28 @@ def mnist_dataframe(spark, images: np.ndarray, labels: np.ndarray, partitions: i
     table = pa.Table.from_batches([arrays_to_arrow(images.reshape(len(images), -1) / 255.0,
                                                    labels)])
     return spark.createDataFrame(table).repartition(partitions)
+
+
+def mnist_file_dataframe(spark, images: str | Path, labels: str | Path, lo: int, hi: int,
+                         partitions: int = 2):
+    """Digits lo..hi of an IDX file pair as a DataFrame (features scaled to [0, 1]); every
+    partition reads its own slice from the files inside an executor, so the driver holds none
+    (the files must be readable there)."""
+    if not 0 <= lo < hi or partitions < 1:
+        raise ValueError(f"need 0 <= lo < hi and partitions >= 1, got lo={lo}, hi={hi}, "
+                         f"partitions={partitions}")
+    images, labels = str(images), str(labels)
+
+    def _read_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        x, y = load_mnist(images, labels)
+        if hi > len(x):
+            raise DataError(f"{images} holds {len(x)} digits, fewer than hi={hi}")
+        for b in batches:
+            for i in b.column("id").to_numpy():
+                a, z = lo + i * (hi - lo) // partitions, lo + (i + 1) * (hi - lo) // partitions
+                yield arrays_to_arrow(x[a:z].reshape(z - a, -1) / 255.0, y[a:z])
+    return spark.range(partitions, numPartitions=partitions).mapInArrow(_read_task,
+                                                                       MNIST_SCHEMA)
 
 
 def extended_mnist(spark, images: np.ndarray, labels: np.ndarray, n: int, partitions: int,

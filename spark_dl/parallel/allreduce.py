@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .stage import StageConfig
+
 __all__ = ["AllReduceConfig", "GradientSync", "make_task", "LOSSES"]
 
 LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
@@ -38,33 +40,18 @@ def sequence_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.
 
 
 @dataclasses.dataclass(frozen=True)
-class AllReduceConfig:
+class AllReduceConfig(StageConfig):
     """Plain values shipped to the tasks (see ``spark_dl.fit`` for their meaning)."""
 
-    features: str = "features"
-    label: str = "label"
-    shape: tuple = ()
-    label_shape: tuple = ()
-    num_classes: int | None = None
-    loss: str = "cross_entropy"
     optimizer: str = "sgd"
     lr: float = 0.01
     lr_decay: float = 1.0
     momentum: float = 0.0
     weight_decay: float = 0.0
     max_iter: int = 3
-    epochs: int = 1
-    batch_size: int = 64
     accumulate: int = 1
-    shuffle: bool = True
-    seed: int = 0
-    dtype: str = "float32"
-    device: str = "auto"
     amp: str | None = None
-    threads: int = 0
     bucket_mb: float = 25.0
-    timeout_s: float = 300.0
-    progress_every_s: float = 2.0
     resume: bool = True
     transport: str = "auto"       # "auto": shared memory when all replicas share a host, else
                                   # the process group (gloo/NCCL); "process_group": always that

@@ -20,32 +20,19 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from .stage import StageConfig
+
 __all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
 
 RESULT_SCHEMA = "worker int, report string"
 
 
 @dataclasses.dataclass(frozen=True)
-class DownpourConfig:
-    features: str = "features"
-    label: str = "label"
-    shape: tuple = ()
-    label_shape: tuple = ()
-    num_classes: int | None = None
-    loss: str = "cross_entropy"
-    epochs: int = 1
-    batch_size: int = 64
+class DownpourConfig(StageConfig):
     n_fetch: int = 1
     n_push: int = 1
     mode: str = "async"
-    shuffle: bool = True
-    seed: int = 0
-    dtype: str = "float32"
     wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
-    device: str = "auto"
-    threads: int = 0
-    timeout_s: float = 300.0
-    progress_every_s: float = 2.0
     overlap: bool = False              # async: a push travels while the next step computes
 
 

@@ -36,13 +36,12 @@ def _models(blob: bytes):
     return _CACHE[key]
 
 
-def _ycbcr(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """uint8 RGB -> Y, Cb, Cr in [0, 1] (ITU-R BT.601 studio range, as rgb_to_y)."""
+def _chroma(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 RGB -> Cb, Cr in [0, 1] (ITU-R BT.601 studio range; Y is images.rgb_to_y)."""
     r, g, b = (rgb[..., i].astype(np.float64) / 255.0 for i in range(3))
-    y = (16 + 65.481 * r + 128.553 * g + 24.966 * b) / 255
     cb = (128 - 37.797 * r - 74.203 * g + 112.0 * b) / 255
     cr = (128 + 112.0 * r - 93.786 * g - 18.214 * b) / 255
-    return y.astype(np.float32), cb.astype(np.float32), cr.astype(np.float32)
+    return cb.astype(np.float32), cr.astype(np.float32)
 
 
 def _rgb(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
@@ -59,16 +58,13 @@ def super_resolve_folder(spark, model, folder: str, out_dir: str, scale: int = 2
     import pyarrow as pa
     import torch
 
-    from ..data.images import IMAGE_EXTENSIONS
+    from ..data.images import image_files
     buf = io.BytesIO()
     torch.save(model, buf)
     blob = buf.getvalue()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    pattern = "*.{" + ",".join(sorted({e.lower() for e in IMAGE_EXTENSIONS} |
-                                      {e.upper() for e in IMAGE_EXTENSIONS})) + "}"
-    files = (spark.read.format("binaryFile").option("pathGlobFilter", pattern)
-             .option("recursiveFileLookup", "true").load(folder).select("path", "content"))
-    files = files.repartition(partitions or spark.sparkContext.defaultParallelism)
+    files = image_files(spark, folder).repartition(
+        partitions or spark.sparkContext.defaultParallelism)
     schema = pa.schema([("path", pa.string()), ("output", pa.string()), ("width", pa.int32()),
                         ("height", pa.int32()), ("seconds", pa.float64()),
                         ("error", pa.string())])
@@ -80,7 +76,7 @@ def super_resolve_folder(spark, model, folder: str, out_dir: str, scale: int = 2
 
         from spark_dl.data.images import decode_image
         from spark_dl.errors import DataError
-        from spark_dl.superres.images import bicubic
+        from spark_dl.superres.images import bicubic, rgb_to_y
         from spark_dl.superres.tiles import super_resolve
         net = _models(blob)
         rows = {k: [] for k in schema.names}
@@ -96,7 +92,7 @@ def super_resolve_folder(spark, model, folder: str, out_dir: str, scale: int = 2
                         sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride)
                         pic = Image.fromarray((sr * 255).round().astype(np.uint8))
                     else:
-                        y, cb, cr = _ycbcr(img)
+                        y, (cb, cr) = rgb_to_y(img), _chroma(img)
                         sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride)
                         pic = Image.fromarray(_rgb(sr, np.clip(bicubic(cb, size), 0, 1),
                                                    np.clip(bicubic(cr, size), 0, 1)))

@@ -19,30 +19,26 @@ import torch
 from torch import nn
 
 from ..models.srcnn import SRCNN
-from ..models.ssda import SSDA, THESIS_SSDA_LAYERS, DenoisingLayer, kl_sparsity
+from ..models.ssda import SSDA, THESIS_SSDA_LAYERS, kl_sparsity
 from .cascade import Cascade
 
 __all__ = ["train_ssda", "train_cnn", "finetune_cascade"]
 
 
-def _encoder(layers: list[DenoisingLayer]):
-    """The frozen encoders below a layer, as plain tensors (no parameters to train)."""
-    weights = [(l.weight.detach().clone(), l.bias.detach().clone()) for l in layers]
-
-    def encode(x: torch.Tensor) -> torch.Tensor:
-        for w, b in weights:
-            x = torch.sigmoid(x @ w.to(x.dtype).t() + b.to(x.dtype))
-        return x
-    return encode
+def _encoder(ssda: SSDA, depth: int):
+    """SSDA.encode through the first ``depth`` layers, frozen (a copy, kept out of any module's
+    parameters so that nothing trains it)."""
+    frozen = copy.deepcopy(ssda).requires_grad_(False)
+    return lambda x: frozen.to(x.dtype).encode(x, depth)
 
 
 class _LayerStep(nn.Module):
     """Pretraining of one layer: noisy LR -> [reconstruction of the clean code | hidden code]."""
 
-    def __init__(self, below: list[DenoisingLayer], layer: DenoisingLayer):
+    def __init__(self, ssda: SSDA, k: int):
         super().__init__()
-        self.encode_below = _encoder(below)
-        self.layer = copy.deepcopy(layer)
+        self.encode_below = _encoder(ssda, k)
+        self.layer = copy.deepcopy(ssda.layers[k])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -51,9 +47,10 @@ class _LayerStep(nn.Module):
         return torch.cat([self.layer.decode(h), h], 1)
 
 
-def _layer_loss(below: list[DenoisingLayer], layer: DenoisingLayer):
+def _layer_loss(ssda: SSDA, k: int):
     """Eq. 5.3 without the weight decay (the optimizer's), against the clean code."""
-    encode, n_in, spec = _encoder(below), layer.bias_out.numel(), layer.spec
+    layer = ssda.layers[k]
+    encode, n_in, spec = _encoder(ssda, k), layer.bias_out.numel(), layer.spec
 
     def loss(out: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -84,9 +81,8 @@ def train_ssda(df, lr_size: int = 16, layers=THESIS_SSDA_LAYERS, pretrain_epochs
               batch_size=batch_size, lr=lr, optimizer=optimizer, log=log, **fit_kw)
     histories = []
     for k, layer in enumerate(ssda.layers):
-        below = list(ssda.layers[:k])
-        step = _LayerStep(below, layer)
-        res = fit(df, lambda: copy.deepcopy(step), loss=_layer_loss(below, layer),
+        step = _LayerStep(ssda, k)
+        res = fit(df, lambda: copy.deepcopy(step), loss=_layer_loss(ssda, k),
                   epochs=pretrain_epochs, weight_decay=layer.spec.weight_decay, **kw)
         layer.load_state_dict(res.model.layer.state_dict())
         histories.append(res.history)

@@ -120,14 +120,11 @@ def prepare_patches(spark, folder: str, out: str, size: int = 32, scale: int = 2
     """Write the patch pairs of every image under ``folder`` to the Parquet folder ``out``."""
     import pyarrow as pa
 
-    from ..data.images import IMAGE_EXTENSIONS, decode_image
+    from ..data.images import decode_image, image_files
     if size % scale:
         make_pairs(np.zeros((size, size), np.float32), size, scale, stride, degradation,
                    np.random.default_rng(0))                  # raises the ConfigError
-    pattern = "*.{" + ",".join(sorted({e.lower() for e in IMAGE_EXTENSIONS} |
-                                      {e.upper() for e in IMAGE_EXTENSIONS})) + "}"
-    files = (spark.read.format("binaryFile").option("pathGlobFilter", pattern)
-             .option("recursiveFileLookup", "true").load(folder).select("path", "content"))
+    files = image_files(spark, folder)
     n_files = files.count()
     if n_files == 0:
         raise DataError(f"no images (*.png, *.jpg, ...) under {folder}")

@@ -21,18 +21,6 @@ IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
 LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
 
 
-def mnist_frame(spark, rows=8000, shards=2):
-    def make(batches):
-        from spark_dl.data import arrays_to_arrow, load_mnist
-        x, y = load_mnist(IMAGES, LABELS)
-        for b in batches:
-            for i in b.column("id").to_numpy():
-                lo, hi = i * rows // shards, (i + 1) * rows // shards
-                yield arrays_to_arrow(x[lo:hi].reshape(hi - lo, -1) / 255.0, y[lo:hi])
-    return spark.range(shards, numPartitions=shards).mapInArrow(
-        make, "features array<float>, label long")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -44,14 +32,14 @@ def main():
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
-    from spark_dl.data import load_mnist
+    from spark_dl.data import load_mnist, mnist_file_dataframe
     spark = get_session()
     x, y = load_mnist(IMAGES, LABELS)
     validation = (x[-2000:].reshape(2000, -1) / 255.0, y[-2000:])
     report = {"master": spark.sparkContext.master, "fits": {}}
     try:
         for name in args.fits.split(","):
-            res = fit(mnist_frame(spark), "cnn", strategy=args.strategy,
+            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), "cnn", strategy=args.strategy,
                       shape=(1, 28, 28), num_classes=10,
                       optimizer="adam", lr=0.003, batch_size=32, epochs=args.epochs,
                       device=name if args.device == "by-name" else args.device,

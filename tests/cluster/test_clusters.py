@@ -104,36 +104,42 @@ def test_standalone_cluster_runs_the_demo_and_the_probe(venv_bin, standalone, tm
 ALLREDUCE_JOB = ROOT / "tests" / "cluster" / "allreduce_job.py"
 
 
-def _wait_for(path, proc, timeout=240):
-    import time
-    t0 = time.time()
-    while not path.exists():
-        assert proc.poll() is None, "the job ended before " + str(path) + " appeared"
-        assert time.time() - t0 < timeout, f"{path} did not appear in {timeout} s"
-        time.sleep(0.05)
-
-
-def test_allreduce_resumes_after_a_python_worker_is_killed(venv_bin, tmp_path):
-    """Kill one replica's Python worker mid-training on local-cluster: Spark retries the
-    barrier stage, the replicas resume from the last checkpoint, and the fit ends where an
-    uninterrupted one does."""
+def _fit_with_a_kill(venv_bin, tmp_path, args, ready, victim, timeout=240):
+    """Submit ALLREDUCE_JOB with fits clean and faulty (``args`` more); once ``ready(run)``
+    holds for the faulty fit's run directory, SIGKILL the Python process its
+    ``workers/<victim>`` file names. Returns (the job's output, its report)."""
     import signal
+    import time
     out, runs = tmp_path / "out.json", tmp_path / "runs"
     proc = subprocess.Popen(
         [str(venv_bin / "spark-submit"), "--properties-file",
          str(ROOT / "conf/spark/local-cluster.conf"), str(ALLREDUCE_JOB), str(out), str(runs),
-         "--fits", "clean,faulty", "--epochs", "6"],
+         "--fits", "clean,faulty", *args],
         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for(runs / "faulty" / "checkpoint.pt", proc)     # epoch 1 is done
-        victim = json.loads((runs / "faulty" / "workers" / "rank-1.json").read_text())
-        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.time()
+        while not ready(runs / "faulty"):
+            assert proc.poll() is None, "the job ended before the faulty fit was ready"
+            assert time.time() - t0 < timeout, f"the faulty fit was not ready in {timeout} s"
+            time.sleep(0.05)
+        pid = json.loads((runs / "faulty" / "workers" / victim).read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
         log, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 0, log[-5000:]
     report = json.loads(out.read_text())
     assert "error" not in report, report["error"]
+    return log, report
+
+
+def test_allreduce_resumes_after_a_python_worker_is_killed(venv_bin, tmp_path):
+    """Kill one replica's Python worker mid-training on local-cluster: Spark retries the
+    barrier stage, the replicas resume from the last checkpoint, and the fit ends where an
+    uninterrupted one does."""
+    log, report = _fit_with_a_kill(
+        venv_bin, tmp_path, ["--epochs", "6"],
+        lambda run: (run / "checkpoint.pt").exists(), "rank-1.json")     # epoch 1 is done
     clean, faulty = report["fits"]["clean"], report["fits"]["faulty"]
     assert "Python worker exited unexpectedly" in log and "resumed from the checkpoint" in log
     assert faulty["info"]["resumed_from_epoch"] >= 1
@@ -178,28 +184,12 @@ def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
     """Kill one Downpour worker's Python process on local-cluster: Spark retries the task, it
     fetches the server's parameters and goes on; the server's state is never lost (its
     version only grows) and the fit ends near an uninterrupted one."""
-    import signal
-    out, runs = tmp_path / "out.json", tmp_path / "runs"
-    proc = subprocess.Popen(
-        [str(venv_bin / "spark-submit"), "--properties-file",
-         str(ROOT / "conf/spark/local-cluster.conf"), str(ALLREDUCE_JOB), str(out), str(runs),
-         "--fits", "clean,faulty", "--epochs", "4", "--strategy", "downpour"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        metrics = runs / "faulty" / "metrics.jsonl"
-        _wait_for(metrics, proc)
-        import time
-        while '"type": "server_epoch"' not in metrics.read_text():    # epoch 1 is done
-            assert proc.poll() is None
-            time.sleep(0.05)
-        victim = json.loads((runs / "faulty" / "workers" / "worker-1.json").read_text())
-        os.kill(victim["pid"], signal.SIGKILL)
-        log, _ = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, log[-5000:]
-    report = json.loads(out.read_text())
-    assert "error" not in report, report["error"]
+    def epoch_one_done(run):
+        metrics = run / "metrics.jsonl"
+        return metrics.exists() and '"type": "server_epoch"' in metrics.read_text()
+    log, report = _fit_with_a_kill(venv_bin, tmp_path, ["--epochs", "4", "--strategy",
+                                                        "downpour"],
+                                   epoch_one_done, "worker-1.json")
     clean, faulty = report["fits"]["clean"], report["fits"]["faulty"]
     assert "Python worker exited unexpectedly" in log
     attempts = {w["worker"]: w["attempt"] for w in faulty["info"]["workers"]}

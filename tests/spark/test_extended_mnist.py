@@ -45,3 +45,15 @@ def test_real_digits_dataframe(spark, mnist):
     df = mnist_dataframe(spark, x[:300], y[:300], partitions=3)
     shard = _rows(df.orderBy("label"))
     assert len(shard) == 300 and shard.features.max() == 1.0
+
+
+def test_mnist_file_dataframe_reads_its_slice_in_the_executors(spark):
+    from spark_dl.data import load_mnist, mnist_file_dataframe
+
+    from ..conftest import MNIST_IMAGES, MNIST_LABELS
+    df = mnist_file_dataframe(spark, MNIST_IMAGES, MNIST_LABELS, 100, 130, partitions=3)
+    assert df.rdd.getNumPartitions() == 3
+    rows = df.toPandas()
+    x, y = load_mnist(MNIST_IMAGES, MNIST_LABELS)
+    assert list(rows.label) == list(y[100:130])
+    assert np.allclose(np.stack(rows.features), x[100:130].reshape(30, -1) / 255.0)
