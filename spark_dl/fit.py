@@ -30,6 +30,7 @@ from .optim.factory import OPTIMIZERS
 from .parallel import allreduce, downpour
 from .parallel.channel import MessageServer
 from .runs import new_run_dir, plot_history, write_history, write_json
+from .tracking import Tracker
 
 __all__ = ["fit", "FitResult", "STRATEGIES"]
 
@@ -71,6 +72,20 @@ def _slots(spark) -> int:
     return max(1, sc.defaultParallelism // task_cpus)
 
 
+def _gpu_request_error(master: str, task_gpus: str | None, device: str) -> str | None:
+    """Why ``device`` cannot be honoured on ``master`` with ``spark.task.resource.gpu.amount``
+    = ``task_gpus``, or None. Local mode needs no GPU scheduling (one machine: the tasks take
+    the GPUs rank modulo count); a cluster does, or tasks would pile onto the same devices."""
+    if device != "cuda" or master.startswith("local") and not master.startswith("local-cluster"):
+        return None
+    if task_gpus and float(task_gpus) > 0:
+        return None
+    return (f"device='cuda' but no GPU resources are configured for tasks on {master}: set "
+            f"spark.executor.resource.gpu.amount=1, spark.task.resource.gpu.amount=1 and "
+            f"spark.executor.resource.gpu.discoveryScript (conf/spark/gpu.conf is a template), "
+            f"or use device='auto' (the CPU when no GPU is assigned)")
+
+
 def _narrow_merges(df) -> bool:
     """Whether the DataFrame's physical plan unions or coalesces partitions."""
     try:
@@ -94,7 +109,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
         ps_shards: int | None = None, wire_dtype: str = "float32",
         max_staleness: int | None = None, overlap: bool = False,
-        partitions: int | str = 1) -> FitResult:
+        partitions: int | str = 1, track=None) -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
 
     strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
@@ -129,6 +144,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       always uses the process group.
     run_dir: where config, metrics, history, plot and checkpoints go (default
       runs/<strategy>-<time>-<id>); a run_dir with a checkpoint is resumed when ``resume``.
+    track: None, "tensorboard", "mlflow" or both in a list: the run's figures also go there
+      (see spark_dl.tracking; the packages are optional: pip install 'spark_dl[tracking]').
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -204,8 +221,14 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         vx = vx.reshape(len(vx), *shape) if len(shape) else vx
         validation = (vx.astype(np.float64 if dtype == "float64" else np.float32), vy)
     model_fn = _model_factory(model)
+    tracker = Tracker(track)
 
     spark = df.sparkSession
+    why = _gpu_request_error(spark.sparkContext.master,
+                             spark.sparkContext.getConf().get("spark.task.resource.gpu.amount"),
+                             device)
+    if why:
+        raise ConfigError(why)
     slots = _slots(spark)
     parts = df.rdd.getNumPartitions()
     if strategy != "downpour" and partitions != 1:
@@ -239,7 +262,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
             df = df.repartition(tasks)
         return _fit_downpour(
             df, model, model_fn, loss_fn,
-            loss_name, replicas, validation, run_dir, progress, log,
+            loss_name, replicas, validation, run_dir, progress, log, tracker,
             downpour.DownpourConfig(
                 features=features, label=label, shape=tuple(shape),
                 label_shape=tuple(label_shape), num_classes=num_classes, loss=loss_name,
@@ -265,10 +288,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     run_path = Path(run_dir).resolve() if run_dir is not None else \
         new_run_dir("runs", strategy)
     run_path.mkdir(parents=True, exist_ok=True)
-    write_json(run_path / "config.json", {"strategy": strategy, "replicas": replicas,
-                                          "model": model if isinstance(model, str) else
-                                          getattr(model, "__name__", repr(model)),
-                                          **dataclasses.asdict(cfg)})
+    config = {"strategy": strategy, "replicas": replicas,
+              "model": model if isinstance(model, str) else
+              getattr(model, "__name__", repr(model)), **dataclasses.asdict(cfg)}
+    write_json(run_path / "config.json", config)
 
     secret = secrets.token_hex(16)
     metrics = open(run_path / "metrics.jsonl", "a")
@@ -277,6 +300,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     def on_message(m: dict) -> None:
         metrics.write(json.dumps(m) + "\n")
         metrics.flush()
+        if m.get("type") == "step":
+            tracker.step(m)
+        elif m.get("type") == "epoch":
+            tracker.epoch(m)
         if not progress or log is None:
             return
         if m.get("type") == "step":
@@ -295,15 +322,21 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
                                validation)
     if log is not None:
         log(f"{strategy}: {replicas} replica(s), run directory {run_path}")
+    tracker.start(run_path, config)
     try:
         # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries
         # as a whole when a task fails (a failed barrier ResultStage is never retried); the
         # retried tasks resume from the run's last checkpoint.
         rows = df.mapInArrow(task, allreduce.RESULT_SCHEMA, barrier=True) \
             .repartition(1).collect()
+    except BaseException:
+        tracker.close(failed=True)
+        raise
     finally:
         server.close()
         metrics.close()
+    if not rows or rows[0].error:
+        tracker.close(failed=True)
     if not rows:
         raise RuntimeError("the training stage returned no result (replica 0 produced none)")
     row = rows[0]
@@ -326,6 +359,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     write_json(run_path / "info.json", info)
     plot_history(run_path / "loss.png", history, f"{strategy}, {replicas} replica(s)")
     torch.save(net.state_dict(), run_path / "model.pt")
+    for h in history:                      # epochs whose live messages were lost
+        tracker.epoch(h)
+    tracker.close()
     return FitResult(net, history, info, run_path)
 
 
@@ -410,7 +446,7 @@ class _Layout:
 
 
 def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation, run_dir,
-                  progress, log, cfg, server_optimizer, lr, momentum, ps_shards,
+                  progress, log, tracker, cfg, server_optimizer, lr, momentum, ps_shards,
                   max_staleness, lr_decay, partitions=1) -> FitResult:
     """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
     from .parallel.ps import ParameterServer
@@ -418,13 +454,12 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     run_path = Path(run_dir).resolve() if run_dir is not None else \
         new_run_dir("runs", "downpour")
     run_path.mkdir(parents=True, exist_ok=True)
-    write_json(run_path / "config.json", {"strategy": "downpour", "replicas": replicas,
-                                          "server_optimizer": server_optimizer, "lr": lr,
-                                          "lr_decay": lr_decay, "partitions": partitions,
-                                          "momentum": momentum, "ps_shards": ps_shards or "auto",
-                                          "model": model if isinstance(model, str) else
-                                          getattr(model, "__name__", repr(model)),
-                                          **dataclasses.asdict(cfg)})
+    config = {"strategy": "downpour", "replicas": replicas,
+              "server_optimizer": server_optimizer, "lr": lr, "lr_decay": lr_decay,
+              "partitions": partitions, "momentum": momentum, "ps_shards": ps_shards or "auto",
+              "model": model if isinstance(model, str) else
+              getattr(model, "__name__", repr(model)), **dataclasses.asdict(cfg)}
+    write_json(run_path / "config.json", config)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     torch.manual_seed(cfg.seed)
     net = model_fn().to(dtype)
@@ -474,6 +509,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
             if len(rows) == replicas:
                 row = evaluate_server(m["epoch"], list(rows.values()))
                 history.append(row)
+                tracker.epoch(row)
                 metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")
                 if progress and log is not None:
                     extra = "".join(f" {k} {row[k]:.4f}" for k in ("val_loss", "val_accuracy")
@@ -481,7 +517,10 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
                     log(f"epoch {row['epoch']}: loss {row['loss']:.4f}{extra}, "
                         f"{row['samples']} samples, {row['samples_per_s']:,.0f} samples/s, "
                         f"server version {sum(row['server_versions'])}")
-        elif m.get("type") == "step" and progress and log is not None and m["worker"] == 0:
+        elif m.get("type") == "step" and m["worker"] == 0:
+            tracker.step(m)
+            if not progress or log is None:
+                return
             log(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']} "
                 f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s, mean staleness "
                 f"{m.get('staleness', 0.0):.2f} (worker 0)")
@@ -493,6 +532,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
         log(f"downpour ({cfg.mode}, n_fetch={cfg.n_fetch}, n_push={cfg.n_push}): {replicas} "
             f"worker(s), parameter server {ps.address[0]}:{ps.address[1]} "
             f"({ps_shards} shard(s), {server_optimizer}), run directory {run_path}")
+    tracker.start(run_path, config)
     try:
         try:
             if partitions == 1:
@@ -500,8 +540,10 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
             else:          # a barrier stage (process groups); the shuffle after it lets Spark
                 rows = df.mapInArrow(task, downpour.RESULT_SCHEMA, barrier=True) \
                     .repartition(1).collect()   # retry it as a whole
-        except Exception as e:
-            _raise_task_error(e)
+        except BaseException as e:
+            tracker.close(failed=True)
+            if isinstance(e, Exception):
+                _raise_task_error(e)
             raise
 
         deadline = time.monotonic() + 2.0        # let the last epoch messages arrive
@@ -520,6 +562,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
             if len(rows_e) == replicas:
                 row = evaluate_server(e, rows_e)
                 history.append(row)
+                tracker.epoch(row)
                 metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")
     metrics.close()
     layout.load(ps.parameters().to(dtype))
@@ -541,4 +584,5 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     write_json(run_path / "info.json", info)
     plot_history(run_path / "loss.png", history, f"downpour {cfg.mode}, {replicas} worker(s)")
     torch.save(net.state_dict(), run_path / "model.pt")
+    tracker.close()
     return FitResult(net, history, info, run_path)

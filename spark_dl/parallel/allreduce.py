@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .stage import StageConfig
+from .stage import StageConfig, write_task_info
 
 __all__ = ["AllReduceConfig", "GradientSync", "make_task", "LOSSES"]
 
@@ -203,7 +203,9 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
         threads = cfg.threads or int(ctx.cpus() or 1)
         torch.set_num_threads(threads)
         if run_dir is not None and not status["error"]:
-            _write_worker_info(run_dir, ctx, rank, {**status, "threads": threads})
+            write_task_info(run_dir, f"rank-{rank}",
+                            {"rank": rank, "attempt": ctx.attemptNumber(),
+                             "stage": ctx.stageId(), **status, "threads": threads})
         backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
         t_rdv = time.perf_counter()
         with process_group(ctx, backend, secret, status, cfg.timeout_s) as (rank_, world,
@@ -248,19 +250,6 @@ def _machine_id() -> str:
     except OSError:
         boot = ""
     return f"{os.uname().nodename}/{boot}"
-
-
-def _write_worker_info(run_dir: str, ctx, rank: int, info: dict) -> None:
-    """run_dir/workers/rank-R.json: where this task runs (host, pid, device), for operators."""
-    try:
-        d = Path(run_dir) / "workers"
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".rank-{rank}.json.tmp"
-        tmp.write_text(json.dumps({"rank": rank, "attempt": ctx.attemptNumber(),
-                                   "stage": ctx.stageId(), **info}))
-        os.replace(tmp, d / f"rank-{rank}.json")
-    except OSError:
-        pass                              # the run directory is the driver's; may be absent here
 
 
 def _autocast(device: torch.device, amp: str | None):

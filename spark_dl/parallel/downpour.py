@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from .stage import StageConfig
+from .stage import StageConfig, write_task_info
 
 __all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
 
@@ -177,10 +177,9 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         device, note = torch.device("cpu"), "cpu: model-parallel tasks run on gloo"
     torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
     if run_dir is not None:
-        _write_worker_info(run_dir, rank, {"pid": os.getpid(), "host": os.uname().nodename,
-                                           "device": str(device), "attempt":
-                                           ctx.attemptNumber(), "rows": len(shard),
-                                           "replica": worker, "partition": part})
+        write_task_info(run_dir, f"worker-{rank}",
+                        {"worker": rank, "device": str(device), "attempt": ctx.attemptNumber(),
+                         "rows": len(shard), "replica": worker, "partition": part})
     dtype = _TORCH[cfg.dtype]
     torch.manual_seed(cfg.seed)
     try:
@@ -403,13 +402,3 @@ def _flatten(model: torch.nn.Module, numel: int, device, dtype
     return flat, grad
 
 
-def _write_worker_info(run_dir: str, worker: int, info: dict) -> None:
-    from pathlib import Path
-    try:
-        d = Path(run_dir) / "workers"
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".worker-{worker}.json.tmp"
-        tmp.write_text(json.dumps({"worker": worker, **info}))
-        os.replace(tmp, d / f"worker-{worker}.json")
-    except OSError:
-        pass

@@ -4,8 +4,12 @@ the configs travel to the executors in the task closure)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
 
-__all__ = ["StageConfig"]
+__all__ = ["StageConfig", "write_task_info"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,3 +31,24 @@ class StageConfig:
     threads: int = 0
     timeout_s: float = 300.0
     progress_every_s: float = 2.0
+
+
+def write_task_info(run_dir: str, name: str, info: dict) -> None:
+    """run_dir/workers/<name>.json: where this task runs, for operators: ``info`` plus the host,
+    the process, the Python interpreter and where spark_dl was imported from (the shipped
+    environment and --py-files archive on a cluster). Best effort: the run directory is the
+    driver's and may not be reachable from this executor."""
+    import torch
+
+    import spark_dl
+    facts = {"host": os.uname().nodename, "pid": os.getpid(), "python": sys.executable,
+             "spark_dl": os.path.abspath(os.path.dirname(spark_dl.__file__)),
+             "torch": os.path.abspath(os.path.dirname(torch.__file__)), **info}
+    try:
+        d = Path(run_dir) / "workers"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{name}.json.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(facts))
+        os.replace(tmp, d / f"{name}.json")
+    except OSError:
+        pass

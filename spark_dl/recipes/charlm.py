@@ -180,7 +180,8 @@ def _train_char_allreduce(cfg: CharConfig, log, spark) -> dict:
               lr=cfg.lr, lr_decay=cfg.lr_decay, epochs=epochs, batch_size=cfg.batch_size,
               replicas=replicas, seed=cfg.run.seed, device=cfg.run.device,
               threads=cfg.run.threads, validation=(vx, vy),
-              run_dir=f"{cfg.run.out_dir}/char-{kind}-allreduce", log=log)
+              run_dir=f"{cfg.run.out_dir}/char-{kind}-allreduce", log=log,
+              track=cfg.run.track)
     model = res.model.rnn
     val = _validate(model, torch.from_numpy(ids[split:]), cfg.tbptt)
     prime = vocab.encode("ROMEO:\n").tolist()

@@ -23,10 +23,18 @@ class RunConfig:
     device: str = "auto"            # "auto" (CUDA when present), "cpu" or "cuda"
     seed: int = 0
     threads: int = 0                # torch CPU threads; 0 keeps torch's default
+    track: tuple = ()               # Spark fits: also log to "tensorboard" and/or "mlflow"
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"'run.device' must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        from ..tracking import TRACKERS
+        track = (self.track,) if isinstance(self.track, str) else tuple(self.track)
+        bad = [t for t in track if t not in TRACKERS]
+        if bad:
+            raise ConfigError(f"'run.track' must list trackers among {list(TRACKERS)}, got "
+                              f"{list(track)}; e.g. track = [\"tensorboard\"] in [run]")
+        object.__setattr__(self, "track", track)
 
 
 def pick_device(run: RunConfig) -> torch.device:

@@ -127,7 +127,8 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
               epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
               device=cfg.run.device, threads=cfg.run.threads,
               validation=(test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y),
-              run_dir=f"{cfg.run.out_dir}/{t.model}-{t.optimizer}-{t.strategy}", log=log)
+              run_dir=f"{cfg.run.out_dir}/{t.model}-{t.optimizer}-{t.strategy}", log=log,
+              track=cfg.run.track)
     history = res.history
     return {"model": t.model, "optimizer": t.optimizer, "lr": t.lr, "batch_size": t.batch_size,
             "strategy": t.strategy, "replicas": res.info["world"],

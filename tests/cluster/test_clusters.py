@@ -6,6 +6,8 @@ import re
 import shutil
 import socket
 import subprocess
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,3 +231,52 @@ def test_model_larger_than_a_python_worker_trains_split_in_two(venv_bin, tmp_pat
     full = (784 * 12288 + 12288 + 12288 * 12288 + 12288 + 12288 * 10 + 10) * 4
     assert all(b <= full / 2 * 1.05 for b in fits["2"]["bytes"]) and len(fits["2"]["bytes"]) == 2
     assert fits["2"]["history"][0]["samples"] == 64
+
+
+@pytest.mark.cluster
+def test_standalone_job_runs_in_the_shipped_environment(venv_bin, standalone, tmp_path):
+    """The README's packaging recipe: a virtual environment with torch etc. packed by venv-pack
+    and spark_dl zipped, shipped with --archives / --py-files; the executors' Python workers run
+    the unpacked environment's interpreter and import spark_dl from the zip."""
+    ship = tmp_path / "ship"
+    try:
+        _ship_and_run(venv_bin, standalone, ship)
+    finally:
+        shutil.rmtree(ship, ignore_errors=True)           # 1.3 GB environment, 400 MB archive
+
+
+def _ship_and_run(venv_bin, standalone, ship):
+    built = subprocess.run([str(venv_bin / "python"), "-m", "spark_dl.packaging", str(ship)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-4000:]
+    assert "--archives" in built.stdout
+    names = zipfile.ZipFile(ship / "spark_dl.zip").namelist()
+    assert "spark_dl/fit.py" in names and not any("__pycache__" in n for n in names)
+
+    shards = f"work/test-packaging-{os.getpid()}"
+    try:
+        out = _submit(venv_bin, "--master", standalone, "--properties-file",
+                      ROOT / "conf/spark/standalone.conf",
+                      "--archives", f"{ship / 'env.tar.gz'}#environment",
+                      "--py-files", ship / "spark_dl.zip",
+                      "--conf", "spark.pyspark.python=./environment/bin/python",
+                      "--conf", f"spark.pyspark.driver.python={venv_bin / 'python'}",
+                      ROOT / "jobs/demo.py", "--config", ROOT / "conf/jobs/demo.toml",
+                      "--set", "data.extended_samples=3000", "--set", f"data.shards_dir='{shards}'")
+    finally:
+        shutil.rmtree(ROOT / shards, ignore_errors=True)
+    assert "test accuracy (cnn, last 2000 MNIST digits)" in out
+    run_dir = Path(re.search(r"run directory (\S+)", out)[1])
+    try:
+        workers = [json.loads(p.read_text()) for p in sorted(run_dir.glob("workers/*.json"))]
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    assert len(workers) == 2 and len({w["pid"] for w in workers}) == 2
+    driver_python = str(venv_bin / "python")
+    for w in workers:
+        # <worker work dir>/app-<id>/<executor id>/environment/bin/python: the unpacked archive
+        assert re.search(r"/app-[\d-]+/\d+/environment/bin/python$", w["python"]), w
+        assert w["python"] != driver_python
+        env = w["python"][:-len("bin/python")]
+        assert w["torch"].startswith(env), w               # torch from the shipped environment
+        assert w["spark_dl"].endswith("spark_dl.zip/spark_dl"), w       # spark_dl from the zip

@@ -40,3 +40,22 @@ def test_bad_configs_name_the_key(tmp_path, text, match):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_toml(DemoConfig, tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("master,task_gpus,device,refused", [
+    ("spark://10.0.0.5:7077", None, "cuda", True),
+    ("yarn", "0", "cuda", True),
+    ("local-cluster[2,1,1024]", None, "cuda", True),
+    ("spark://10.0.0.5:7077", "1", "cuda", False),
+    ("k8s://https://api:443", "0.5", "cuda", False),      # two tasks share a GPU
+    ("local[4]", None, "cuda", False),                    # one machine: rank modulo count
+    ("spark://10.0.0.5:7077", None, "auto", False),       # auto falls back to the CPU
+])
+def test_gpu_requested_without_gpu_scheduling_is_refused(master, task_gpus, device, refused):
+    from spark_dl.fit import _gpu_request_error
+    why = _gpu_request_error(master, task_gpus, device)
+    assert (why is not None) == refused
+    if refused:
+        assert why.startswith(f"device='cuda' but no GPU resources are configured for tasks on "
+                              f"{master}: set spark.executor.resource.gpu.amount=1, "
+                              f"spark.task.resource.gpu.amount=1")
