@@ -4,11 +4,13 @@ The thesis CNN (weights from a short fit) predicts ROWS digits (the 10,000 shipp
 digits, repeated), batch 1024:
   plain-1t      model(x) over the numpy array in one process, 1 thread (the calibration)
   plain-2t      the same with 2 threads
-  spark_dl      TorchModel.transform on Spark local[2] (2 task slots, 1 thread each) over a
-                cached DataFrame of the same rows, forced by summing the predictions
+  spark_dl      TorchModel.transform on Spark --master (default local[2]: 2 task slots, 1
+                thread each; local-cluster[2,1,1024]: 2 executors of 1 core) over a cached
+                DataFrame of the same rows, forced by summing the predictions
 Interleaved, medians of --repeats; samples/s and ratios to plain-1t.
 
     .venv/bin/python benchmarks/bench_inference.py [--rows 100000] [--repeats 5]
+    .venv/bin/python benchmarks/bench_inference.py --master "local-cluster[2,1,1024]"
 """
 
 from __future__ import annotations
@@ -33,8 +35,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/inference.json"))
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/inference.json "
+                    "(local[2]) or inference-local-cluster.json")
     args = ap.parse_args(argv)
+    name = "inference" if args.master.startswith("local[") else "inference-local-cluster"
+    args.out = args.out or str(ROOT / f"benchmarks/results/{name}.json")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     import numpy as np
@@ -50,7 +56,9 @@ def main(argv=None):
     x = (x.reshape(len(x), -1) / 255.0).astype(np.float32)
     reps = -(-args.rows // len(x))
     X, Y = np.tile(x, (reps, 1))[:args.rows], np.tile(y, reps)[:args.rows].astype(np.int64)
-    spark = get_session("local", master="local[2]")
+    profile = "local-cluster" if args.master.startswith("local-cluster") else "local"
+    spark = get_session(profile, master=args.master)
+
     rows = args.rows
 
     def make(batches):
@@ -102,9 +110,12 @@ def main(argv=None):
                    "accuracy": round(v[-1][1], 4)} for k, v in raw.items()}
     for k, v in summary.items():
         print(k, json.dumps(v))
+    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    executors = max(len(infos) - 1, 1)                         # less the driver's entry
     Path(args.out).write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
-        "cpus": os.cpu_count(), "torch": torch.__version__, "rows": rows, "batch": BATCH,
+        "cpus": os.cpu_count(), "torch": torch.__version__, "master": args.master,
+        "executors": executors, "rows": rows, "batch": BATCH,
         "repeats": args.repeats, "summary": summary, "raw": raw}, indent=1))
     spark.stop()
 

@@ -160,35 +160,18 @@ class TorchModel(Model, _TorchParams, MLReadable, MLWritable):
         self.history: list = []
 
     def _transform(self, dataset):
-        import numpy as np
-        from pyspark.ml.functions import predict_batch_udf
-        from pyspark.sql.types import DoubleType
+        import torch
+
+        from .inference import predict_udf
         if self.state is None:
             raise ValueError("this TorchModel holds no weights; fit a TorchEstimator or load one")
-        make_net, state = self._network(), self.state
-        shape = list(self.getOrDefault("inputShape")) or None
-
-        def make_predict_fn():                      # once per Python worker
-            import torch
-            torch.set_num_threads(1)
-            net = make_net()
-            net.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
-            net.eval()
-
-            def predict(x: np.ndarray) -> np.ndarray:
-                with torch.no_grad():
-                    t = torch.from_numpy(np.ascontiguousarray(x, np.float32))
-                    if shape:
-                        t = t.reshape(len(t), *shape)
-                    return net(t).argmax(1).numpy().astype(np.float64)
-            return predict
-
-        n = math.prod(shape) if shape else None
-        udf = predict_batch_udf(make_predict_fn, return_type=DoubleType(),
-                                batch_size=self.getOrDefault("batchSize"),
-                                input_tensor_shapes=[[n]] if n else None)
+        net = self._network()()
+        net.load_state_dict(torch.load(io.BytesIO(self.state), weights_only=True))
+        shape = list(self.getOrDefault("inputShape")) or [1, 28, 28]      # 'cnn' default
+        predict = predict_udf(net, shape, output="class",
+                              batch_size=self.getOrDefault("batchSize"))
         feats = _features_array(dataset, self.getOrDefault("featuresCol"))
-        return dataset.withColumn(self.getOrDefault("predictionCol"), udf(feats))
+        return dataset.withColumn(self.getOrDefault("predictionCol"), predict(feats))
 
     def write(self) -> MLWriter:
         return _TorchModelWriter(self)

@@ -127,7 +127,7 @@ def _out_of_memory(comm, slice_bytes: int | None = None):
     limit = os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB")
     F = comm.size if comm is not None else 1
     raise ResourceError(
-        f"the model does not fit this task's Python worker"
+        "the model does not fit this task's Python worker"
         + (f" (spark.executor.pyspark.memory: {limit} MiB)" if limit else "")
         + (f": its parameters and gradients take {2 * slice_bytes / 2**20:.0f} MiB here"
            if slice_bytes else "")

@@ -51,6 +51,9 @@ class SuperResConfig:
 
 
 def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
+    import torch
+
+    from ..runs import new_run_dir
     from ..models.ssda import LayerSpec
     from ..session import get_session
     from ..superres.evaluate import evaluate_folder
@@ -71,20 +74,29 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     specs = tuple(LayerSpec(w, 0.01, 0.05, 1e-4) for w in cfg.ssda_layers[:-1]) + \
         (LayerSpec(cfg.ssda_layers[-1], 0.0, 1.0, 1e-4),)
     lr_size = cfg.patch // cfg.scale
+    fits = new_run_dir(out / "fits", "superres")      # a fresh folder: nothing to resume
     kw = dict(strategy=cfg.strategy, batch_size=cfg.batch_size,
-              replicas=cfg.replicas or None, log=log)
+              replicas=cfg.replicas or None, log=log, track=cfg.run.track)
     timings = {}
     t = time.perf_counter()
     ssda, h1 = train_ssda(df, lr_size, specs, cfg.pretrain_epochs, cfg.finetune_epochs,
-                          cfg.ssda_lr, **kw)
+                          cfg.ssda_lr, run_dir=fits, **kw)
     timings["ssda_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    conventional, h2 = train_cnn(df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr, **kw)
+    conventional, h2 = train_cnn(df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr,
+                                 run_dir=fits / "cnn", **kw)
     timings["cnn_s"] = time.perf_counter() - t
     t = time.perf_counter()
     cascade, h3 = finetune_cascade(df, ssda, conventional.cnn, lr_size, cfg.scale,
-                                   cfg.cascade_epochs, cfg.cascade_lr, **kw)
+                                   cfg.cascade_epochs, cfg.cascade_lr,
+                                   run_dir=fits / "cascade", **kw)
     timings["cascade_s"] = time.perf_counter() - t
+    models = {}
+    for name, net in (("conventional", conventional), ("cascade", cascade)):
+        path = out / f"{name}.pt"          # the whole module: torch.load(..., weights_only=False)
+        torch.save(net, path.with_suffix(".pt.tmp"))
+        path.with_suffix(".pt.tmp").replace(path)
+        models[name] = str(path.resolve())
     report = evaluate_folder(cfg.test_images, out / "report", cfg.scale, degradation,
                              {"conventional": (conventional.ssda, conventional.cnn),
                               "cascade": (cascade.ssda, cascade.cnn)}, seed=cfg.run.seed)
@@ -97,4 +109,4 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
             "psnr_cascade": avg["cascade"]["psnr"],
             "cascade_gain_db": round(avg["cascade"]["psnr"] - avg["conventional"]["psnr"], 3),
             "report": report, "histories": {"ssda": h1, "cnn": h2, "cascade": h3},
-            "report_dir": str(out / "report")}
+            "report_dir": str(out / "report"), "models": models}

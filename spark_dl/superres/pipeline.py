@@ -14,6 +14,7 @@ Every stage is one or more ``fit`` calls, so it runs with ``strategy="allreduce"
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -73,23 +74,30 @@ def train_ssda(df, lr_size: int = 16, layers=THESIS_SSDA_LAYERS, pretrain_epochs
                strategy: str = "allreduce", optimizer: str = "adam", log=print,
                **fit_kw) -> tuple[SSDA, list]:
     """Stage 1 on columns lr (features) and lr_clean (targets); returns the SSDA and the
-    histories of every fit (one per pretrained layer, then the fine-tuning)."""
+    histories of every fit (one per pretrained layer, then the fine-tuning). ``run_dir`` (in
+    fit_kw) holds one run directory per fit: ssda-layer1, ..., ssda-finetune."""
     from ..fit import fit
     n = lr_size * lr_size
     ssda = SSDA(n, layers)
     kw = dict(strategy=strategy, features="lr", label="lr_clean", shape=(n,), label_shape=(n,),
               batch_size=batch_size, lr=lr, optimizer=optimizer, log=log, **fit_kw)
     histories = []
+    run_root = kw.pop("run_dir", None)         # one run directory per fit, under run_dir
+
+    def run_dir(name):
+        return None if run_root is None else Path(run_root) / name
     for k, layer in enumerate(ssda.layers):
         step = _LayerStep(ssda, k)
         res = fit(df, lambda: copy.deepcopy(step), loss=_layer_loss(ssda, k),
-                  epochs=pretrain_epochs, weight_decay=layer.spec.weight_decay, **kw)
+                  epochs=pretrain_epochs, weight_decay=layer.spec.weight_decay,
+                  run_dir=run_dir(f"ssda-layer{k + 1}"), **kw)
         layer.load_state_dict(res.model.layer.state_dict())
         histories.append(res.history)
     if finetune_epochs:
         decay = layers[0].weight_decay
         res = fit(df, lambda: copy.deepcopy(ssda), loss=_half_squared_error,
-                  epochs=finetune_epochs, weight_decay=decay, **kw)
+                  epochs=finetune_epochs, weight_decay=decay, run_dir=run_dir("ssda-finetune"),
+                  **kw)
         ssda.load_state_dict(res.model.state_dict())
         histories.append(res.history)
     return ssda, histories

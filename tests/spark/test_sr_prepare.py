@@ -94,6 +94,15 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
     assert (tmp_path / "run" / "report" / "report.md").exists()
     assert (tmp_path / "run" / "report" / "bird.png").exists()
     assert out["cascade_gain_db"] == round(out["psnr_cascade"] - out["psnr_conventional"], 3)
+    # every fit has its own run directory under the job's, and both pipelines are saved whole
+    fits = list((tmp_path / "run" / "fits").glob("superres-*"))
+    assert len(fits) == 1
+    assert sorted(p.name for p in fits[0].iterdir()) == \
+        ["cascade", "cnn", "ssda-finetune", "ssda-layer1", "ssda-layer2"]
+    assert all((p / "history.csv").exists() for p in fits[0].iterdir())
+    import torch
+    cascade = torch.load(out["models"]["cascade"], weights_only=False)
+    assert cascade.ssda.n_in == 256 and cascade.hr_size == 32
 
 
 def test_a_folder_of_images_is_super_resolved_by_a_spark_job(spark, tmp_path):
