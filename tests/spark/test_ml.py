@@ -80,3 +80,7 @@ def test_estimator_params_and_bad_columns(spark):
     with pytest.raises(DataError, match="label column 'y' not in the DataFrame"):
         est.copy({est.featuresCol: "a", est.labelCol: "y"}).fit(
             df.selectExpr("array(a, b, c, d) as a", "label"))
+    # a shape parameter that does not match the data: named with both lengths, nothing trained
+    assembled = df.selectExpr("array(a, b, c, d) as features", "label")
+    with pytest.raises(DataError, match=r"has 4 values, expected 5 \(shape \(5,\)\)"):
+        est.copy({est.inputShape: [5]}).fit(assembled)
