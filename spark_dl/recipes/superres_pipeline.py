@@ -33,6 +33,7 @@ class SuperResConfig:
     ssda_lr: float = 1e-3           # Adam, as the single-process SSDA job
     cnn_lr: float = 1e-3
     cascade_lr: float = 1e-4
+    cnn_residual: bool = False      # SRCNN adds its output to its bicubic input (not the thesis)
     batch_size: int = 64
     strategy: str = "allreduce"     # or "downpour"
     replicas: int = 0               # 0: the cluster's task slots
@@ -84,7 +85,7 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     timings["ssda_s"] = time.perf_counter() - t
     t = time.perf_counter()
     conventional, h2 = train_cnn(df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr,
-                                 run_dir=fits / "cnn", **kw)
+                                 run_dir=fits / "cnn", residual=cfg.cnn_residual, **kw)
     timings["cnn_s"] = time.perf_counter() - t
     t = time.perf_counter()
     cascade, h3 = finetune_cascade(df, ssda, conventional.cnn, lr_size, cfg.scale,

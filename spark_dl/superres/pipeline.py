@@ -105,11 +105,13 @@ def train_ssda(df, lr_size: int = 16, layers=THESIS_SSDA_LAYERS, pretrain_epochs
 
 def train_cnn(df, ssda: SSDA, lr_size: int = 16, scale: int = 2, epochs: int = 1,
               lr: float = 1e-3, batch_size: int = 64, strategy: str = "allreduce",
-              optimizer: str = "adam", log=print, **fit_kw) -> tuple[Cascade, list]:
+              optimizer: str = "adam", log=print, residual: bool = False,
+              **fit_kw) -> tuple[Cascade, list]:
     """Stage 2: SRCNN on bicubic(SSDA(noisy LR)) -> HR, the SSDA frozen; columns lr, hr.
-    Returns the "conventional" pipeline (the stages trained apart) as a Cascade."""
+    Returns the "conventional" pipeline (the stages trained apart) as a Cascade.
+    ``residual``: the SRCNN learns the detail added to its input (see models.srcnn)."""
     from ..fit import fit
-    model = Cascade(lr_size, scale, copy.deepcopy(ssda), SRCNN())
+    model = Cascade(lr_size, scale, copy.deepcopy(ssda), SRCNN(residual=residual))
     for p in model.ssda.parameters():
         p.requires_grad_(False)
     hr = lr_size * scale

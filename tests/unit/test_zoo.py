@@ -176,6 +176,17 @@ def test_srcnn_shapes_and_channels():
         m(torch.rand(2, 3, 8, 8))
 
 
+def test_residual_srcnn_starts_as_the_identity_and_learns_the_difference():
+    torch.manual_seed(0)
+    m = SRCNN(residual=True)
+    x = torch.rand(2, 1, 12, 12)
+    assert torch.equal(m(x), x)                       # last layer at zero: y = x exactly
+    loss = ((m(x) - (x + 0.1)) ** 2).mean()
+    loss.backward()                                   # only the last layer gets a gradient first
+    assert m.body[-1].weight.grad.abs().sum() > 0 and m.body[-1].bias.grad.item() < 0
+    assert m.body[0].weight.grad.abs().sum() == 0
+
+
 # ---- optimizers and the reference loop ---------------------------------------------------
 
 def test_cg_solves_a_quadratic():
