@@ -34,6 +34,7 @@ class SuperResConfig:
     cnn_lr: float = 1e-3
     cascade_lr: float = 1e-4
     cnn_residual: bool = False      # SRCNN adds its output to its bicubic input (not the thesis)
+    tile_stride: int = 8            # evaluation: the SSDA denoises LR tiles every so many pixels
     batch_size: int = 64
     strategy: str = "allreduce"     # or "downpour"
     replicas: int = 0               # 0: the cluster's task slots
@@ -49,6 +50,9 @@ class SuperResConfig:
         _check(len(self.ssda_layers) >= 1 and all(isinstance(w, int) and w > 0
                                                    for w in self.ssda_layers),
                "ssda_layers", list(self.ssda_layers), "must list positive widths")
+        _check(1 <= self.tile_stride <= self.patch // self.scale, "tile_stride",
+               self.tile_stride, f"must be between 1 and the LR patch side "
+                                 f"{self.patch // self.scale}")
 
 
 def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
@@ -100,7 +104,8 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
         models[name] = str(path.resolve())
     report = evaluate_folder(cfg.test_images, out / "report", cfg.scale, degradation,
                              {"conventional": (conventional.ssda, conventional.cnn),
-                              "cascade": (cascade.ssda, cascade.cnn)}, seed=cfg.run.seed)
+                              "cascade": (cascade.ssda, cascade.cnn)}, seed=cfg.run.seed,
+                             stride=cfg.tile_stride)
     avg = report["average"]
     log("average PSNR / SSIM: " + ", ".join(f"{m} {v['psnr']:.2f} / {v['ssim']:.4f}"
                                              for m, v in avg.items()))

@@ -31,8 +31,10 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 
 
 def evaluate_folder(folder: str | Path, out_dir: str | Path, scale: int,
-                    degradation: Degradation, methods: dict, seed: int = 0) -> dict:
-    """``methods``: name -> (ssda or None, cnn or None), applied by tiles.super_resolve.
+                    degradation: Degradation, methods: dict, seed: int = 0,
+                    stride: int = 8) -> dict:
+    """``methods``: name -> (ssda or None, cnn or None), applied by tiles.super_resolve (the
+    SSDA on LR tiles every ``stride`` pixels, overlaps averaged).
     Returns {"images": {name: {method: {"psnr", "ssim"}}}, "average": {...}}."""
     from PIL import Image
     out_dir = Path(out_dir)
@@ -40,7 +42,8 @@ def evaluate_folder(folder: str | Path, out_dir: str | Path, scale: int,
     paths = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not paths:
         raise FileNotFoundError(f"no images in {folder}")
-    report: dict = {"scale": scale, "degradation": degradation.__dict__, "images": {}}
+    report: dict = {"scale": scale, "degradation": degradation.__dict__, "tile_stride": stride,
+                    "images": {}}
     methods = {"bicubic": (None, None), **methods}
     for path in paths:
         hr = modcrop(load_y(path), scale)
@@ -49,7 +52,7 @@ def evaluate_folder(folder: str | Path, out_dir: str | Path, scale: int,
                      [None], degradation, rng)[0]
         row, shown = {}, [np.clip(bicubic(lr, hr.shape), 0, 1)]
         for name, (ssda, cnn) in methods.items():
-            sr = super_resolve(lr, scale, ssda, cnn)
+            sr = super_resolve(lr, scale, ssda, cnn, stride=stride)
             row[name] = {"psnr": round(psnr(sr, hr, border=scale), 3),
                          "ssim": round(ssim(sr, hr, border=scale), 4)}
             if name != "bicubic":
