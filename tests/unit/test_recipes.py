@@ -35,6 +35,11 @@ def test_shipped_job_configs_load():
         load_toml(cls, ROOT / "conf" / "jobs" / f"{name}.toml")
     from spark_dl.recipes.superres_pipeline import SuperResConfig
     load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres.toml")
+    quality = load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres-quality.toml")
+    assert quality.ssda_layers == (1280,) and quality.tile_stride == 4 and quality.cnn_residual
+    with pytest.raises(ConfigError, match="'tile_stride' must be between 1 and the LR patch "
+                                          "side 16, got 17"):
+        load_toml(SuperResConfig, ROOT / "conf/jobs/superres.toml", {"tile_stride": 17})
     load_toml(MnistJobConfig, ROOT / "conf" / "jobs" / "fc_hybrid.toml")
     with pytest.raises(ConfigError, match="'patch' must be a multiple of scale 3"):
         load_toml(SuperResConfig, ROOT / "conf/jobs/superres.toml", {"scale": 3})
