@@ -3,6 +3,7 @@
     spark-submit --properties-file conf/spark/local-cluster.conf allreduce_job.py OUT RUNS \
         [--device auto|cpu|cuda|by-name] [--fits clean,faulty] [--epochs 3]
         [--strategy allreduce|downpour]
+        [--optimizer adam] [--lr 0.003] [--momentum 0] [--lr-decay 1] [--batch-size 32]
 
 Trains the thesis CNN on the first 8,000 shipped MNIST digits (two shards of 4,000, built in
 the executors from the file) and validates on the last 2,000; one fit per name in --fits, each
@@ -29,6 +30,11 @@ def main():
     ap.add_argument("--fits", default="clean")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--strategy", default="allreduce")
+    ap.add_argument("--optimizer", default="adam")
+    ap.add_argument("--lr", type=float, default=0.003)
+    ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--lr-decay", type=float, default=1.0)
+    ap.add_argument("--batch-size", type=int, default=32)
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
@@ -41,7 +47,8 @@ def main():
         for name in args.fits.split(","):
             res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), "cnn", strategy=args.strategy,
                       shape=(1, 28, 28), num_classes=10,
-                      optimizer="adam", lr=0.003, batch_size=32, epochs=args.epochs,
+                      optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
+                      lr_decay=args.lr_decay, batch_size=args.batch_size, epochs=args.epochs,
                       device=name if args.device == "by-name" else args.device,
                       validation=validation,
                       run_dir=Path(args.runs) / name)

@@ -185,25 +185,30 @@ def test_allreduce_reads_the_gpu_spark_assigns(venv_bin, tmp_path):
 def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
     """Kill one Downpour worker's Python process on local-cluster: Spark retries the task, it
     fetches the server's parameters and goes on; the server's state is never lost (its
-    version only grows) and the fit ends near an uninterrupted one."""
+    version only grows) and the fit ends within the issue's 0.5 points of an uninterrupted one."""
+    EPOCHS = 10
+
     def epoch_one_done(run):
         metrics = run / "metrics.jsonl"
         return metrics.exists() and '"type": "server_epoch"' in metrics.read_text()
-    log, report = _fit_with_a_kill(venv_bin, tmp_path, ["--epochs", "4", "--strategy",
-                                                        "downpour"],
-                                   epoch_one_done, "worker-1.json")
+    # SGD with momentum and a decaying learning rate: the async fit settles (three clean fits
+    # of these settings ended within 0.35 points of each other), so the kill's cost shows
+    log, report = _fit_with_a_kill(
+        venv_bin, tmp_path, ["--epochs", str(EPOCHS), "--strategy", "downpour", "--optimizer",
+                             "sgd", "--lr", "0.05", "--momentum", "0.8", "--lr-decay", "0.7",
+                             "--batch-size", "16"],
+        epoch_one_done, "worker-1.json")
     clean, faulty = report["fits"]["clean"], report["fits"]["faulty"]
     assert "Python worker exited unexpectedly" in log
     attempts = {w["worker"]: w["attempt"] for w in faulty["info"]["workers"]}
     assert attempts[1] >= 1 and attempts[0] == 0          # worker 1 ran again
     versions = faulty["server_versions_per_epoch"]
-    assert versions == sorted(versions) and len(versions) == 4
+    assert versions == sorted(versions) and len(versions) == EPOCHS
     # the retried worker redid its shard: the server applied more pushes than the clean fit
     assert faulty["info"]["server"]["versions"][0] > clean["info"]["server"]["versions"][0]
     acc_clean = clean["history"][-1]["val_accuracy"]
     acc_faulty = faulty["history"][-1]["val_accuracy"]
-    # async runs differ run to run (measured: 96.15% clean vs 96.90% with the kill)
-    assert acc_clean > 0.9 and abs(acc_faulty - acc_clean) <= 0.02
+    assert acc_clean > 0.97 and abs(acc_faulty - acc_clean) <= 0.005   # the issue's 0.5 points
 
 
 MEMORY_JOB = ROOT / "tests" / "cluster" / "memory_job.py"
