@@ -29,6 +29,7 @@ from .errors import ConfigError, DataError, ResourceError, SparkDLError
 from .optim.factory import OPTIMIZERS
 from .parallel import allreduce, downpour
 from .parallel.channel import MessageServer
+from .progress import ProgressLine
 from .runs import new_run_dir, plot_history, write_history, write_json
 from .tracking import Tracker
 
@@ -296,6 +297,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     secret = secrets.token_hex(16)
     metrics = open(run_path / "metrics.jsonl", "a")
     t_start = time.perf_counter()
+    live = ProgressLine(log)
 
     def on_message(m: dict) -> None:
         metrics.write(json.dumps(m) + "\n")
@@ -304,17 +306,17 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
             tracker.step(m)
         elif m.get("type") == "epoch":
             tracker.epoch(m)
-        if not progress or log is None:
+        if not progress:
             return
         if m.get("type") == "step":
-            log(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']} "
-                f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s")
+            live.update(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']} "
+                        f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s")
         elif m.get("type") == "epoch":
             extra = "".join(f" {k} {m[k]:.4f}" for k in ("val_loss", "val_accuracy") if k in m)
-            log(f"epoch {m['epoch']}: loss {m['loss']:.4f}{extra}, {m['samples']} samples, "
-                f"{m['samples_per_s']:,.0f} samples/s")
+            live.line(f"epoch {m['epoch']}: loss {m['loss']:.4f}{extra}, {m['samples']} "
+                      f"samples, {m['samples_per_s']:,.0f} samples/s")
         elif m.get("type") == "resume":
-            log(f"resumed from the checkpoint of epoch {m['epoch']}")
+            live.line(f"resumed from the checkpoint of epoch {m['epoch']}")
 
     host = spark.conf.get("spark.driver.host", "127.0.0.1")
     server = MessageServer(host, secret.encode(), on_message)
@@ -335,6 +337,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     finally:
         server.close()
         metrics.close()
+        live.close()
     if not rows or rows[0].error:
         tracker.close(failed=True)
     if not rows:
@@ -483,6 +486,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     history: list[dict] = []
     metrics = open(run_path / "metrics.jsonl", "a")
     t_start = time.perf_counter()
+    live = ProgressLine(log)
 
     def evaluate_server(epoch: int, rows: list[dict]) -> dict:
         """One history row when every worker has finished ``epoch``: the server's model."""
@@ -511,19 +515,18 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
                 history.append(row)
                 tracker.epoch(row)
                 metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")
-                if progress and log is not None:
+                if progress:
                     extra = "".join(f" {k} {row[k]:.4f}" for k in ("val_loss", "val_accuracy")
                                     if k in row)
-                    log(f"epoch {row['epoch']}: loss {row['loss']:.4f}{extra}, "
-                        f"{row['samples']} samples, {row['samples_per_s']:,.0f} samples/s, "
-                        f"server version {sum(row['server_versions'])}")
+                    live.line(f"epoch {row['epoch']}: loss {row['loss']:.4f}{extra}, "
+                              f"{row['samples']} samples, {row['samples_per_s']:,.0f} "
+                              f"samples/s, server version {sum(row['server_versions'])}")
         elif m.get("type") == "step" and m["worker"] == 0:
             tracker.step(m)
-            if not progress or log is None:
-                return
-            log(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']} "
-                f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s, mean staleness "
-                f"{m.get('staleness', 0.0):.2f} (worker 0)")
+            if progress:
+                live.update(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']} "
+                            f"loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s, mean "
+                            f"staleness {m.get('staleness', 0.0):.2f} (worker 0)")
 
     channel = MessageServer(host, secret, on_message)
     task = downpour.make_task(cfg, model_fn, loss_fn, secret, ps.address, channel.address,
@@ -553,6 +556,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     finally:
         channel.close()
         ps.close()
+        live.close()
     tasks = sorted((json.loads(r.report) for r in rows), key=lambda r: r.get("task", r["worker"]))
     reports = [r for r in tasks if r.get("partition", 0) == 0]     # one per replica
     # epochs whose messages were lost (the driver channel is best effort): from the reports

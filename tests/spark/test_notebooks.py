@@ -27,3 +27,9 @@ def test_notebook_runs_headless(path, monkeypatch):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
     assert not errors
+    if path.stem == "01_quick_start":
+        # fit's progress is one output area updated in place, ending with the epoch line
+        live = [o["data"]["text/plain"] for c in nb.cells if c.cell_type == "code"
+                for o in c.outputs if o.output_type == "display_data"
+                and "text/plain" in o.get("data", {})]
+        assert any(t.splitlines()[0].startswith("epoch 1: loss") for t in live), live
