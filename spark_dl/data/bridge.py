@@ -183,13 +183,18 @@ class ShardData:
         return n // batch_size if drop_last else -(-n // batch_size)
 
     def batches(self, batch_size: int, shuffle: bool = True, seed: int = 0, epoch: int = 0,
-                drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Mini-batches of one epoch; the order depends only on (seed, epoch)."""
+                drop_last: bool = False, skip: int = 0
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Mini-batches of one epoch; the order depends only on (seed, epoch). ``skip``: start
+        after that many batches of it (a retried task going on where its last attempt was)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if skip < 0:
+            raise ValueError(f"skip must be >= 0, got {skip}")
         n = len(self)
         order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else None
-        for start in range(0, self.num_batches(batch_size, drop_last) * batch_size, batch_size):
+        for start in range(skip * batch_size, self.num_batches(batch_size, drop_last)
+                           * batch_size, batch_size):
             if order is None:
                 rows = np.arange(start, min(start + batch_size, n))
             else:

@@ -194,9 +194,12 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
     # progress and epoch reports come from one task per replica
     progress = MessageClient(channel if part == 0 else None, secret)
+    resume_epoch = resume_step = 0
     if comm is None:
         steps = client.hello(len(shard), cfg.batch_size)
         shards = None
+        if client.done_steps and steps:   # a retried task: go on where the server is
+            resume_epoch, resume_step = divmod(client.done_steps, steps)
     else:             # the server counts an epoch's steps once per replica (lr_decay)
         client.hello(replica_steps * cfg.batch_size if part == 0 else 0, cfg.batch_size)
         steps, shards = replica_steps, [part]
@@ -228,12 +231,13 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
     rows_total = len(shard) if comm is None else None
-    for epoch in range(cfg.epochs):
+    for epoch in range(resume_epoch, cfg.epochs):
+        first = resume_step if epoch == resume_epoch else 0
         it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
-                                seed=cfg.seed * 1000003 + rank, epoch=epoch))
+                                seed=cfg.seed * 1000003 + rank, epoch=epoch, skip=first))
         t0 = last = time.perf_counter()
         loss_sum = samples = 0.0
-        for step in range(steps):
+        for step in range(first, steps):
             batch = next(it, None)
             if comm is not None:                  # every task of the replica, every step
                 if batch is None:
@@ -308,6 +312,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     progress.close()
     report = {"worker": worker, "task": rank, "partition": part, "rows": len(shard),
               "device": str(device), "note": note, "history": history, "pushes": pushes,
+              "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step}
+              if resume_epoch or resume_step else None,
               "staleness": {str(k): v for k, v in sorted(staleness.items())},
               "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
               "bytes_sent": client.conn.bytes_sent,

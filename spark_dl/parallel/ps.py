@@ -16,7 +16,9 @@ frames, so a frame cannot be forged without the secret nor replayed. Payloads ar
 pickled, and their length must equal what the op and shard imply, so a frame claiming 10 GB
 is refused before a byte of it is read. Any malformed frame closes that connection only.
 A push may ask for the shard's values after it in the same reply (op "pushpull"): a worker that
-fetches right after pushing pays one round trip, not two.
+fetches right after pushing pays one round trip, not two. The server counts the mini-batch steps
+it applied per worker id; the hello reply says how many, so that a task Spark retries goes on
+from there instead of redoing its shard.
 
 The server-side learning rate decays per epoch (lr_decay): an epoch is the mini-batch steps of
 all workers' shards (sync: of the largest), counted as the pushes carry them.
@@ -221,6 +223,7 @@ class ParameterServer:
         self._stats_lock = threading.Lock()
         self._hello = threading.Condition()
         self._registered: dict[int, tuple[int, int]] = {}      # worker -> (rows, batch)
+        self._done: Counter = Counter()     # worker -> mini-batch steps applied (shard 0)
         self._stop = threading.Event()
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.2)
@@ -378,7 +381,8 @@ class ParameterServer:
                 steps = max(-(-r // b) for r, b in self._registered.values())
             else:
                 steps = -(-rows // max(batch, 1))
-        conn.send(OPS["ok"], np.array(self.bounds + [steps], np.int64),
+            done = self._done[worker]
+        conn.send(OPS["ok"], np.array(self.bounds + [steps, done], np.int64),
                   count=self.numel, version=sum(self.versions))
         return True
 
@@ -413,11 +417,15 @@ class ParameterServer:
                 self.staleness[staleness] += 1
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
                 s.apply(grad, steps / max(samples, 1), steps, self.epoch_steps)
+                if s is self.shards[0]:
+                    self._done[worker] += steps
                 return s.version, staleness, s.param.detach().clone() if pull else None
             if staleness > 0:                     # computed on an older round: dropped
                 self.dropped += 1
                 return s.version, staleness, s.param.detach().clone() if pull else None
             self.staleness[0] += 1
+            if s is self.shards[0]:               # in the round: done, whoever completes it
+                self._done[worker] += steps
             if s.round_sum is None:
                 s.round_sum = torch.zeros_like(s.param)
             s.round_sum += grad
@@ -461,11 +469,14 @@ class PSClient:
         return code, shard, version, count, payload
 
     def hello(self, rows: int, batch_size: int) -> int:
-        """Register; returns the steps per epoch (sync: those of the largest shard)."""
+        """Register; returns the steps per epoch (sync: those of the largest shard). Sets
+        ``done_steps``: the mini-batch steps of this worker id the server has already applied
+        (a retried task's earlier attempts), where a retried worker goes on from."""
         self.conn.send(OPS["hello"], np.array([rows, batch_size], np.int64), worker=self.worker)
         _, _, _, n, payload = self._reply(1 << 20)
         info = np.frombuffer(payload, np.int64)
-        self.bounds, steps = [int(b) for b in info[:-1]], int(info[-1])
+        self.bounds, steps = [int(b) for b in info[:-2]], int(info[-2])
+        self.done_steps = int(info[-1])
         self.versions = [0] * (len(self.bounds) - 1)
         self.numel = n
         return steps

@@ -192,10 +192,10 @@ def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
         metrics = run / "metrics.jsonl"
         return metrics.exists() and '"type": "server_epoch"' in metrics.read_text()
     # SGD with momentum and a slowly decaying learning rate for 12 epochs, so that the async
-    # fits settle. Even so the order of the pushes differs run to run: four clean fits of these
-    # settings ended at 97.85-98.30%, and a faulty fit landed 0.43 and 0.48 points from the
-    # mean of two clean ones (docs/quality.md). The 0.5 points is what those pairs
-    # show; a single pair is held to 1 point, which noise alone does not reach.
+    # fits settle. Even so the order of the pushes differs run to run (two clean fits of one
+    # run ended 0.2-0.6 points apart); faulty fits landed 0.18 and 0.40 points from the mean
+    # of their two clean ones (docs/quality.md): the 0.5 points. A single pair is
+    # held to 1 point, which noise alone does not reach.
     log, report = _fit_with_a_kill(
         venv_bin, tmp_path, ["--epochs", str(EPOCHS), "--strategy", "downpour", "--optimizer",
                              "sgd", "--lr", "0.03", "--momentum", "0.8", "--lr-decay", "0.85",
@@ -204,12 +204,15 @@ def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
     fits = report["fits"]
     clean, faulty = fits["clean"], fits["faulty"]
     assert "Python worker exited unexpectedly" in log
-    attempts = {w["worker"]: w["attempt"] for w in faulty["info"]["workers"]}
-    assert attempts[1] >= 1 and attempts[0] == 0          # worker 1 ran again
+    workers = {w["worker"]: w for w in faulty["info"]["workers"]}
+    assert workers[1]["attempt"] >= 1 and workers[0]["attempt"] == 0     # worker 1 ran again
+    # ... from where the server was, not from the start: epoch 2 or later (the kill came
+    # after epoch 1), and the server applied as many steps as in the clean fit
+    assert workers[1]["resumed_at"]["epoch"] >= 2, workers[1]["resumed_at"]
+    assert workers[0]["resumed_at"] is None
     versions = faulty["server_versions_per_epoch"]
     assert versions == sorted(versions) and len(versions) == EPOCHS
-    # the retried worker redid its shard: the server applied more pushes than the clean fit
-    assert faulty["info"]["server"]["versions"][0] > clean["info"]["server"]["versions"][0]
+    assert faulty["info"]["server"]["versions"] == clean["info"]["server"]["versions"]
     acc_clean = [fits[k]["history"][-1]["val_accuracy"] for k in ("clean", "clean2")]
     acc_faulty = faulty["history"][-1]["val_accuracy"]
     assert min(acc_clean) > 0.97

@@ -57,6 +57,25 @@ def test_32_clients_x_200_pushes_apply_every_update(server):
     assert sum(ps.staleness.values()) == 6400 * 4
 
 
+def test_a_reconnecting_worker_is_told_the_steps_already_applied(server):
+    """A task Spark retries registers under its worker id again: the hello reply carries the
+    mini-batch steps the server applied for that id, where the retried task goes on from."""
+    ps = server(n=10, shards=2, optimizer="sgd", lr=0.1)
+    first = PSClient(ps.address, SECRET, 3, dtype=torch.float64)
+    first.hello(rows=40, batch_size=4)
+    assert first.done_steps == 0
+    for _ in range(3):
+        first.push(torch.ones(10, dtype=torch.float64), samples=8, steps=2)
+    first.conn.sock.close()                     # killed: no bye
+    again = PSClient(ps.address, SECRET, 3, dtype=torch.float64)
+    assert again.hello(rows=40, batch_size=4) == 10 and again.done_steps == 6
+    other = PSClient(ps.address, SECRET, 4, dtype=torch.float64)
+    other.hello(rows=40, batch_size=4)
+    assert other.done_steps == 0
+    again.close()
+    other.close()
+
+
 def test_pull_returns_the_current_values_and_versions(server):
     ps = server(n=10, shards=3, optimizer="sgd", lr=1.0)
     c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
