@@ -505,7 +505,8 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
         metrics.write(json.dumps(m) + "\n")
         metrics.flush()
         if m.get("type") == "epoch":
-            # a retried task reports its epochs again: the first report of each worker counts
+            # a retried task goes on mid-epoch and reports that epoch again (its part of it):
+            # the first report of each worker counts
             rows = epochs_done.setdefault(m["epoch"], {})
             if m["worker"] in rows:
                 return
@@ -559,12 +560,18 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
         live.close()
     tasks = sorted((json.loads(r.report) for r in rows), key=lambda r: r.get("task", r["worker"]))
     reports = [r for r in tasks if r.get("partition", 0) == 0]     # one per replica
-    # epochs whose messages were lost (the driver channel is best effort): from the reports
+    # epochs whose messages were lost (the driver channel is best effort): from the reports,
+    # and from the messages that did arrive; a task Spark retried went on past the epochs its
+    # earlier attempt finished, so its report has no row for them: they are not waited for
     for e in range(1, cfg.epochs + 1):
         if e not in {h["epoch"] for h in history}:
-            rows_e = [h for r in reports for h in r["history"] if h["epoch"] == e]
-            if len(rows_e) == replicas:
-                row = evaluate_server(e, rows_e)
+            got = dict(epochs_done.get(e, {}))
+            for r in reports:
+                got.update({r["worker"]: h for h in r["history"] if h["epoch"] == e})
+            skipped = {r["worker"] for r in reports
+                       if r.get("resumed_at") and r["resumed_at"]["epoch"] > e}
+            if got and len(got.keys() | skipped) == replicas:
+                row = evaluate_server(e, list(got.values()))
                 history.append(row)
                 tracker.epoch(row)
                 metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")

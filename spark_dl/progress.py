@@ -12,6 +12,7 @@ stay. Where the line goes depends on where ``print`` writes:
 
 from __future__ import annotations
 
+import shutil
 import sys
 from typing import Callable
 
@@ -51,7 +52,8 @@ class ProgressLine:
             return
         if self.mode == "lines":
             self.log(text)
-        elif self.mode == "terminal":
+        elif self.mode == "terminal":      # cut to the width: a wrapped line is not rewritten
+            text = text[:max(shutil.get_terminal_size().columns - 1, 20)]
             self.stream.write("\r" + text + "\x1b[K")
             self.stream.flush()
             self._live = text

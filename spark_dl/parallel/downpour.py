@@ -303,6 +303,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         row = {"epoch": epoch + 1, "worker": worker, "loss": loss_sum / max(samples, 1),
                "samples": int(samples), "seconds": seconds,
                "samples_per_s": samples / max(seconds, 1e-9)}
+        if first:                                 # a retry's part of the epoch only
+            row["resumed_at_step"] = first + 1
         history.append(row)
         progress.send({"type": "epoch", **row})
     if exchange is not None:
@@ -312,7 +314,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     progress.close()
     report = {"worker": worker, "task": rank, "partition": part, "rows": len(shard),
               "device": str(device), "note": note, "history": history, "pushes": pushes,
-              "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step}
+              "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}
               if resume_epoch or resume_step else None,
               "staleness": {str(k): v for k, v in sorted(staleness.items())},
               "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,

@@ -459,6 +459,7 @@ class PSClient:
         self.conn = _Conn(sock, secret, nonce)
         self.bounds: list[int] = []
         self.versions: list[int] = []
+        self.done_steps = 0                       # set by hello
         self.push_seconds = self.pull_seconds = 0.0
 
     def _reply(self, max_payload: int, into=None):

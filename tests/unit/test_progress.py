@@ -47,3 +47,11 @@ def test_print_into_a_pipe_or_file_is_one_line_per_report(capsys):
     live.update("step 1")
     live.line("epoch 1")
     assert capsys.readouterr().out == "step 1\nepoch 1\n"
+
+
+def test_the_terminal_line_is_cut_to_the_width(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "30")         # a wrapped line could not be rewritten
+    out = _Terminal()
+    live = ProgressLine(print, stream=out)
+    live.update("x" * 100)
+    assert out.getvalue() == "\r" + "x" * 29 + "\x1b[K"
