@@ -7,8 +7,9 @@
         [--train-rows 8000]
 
 Trains the thesis CNN on the first 8,000 shipped MNIST digits (--train-rows; two shards, built
-in the executors from the file) and validates on the rest of the 10,000; one fit per name in --fits, each
-in RUNS/<name> (with --device by-name the fit's name is its device). Writes {"fits": {name: {history, info}} or {"error": ...}} to OUT.
+in the executors from the file) and validates on the rest of the 10,000; one fit per name in
+--fits, each in RUNS/<name> (with --device by-name the fit's name is its device). Writes
+{"fits": {name: {history, info}}} or {"error": ...} to OUT.
 """
 
 import argparse
@@ -49,8 +50,8 @@ def main():
     report = {"master": spark.sparkContext.master, "fits": {}}
     try:
         for name in args.fits.split(","):
-            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, n), "cnn", strategy=args.strategy,
-                      shape=(1, 28, 28), num_classes=10,
+            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, n), "cnn",
+                      strategy=args.strategy, shape=(1, 28, 28), num_classes=10,
                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                       lr_decay=args.lr_decay, batch_size=args.batch_size, epochs=args.epochs,
                       device=name if args.device == "by-name" else args.device,

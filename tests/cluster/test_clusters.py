@@ -193,9 +193,9 @@ def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
         return metrics.exists() and '"type": "server_epoch"' in metrics.read_text()
     # SGD with momentum and a slowly decaying learning rate for 12 epochs, so that the async
     # fits settle. Even so the order of the pushes differs run to run (two clean fits of one
-    # run ended 0.2-0.6 points apart); faulty fits landed 0.18, 0.40 and 0.33 points from the mean
-    # of their two clean ones (docs/quality.md): the 0.5 points. A single pair is
-    # held to 1 point, which noise alone does not reach.
+    # run ended 0.2-0.6 points apart); faulty fits landed 0.18, 0.40 and 0.33 points from the
+    # mean of their two clean ones (docs/quality.md): the 0.5 points. The test holds
+    # a faulty fit to 1 point from that mean, which noise alone does not reach.
     log, report = _fit_with_a_kill(
         venv_bin, tmp_path, ["--epochs", str(EPOCHS), "--strategy", "downpour", "--optimizer",
                              "sgd", "--lr", "0.03", "--momentum", "0.8", "--lr-decay", "0.85",
