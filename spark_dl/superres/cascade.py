@@ -17,7 +17,7 @@ from ..models.srcnn import SRCNN
 from ..models.ssda import SSDA
 from .images import bicubic
 
-__all__ = ["Bicubic", "resize_matrix", "Cascade"]
+__all__ = ["Bicubic", "resize_matrix", "Cascade", "Upscaler"]
 
 
 def resize_matrix(n_in: int, n_out: int) -> np.ndarray:
@@ -67,3 +67,19 @@ class Cascade(nn.Module):
 
     def forward(self, lr: torch.Tensor) -> torch.Tensor:
         return self.cnn(self.up(self.denoise(lr)))
+
+
+class Upscaler(nn.Module):
+    """clean LR patch (B, s_lr * s_lr) or (B, 1, s_lr, s_lr) -> HR patch (B, 1, s_hr, s_hr):
+    bicubic upscale, then the CNN. An SRCNN trained this way on clean LR patches is trained
+    for super-resolution alone, as the published SRCNN: put after a denoiser trained alone it
+    is the thesis's "conventional" method."""
+
+    def __init__(self, lr_size: int = 16, scale: int = 2, cnn: SRCNN | None = None):
+        super().__init__()
+        self.lr_size, self.hr_size = lr_size, lr_size * scale
+        self.up = Bicubic((lr_size, lr_size), (self.hr_size, self.hr_size))
+        self.cnn = cnn if cnn is not None else SRCNN()
+
+    def forward(self, lr: torch.Tensor) -> torch.Tensor:
+        return self.cnn(self.up(lr.reshape(len(lr), 1, self.lr_size, self.lr_size)))

@@ -7,9 +7,10 @@ ground truth; its bicubic downscale, degraded, is the input. Methods compared, P
     bicubic        bicubic upscale of the noisy LR image
     conventional   SSDA then CNN, each trained on its own (not tuned together)
     cascade        SSDA -> bicubic -> CNN fine-tuned end to end
+    (and any other name -> (ssda, cnn) the caller passes, e.g. the job's thesis_conventional)
 
 Writes ``report.json``, ``report.md`` (a table per image and the average) and one PNG per image
-(noisy LR | conventional | cascade | ground truth).
+(noisy LR | each method but bicubic, in order | ground truth).
 """
 
 from __future__ import annotations

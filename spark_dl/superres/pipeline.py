@@ -21,9 +21,9 @@ from torch import nn
 
 from ..models.srcnn import SRCNN
 from ..models.ssda import SSDA, THESIS_SSDA_LAYERS, kl_sparsity
-from .cascade import Cascade
+from .cascade import Cascade, Upscaler
 
-__all__ = ["train_ssda", "train_cnn", "finetune_cascade"]
+__all__ = ["train_ssda", "train_cnn", "train_cnn_on_clean", "finetune_cascade"]
 
 
 def _encoder(ssda: SSDA, depth: int):
@@ -120,6 +120,23 @@ def train_cnn(df, ssda: SSDA, lr_size: int = 16, scale: int = 2, epochs: int = 1
               optimizer=optimizer, lr=lr, epochs=epochs, batch_size=batch_size, log=log,
               **fit_kw)
     return res.model, res.history
+
+
+def train_cnn_on_clean(df, lr_size: int = 16, scale: int = 2, epochs: int = 1,
+                       lr: float = 1e-3, batch_size: int = 64, strategy: str = "allreduce",
+                       optimizer: str = "adam", log=print, residual: bool = False,
+                       **fit_kw) -> tuple[SRCNN, list]:
+    """An SRCNN for super-resolution alone: bicubic(clean LR) -> HR, columns lr_clean, hr (the
+    published SRCNN's training). After the SSDA, trained alone too, it is the thesis's
+    "conventional" method (SSDA [XXC12] + CNN [DLHT14], Table 5.1)."""
+    from ..fit import fit
+    model = Upscaler(lr_size, scale, SRCNN(residual=residual))
+    hr = lr_size * scale
+    res = fit(df, lambda: copy.deepcopy(model), loss="mse", strategy=strategy,
+              features="lr_clean", label="hr", shape=(lr_size * lr_size,),
+              label_shape=(1, hr, hr), optimizer=optimizer, lr=lr, epochs=epochs,
+              batch_size=batch_size, log=log, **fit_kw)
+    return res.model.cnn, res.history
 
 
 def finetune_cascade(df, ssda: SSDA, cnn: SRCNN, lr_size: int = 16, scale: int = 2,

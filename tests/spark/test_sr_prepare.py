@@ -87,10 +87,14 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
     cfg = load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres.toml",
                     {"train_images": str(train), "test_images": str(test),
                      "ssda_layers": [32, 256], "finetune_epochs": 1, "cnn_epochs": 1,
+                     "thesis_conventional_epochs": 1,
                      "batch_size": 32, "run.out_dir": str(tmp_path / "run")})
     out = run_superres(cfg, log=lambda _: None, spark=spark)
     assert out["patches"] > 0 and not out["skipped_images"]
-    assert set(out["report"]["images"]["bird"]) == {"bicubic", "conventional", "cascade"}
+    assert set(out["report"]["images"]["bird"]) == {"bicubic", "conventional", "cascade",
+                                                    "thesis_conventional"}
+    assert out["cascade_gain_over_thesis_conventional_db"] == round(
+        out["psnr_cascade"] - out["psnr_thesis_conventional"], 3)
     assert (tmp_path / "run" / "report" / "report.md").exists()
     assert (tmp_path / "run" / "report" / "bird.png").exists()
     assert out["cascade_gain_db"] == round(out["psnr_cascade"] - out["psnr_conventional"], 3)
@@ -98,7 +102,7 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
     fits = list((tmp_path / "run" / "fits").glob("superres-*"))
     assert len(fits) == 1
     assert sorted(p.name for p in fits[0].iterdir()) == \
-        ["cascade", "cnn", "ssda-finetune", "ssda-layer1", "ssda-layer2"]
+        ["cascade", "cnn", "cnn-clean", "ssda-finetune", "ssda-layer1", "ssda-layer2"]
     assert all((p / "history.csv").exists() for p in fits[0].iterdir())
     import torch
     cascade = torch.load(out["models"]["cascade"], weights_only=False)

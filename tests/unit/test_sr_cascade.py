@@ -41,3 +41,15 @@ def test_cascade_maps_noisy_lr_to_hr_and_trains_end_to_end():
     with pytest.raises(ValueError, match="the SSDA takes 64 inputs, the LR patch has 256"):
         from spark_dl.models.ssda import SSDA
         Cascade(lr_size=16, ssda=SSDA(64))
+
+
+def test_upscaler_is_the_cascade_without_its_denoiser():
+    """The SRCNN trained on clean LR (the thesis's conventional method) sees bicubic(LR)."""
+    from spark_dl.models.srcnn import SRCNN
+    from spark_dl.superres.cascade import Upscaler
+    torch.manual_seed(0)
+    cnn = SRCNN()
+    up = Upscaler(16, 2, cnn)
+    x = torch.rand(3, 256)
+    want = cnn(Bicubic((16, 16), (32, 32))(x.reshape(3, 1, 16, 16)))
+    assert torch.allclose(up(x), want) and up(x).shape == (3, 1, 32, 32)
