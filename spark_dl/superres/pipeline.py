@@ -103,6 +103,15 @@ def train_ssda(df, lr_size: int = 16, layers=THESIS_SSDA_LAYERS, pretrain_epochs
     return ssda, histories
 
 
+def _fit_to_hr(df, model: nn.Module, features: str, lr_size: int, scale: int, **fit_kw):
+    """Train ``model`` (an LR patch of column ``features`` -> the HR patch of column hr) with
+    the mean squared error: the fit of stages 2 and 3."""
+    from ..fit import fit
+    hr = lr_size * scale
+    return fit(df, lambda: copy.deepcopy(model), loss="mse", features=features, label="hr",
+               shape=(lr_size * lr_size,), label_shape=(1, hr, hr), **fit_kw)
+
+
 def train_cnn(df, ssda: SSDA, lr_size: int = 16, scale: int = 2, epochs: int = 1,
               lr: float = 1e-3, batch_size: int = 64, strategy: str = "allreduce",
               optimizer: str = "adam", log=print, residual: bool = False,
@@ -110,15 +119,12 @@ def train_cnn(df, ssda: SSDA, lr_size: int = 16, scale: int = 2, epochs: int = 1
     """Stage 2: SRCNN on bicubic(SSDA(noisy LR)) -> HR, the SSDA frozen; columns lr, hr.
     Returns the "conventional" pipeline (the stages trained apart) as a Cascade.
     ``residual``: the SRCNN learns the detail added to its input (see models.srcnn)."""
-    from ..fit import fit
     model = Cascade(lr_size, scale, copy.deepcopy(ssda), SRCNN(residual=residual))
     for p in model.ssda.parameters():
         p.requires_grad_(False)
-    hr = lr_size * scale
-    res = fit(df, lambda: copy.deepcopy(model), loss="mse", strategy=strategy, features="lr",
-              label="hr", shape=(lr_size * lr_size,), label_shape=(1, hr, hr),
-              optimizer=optimizer, lr=lr, epochs=epochs, batch_size=batch_size, log=log,
-              **fit_kw)
+    res = _fit_to_hr(df, model, "lr", lr_size, scale, epochs=epochs, lr=lr,
+                     batch_size=batch_size, strategy=strategy, optimizer=optimizer, log=log,
+                     **fit_kw)
     return res.model, res.history
 
 
@@ -129,13 +135,10 @@ def train_cnn_on_clean(df, lr_size: int = 16, scale: int = 2, epochs: int = 1,
     """An SRCNN for super-resolution alone: bicubic(clean LR) -> HR, columns lr_clean, hr (the
     published SRCNN's training). After the SSDA, trained alone too, it is the thesis's
     "conventional" method (SSDA [XXC12] + CNN [DLHT14], Table 5.1)."""
-    from ..fit import fit
     model = Upscaler(lr_size, scale, SRCNN(residual=residual))
-    hr = lr_size * scale
-    res = fit(df, lambda: copy.deepcopy(model), loss="mse", strategy=strategy,
-              features="lr_clean", label="hr", shape=(lr_size * lr_size,),
-              label_shape=(1, hr, hr), optimizer=optimizer, lr=lr, epochs=epochs,
-              batch_size=batch_size, log=log, **fit_kw)
+    res = _fit_to_hr(df, model, "lr_clean", lr_size, scale, epochs=epochs, lr=lr,
+                     batch_size=batch_size, strategy=strategy, optimizer=optimizer, log=log,
+                     **fit_kw)
     return res.model.cnn, res.history
 
 
@@ -144,11 +147,8 @@ def finetune_cascade(df, ssda: SSDA, cnn: SRCNN, lr_size: int = 16, scale: int =
                      strategy: str = "allreduce", optimizer: str = "adam", log=print,
                      **fit_kw) -> tuple[Cascade, list]:
     """Stage 3: the whole cascade, noisy LR -> HR, every parameter trained."""
-    from ..fit import fit
     model = Cascade(lr_size, scale, copy.deepcopy(ssda), copy.deepcopy(cnn))
-    hr = lr_size * scale
-    res = fit(df, lambda: copy.deepcopy(model), loss="mse", strategy=strategy, features="lr",
-              label="hr", shape=(lr_size * lr_size,), label_shape=(1, hr, hr),
-              optimizer=optimizer, lr=lr, epochs=epochs, batch_size=batch_size, log=log,
-              **fit_kw)
+    res = _fit_to_hr(df, model, "lr", lr_size, scale, epochs=epochs, lr=lr,
+                     batch_size=batch_size, strategy=strategy, optimizer=optimizer, log=log,
+                     **fit_kw)
     return res.model, res.history
