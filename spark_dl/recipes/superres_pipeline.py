@@ -34,8 +34,10 @@ class SuperResConfig:
     ssda_lr: float = 1e-3           # Adam, as the single-process SSDA job
     cnn_lr: float = 1e-3
     cascade_lr: float = 1e-4
+    lr_decay: float = 1.0           # every stage's learning rate is multiplied by it per epoch
     cnn_residual: bool = False      # SRCNN adds its output to its bicubic input (not the thesis)
     tile_stride: int = 8            # evaluation: the SSDA denoises LR tiles every so many pixels
+    self_ensemble: bool = False     # evaluation: also each method averaged over 8 flips/rotations
     batch_size: int = 64
     strategy: str = "allreduce"     # or "downpour"
     replicas: int = 0               # 0: the cluster's task slots
@@ -53,6 +55,8 @@ class SuperResConfig:
                "ssda_layers", list(self.ssda_layers), "must list positive widths")
         _check(self.thesis_conventional_epochs >= 0, "thesis_conventional_epochs",
                self.thesis_conventional_epochs, "must be >= 0 (0: not trained)")
+        _check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay,
+               "must be in (0, 1] (1: a constant learning rate)")
         _check(1 <= self.tile_stride <= self.patch // self.scale, "tile_stride",
                self.tile_stride, f"must be between 1 and the LR patch side "
                                  f"{self.patch // self.scale}")
@@ -84,7 +88,7 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
         (LayerSpec(cfg.ssda_layers[-1], 0.0, 1.0, 1e-4),)
     lr_size = cfg.patch // cfg.scale
     fits = new_run_dir(out / "fits", "superres")      # a fresh folder: nothing to resume
-    kw = dict(strategy=cfg.strategy, batch_size=cfg.batch_size,
+    kw = dict(strategy=cfg.strategy, batch_size=cfg.batch_size, lr_decay=cfg.lr_decay,
               replicas=cfg.replicas or None, log=log, track=cfg.run.track)
     timings = {}
     t = time.perf_counter()
@@ -121,7 +125,8 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
         models[name] = str(path.resolve())
     report = evaluate_folder(cfg.test_images, out / "report", cfg.scale, degradation,
                              {name: (net.ssda, net.cnn) for name, net in pipelines.items()},
-                             seed=cfg.run.seed, stride=cfg.tile_stride)
+                             seed=cfg.run.seed, stride=cfg.tile_stride,
+                             ensemble=cfg.self_ensemble)
     avg = report["average"]
     log("average PSNR / SSIM: " + ", ".join(f"{m} {v['psnr']:.2f} / {v['ssim']:.4f}"
                                              for m, v in avg.items()))
@@ -131,6 +136,8 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
                "psnr_cascade": avg["cascade"]["psnr"],
                "cascade_gain_db": round(avg["cascade"]["psnr"] - avg["conventional"]["psnr"],
                                         3)}
+    if cfg.self_ensemble:
+        summary["psnr_cascade+"] = avg["cascade+"]["psnr"]
     if "thesis_conventional" in avg:
         summary["psnr_thesis_conventional"] = avg["thesis_conventional"]["psnr"]
         summary["cascade_gain_over_thesis_conventional_db"] = round(

@@ -8,6 +8,8 @@ ground truth; its bicubic downscale, degraded, is the input. Methods compared, P
     conventional   SSDA then CNN, each trained on its own (not tuned together)
     cascade        SSDA -> bicubic -> CNN fine-tuned end to end
     (and any other name -> (ssda, cnn) the caller passes, e.g. the job's thesis_conventional)
+    name+          with ``ensemble``: each learned method again, averaged over the 8
+                   flips/rotations of its input (tiles.self_ensemble; EDSR's "+" models)
 
 Writes ``report.json``, ``report.md`` (a table per image and the average) and one PNG per image
 (noisy LR | each method but bicubic, in order | ground truth).
@@ -33,9 +35,10 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 
 def evaluate_folder(folder: str | Path, out_dir: str | Path, scale: int,
                     degradation: Degradation, methods: dict, seed: int = 0,
-                    stride: int = 8) -> dict:
+                    stride: int = 8, ensemble: bool = False) -> dict:
     """``methods``: name -> (ssda or None, cnn or None), applied by tiles.super_resolve (the
-    SSDA on LR tiles every ``stride`` pixels, overlaps averaged).
+    SSDA on LR tiles every ``stride`` pixels, overlaps averaged); ``ensemble`` adds "name+"
+    for each of them (the PNG strips show the plain outputs only).
     Returns {"images": {name: {method: {"psnr", "ssim"}}}, "average": {...}}."""
     from PIL import Image
     out_dir = Path(out_dir)
@@ -44,25 +47,27 @@ def evaluate_folder(folder: str | Path, out_dir: str | Path, scale: int,
     if not paths:
         raise FileNotFoundError(f"no images in {folder}")
     report: dict = {"scale": scale, "degradation": degradation.__dict__, "tile_stride": stride,
-                    "images": {}}
-    methods = {"bicubic": (None, None), **methods}
+                    "self_ensemble": ensemble, "images": {}}
+    runs = [(name, m, False) for name, m in {"bicubic": (None, None), **methods}.items()]
+    if ensemble:
+        runs += [(name + "+", m, True) for name, m in methods.items()]
     for path in paths:
         hr = modcrop(load_y(path), scale)
         rng = np.random.default_rng([seed, zlib.crc32(path.name.encode())])
         lr = degrade(np.clip(bicubic(hr, (hr.shape[0] // scale, hr.shape[1] // scale)), 0, 1)
                      [None], degradation, rng)[0]
         row, shown = {}, [np.clip(bicubic(lr, hr.shape), 0, 1)]
-        for name, (ssda, cnn) in methods.items():
-            sr = super_resolve(lr, scale, ssda, cnn, stride=stride)
+        for name, (ssda, cnn), ens in runs:
+            sr = super_resolve(lr, scale, ssda, cnn, stride=stride, ensemble=ens)
             row[name] = {"psnr": round(psnr(sr, hr, border=scale), 3),
                          "ssim": round(ssim(sr, hr, border=scale), 4)}
-            if name != "bicubic":
+            if name != "bicubic" and not ens:
                 shown.append(sr)
         report["images"][path.stem] = row
         strip = np.concatenate(shown + [hr], axis=1)
         Image.fromarray((np.clip(strip, 0, 1) * 255).round().astype(np.uint8)) \
             .save(out_dir / f"{path.stem}.png")
-    names = list(methods)
+    names = [name for name, _, _ in runs]
     report["average"] = {m: {k: round(float(np.mean([r[m][k] for r in report["images"]
                                                      .values()])), 4)
                              for k in ("psnr", "ssim")} for m in names}

@@ -53,8 +53,10 @@ def _rgb(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
 
 
 def super_resolve_folder(spark, model, folder: str, out_dir: str, scale: int = 2,
-                         lr_size: int = 16, stride: int = 8, partitions: int | None = None):
-    """Run ``model`` (a superres.cascade.Cascade) over every image under ``folder``."""
+                         lr_size: int = 16, stride: int = 8, partitions: int | None = None,
+                         ensemble: bool = False):
+    """Run ``model`` (a superres.cascade.Cascade) over every image under ``folder``;
+    ``ensemble``: average over the 8 flips/rotations (tiles.self_ensemble, 8x the work)."""
     import pyarrow as pa
     import torch
 
@@ -89,11 +91,11 @@ def super_resolve_folder(spark, model, folder: str, out_dir: str, scale: int = 2
                     size = (img.shape[0] * scale, img.shape[1] * scale)
                     if img.ndim == 2:
                         y = img.astype(np.float32) / 255
-                        sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride)
+                        sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride, ensemble)
                         pic = Image.fromarray((sr * 255).round().astype(np.uint8))
                     else:
                         y, (cb, cr) = rgb_to_y(img), _chroma(img)
-                        sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride)
+                        sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride, ensemble)
                         pic = Image.fromarray(_rgb(sr, np.clip(bicubic(cb, size), 0, 1),
                                                    np.clip(bicubic(cr, size), 0, 1)))
                     tmp = out + ".tmp"

@@ -12,7 +12,7 @@ import torch
 
 from .images import bicubic
 
-__all__ = ["tile_starts", "apply_tiled", "super_resolve"]
+__all__ = ["tile_starts", "apply_tiled", "super_resolve", "self_ensemble"]
 
 
 def tile_starts(n: int, size: int, stride: int) -> list[int]:
@@ -46,11 +46,28 @@ def apply_tiled(img: np.ndarray, fn: Callable[[np.ndarray], np.ndarray], size: i
     return (out / weight).astype(np.float32)
 
 
+def self_ensemble(fn: Callable[[np.ndarray], np.ndarray], img: np.ndarray) -> np.ndarray:
+    """The mean of fn over the 8 flips/rotations of ``img``, each output turned back
+    (Timofte et al. 2016, "Seven ways to improve example-based single image super
+    resolution"; EDSR's "+" models): fn must map an image to one of the same orientation."""
+    outs = []
+    for k in range(4):
+        for flip in (False, True):
+            view = np.rot90(img, k)
+            out = fn(np.ascontiguousarray(view[:, ::-1] if flip else view))
+            outs.append(np.rot90(out[:, ::-1] if flip else out, -k))
+    return np.mean(outs, axis=0).astype(np.float32)
+
+
 @torch.no_grad()
 def super_resolve(lr: np.ndarray, scale: int, ssda=None, cnn=None, lr_patch: int = 16,
-                  stride: int = 8) -> np.ndarray:
+                  stride: int = 8, ensemble: bool = False) -> np.ndarray:
     """Noisy LR Y image (H, W) in [0, 1] -> (H*scale, W*scale): the SSDA (if given) denoises
-    it tile by tile, bicubic upscales it, the CNN (if given) restores it; clipped to [0, 1]."""
+    it tile by tile, bicubic upscales it, the CNN (if given) restores it; clipped to [0, 1].
+    ``ensemble``: the mean over the 8 flips/rotations of the input (see self_ensemble), 8 times
+    the work."""
+    if ensemble:
+        return self_ensemble(lambda v: super_resolve(v, scale, ssda, cnn, lr_patch, stride), lr)
     x = lr.astype(np.float32)
     if ssda is not None:
         ssda.eval()

@@ -132,3 +132,12 @@ def test_a_folder_of_images_is_super_resolved_by_a_spark_job(spark, tmp_path):
     g = Image.open(rows["gray.png"].output)
     assert g.size == (104, 80) and g.mode == "L"
     assert not list((tmp_path / "out").glob("*.tmp"))
+    # the self-ensemble in the job is the local one's output, rounded to 8 bits
+    from spark_dl.superres.tiles import super_resolve
+    one = tmp_path / "one"
+    one.mkdir()
+    Image.fromarray(gray).save(one / "gray.png")
+    [row] = super_resolve_folder(spark, model, str(one), str(tmp_path / "ens"), ensemble=True)
+    got = np.asarray(Image.open(row.output), np.float32) / 255
+    want = super_resolve(gray.astype(np.float32) / 255, 2, model.ssda, model.cnn, ensemble=True)
+    assert np.abs(got - want).max() <= 1 / 255 + 1e-6

@@ -43,3 +43,11 @@ def test_report_compares_methods_and_draws_each_image(tmp_path):
     from spark_dl.superres.images import load_y, modcrop
     hr = modcrop(load_y(folder / "bird.png"), 2)
     assert Image.open(tmp_path / "out" / "bird.png").size == (4 * hr.shape[1], hr.shape[0])
+    # the self-ensemble adds a "+" column per learned method, not a panel to the strip
+    ens = evaluate_folder(folder, tmp_path / "ens", 2, Degradation(),
+                          {"cascade": models}, stride=8, ensemble=True)
+    assert list(ens["average"]) == ["bicubic", "cascade", "cascade+"]
+    assert ens["images"]["bird"]["cascade"] == rep["images"]["bird"]["cascade"]
+    assert ens["images"]["bird"]["cascade+"] != ens["images"]["bird"]["cascade"]
+    assert "cascade+ PSNR / SSIM" in (tmp_path / "ens" / "report.md").read_text()
+    assert Image.open(tmp_path / "ens" / "bird.png").size == (3 * hr.shape[1], hr.shape[0])

@@ -7,7 +7,7 @@ import torch
 from spark_dl.models import SRCNN
 from spark_dl.models.ssda import SSDA
 from spark_dl.superres.images import bicubic
-from spark_dl.superres.tiles import apply_tiled, super_resolve, tile_starts
+from spark_dl.superres.tiles import apply_tiled, self_ensemble, super_resolve, tile_starts
 
 
 def test_tiles_cover_the_image_and_stitch_back():
@@ -32,3 +32,17 @@ def test_super_resolve_shapes_and_the_bicubic_path():
     torch.manual_seed(0)
     out = super_resolve(lr, 2, ssda=SSDA(256), cnn=SRCNN())
     assert out.shape == (40, 56) and 0 <= out.min() and out.max() <= 1
+
+
+def test_self_ensemble_turns_each_output_back_and_averages():
+    g = np.random.default_rng(2)
+    img = g.random((12, 12)).astype(np.float32)
+    assert np.allclose(self_ensemble(lambda v: v, img), img, atol=1e-6)
+    # a ramp along the columns, added in each of the 8 orientations, averages to its mean
+    ramp = np.linspace(0, 1, 12, dtype=np.float32)[None, :]
+    assert np.allclose(self_ensemble(lambda v: v + ramp, img), img + 0.5, atol=1e-6)
+    # non-square images keep their shape through the rotations
+    wide = g.random((20, 28)).astype(np.float32)
+    out = super_resolve(wide, 2, ensemble=True)
+    assert out.shape == (40, 56)
+    assert np.abs(out - super_resolve(wide, 2)).max() < 1e-3   # bicubic is flip-symmetric
