@@ -36,7 +36,12 @@ def test_shipped_job_configs_load():
     from spark_dl.recipes.superres_pipeline import SuperResConfig
     load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres.toml")
     quality = load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres-quality.toml")
-    assert quality.ssda_layers == (1280,) and quality.tile_stride == 4 and quality.cnn_residual
+    assert quality.ssda_layers == (1280,) and quality.tile_stride == 1 and quality.cnn_residual
+    assert quality.self_ensemble and quality.thesis_conventional_epochs > 0
+    sweep = load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres-sweep.toml")
+    assert not sweep.augment and sweep.thesis_conventional_epochs > 0
+    with pytest.raises(ConfigError, match="'lr_decay' must be in"):
+        load_toml(SuperResConfig, ROOT / "conf/jobs/superres.toml", {"lr_decay": 1.5})
     with pytest.raises(ConfigError, match="'tile_stride' must be between 1 and the LR patch "
                                           "side 16, got 17"):
         load_toml(SuperResConfig, ROOT / "conf/jobs/superres.toml", {"tile_stride": 17})
