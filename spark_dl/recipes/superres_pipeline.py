@@ -32,7 +32,7 @@ class SuperResConfig:
     cascade_epochs: int = 1
     thesis_conventional_epochs: int = 0   # > 0: also an SRCNN trained on clean LR (see below)
     ssda_lr: float = 1e-3           # Adam, as the single-process SSDA job
-    cnn_lr: float = 1e-3
+    cnn_lr: float = 1e-4            # 1e-3 kills most of the SRCNN's second layer (docs/quality.md)
     cascade_lr: float = 1e-4
     lr_decay: float = 1.0           # every stage's learning rate is multiplied by it per epoch
     cnn_residual: bool = False      # SRCNN adds its output to its bicubic input (not the thesis)
