@@ -17,7 +17,8 @@ declare -A ROWS=(
   [salt_pepper]="--set noise='salt_pepper' --set amount=0.05"
   [blur_gaussian]="--set noise='blur+gaussian' --set blur=1.0 --set sigma=20"
 )
-ORDER=(gaussian20 gaussian25 gaussian30 blur salt_pepper blur_gaussian)
+ALL=(gaussian20 gaussian25 gaussian30 blur salt_pepper blur_gaussian)   # the summary's order
+ORDER=("${ALL[@]}")
 [ $# -gt 0 ] && ORDER=("$@")
 for row in "${ORDER[@]}"; do
   [ -n "${ROWS[$row]:-}" ] || { echo "unknown row $row; rows: ${!ROWS[*]}" >&2; exit 2; }
@@ -29,14 +30,14 @@ for row in "${ORDER[@]}"; do
   cp "$SCRATCH/$row"/superres-*.json "$DEST/$row/job.json"
   cp "$SCRATCH/$row"/report/report.{json,md} "$DEST/$row/"
 done
-python - "$DEST" <<'PY'
+python - "$DEST" "${ALL[@]}" <<'PY'
 import json, sys
 from pathlib import Path
 dest = Path(sys.argv[1])
 lines = ["| degradation | bicubic (degraded LR) | conventional (stages apart) | "
          "thesis's conventional | cascade | cascade - thesis's conventional |",
          "| --- | ---: | ---: | ---: | ---: | ---: |"]
-for row in ("gaussian20", "gaussian25", "gaussian30", "blur", "salt_pepper", "blur_gaussian"):
+for row in sys.argv[2:]:
     path = dest / row / "report.json"
     if not path.exists():
         continue

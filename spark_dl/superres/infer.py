@@ -89,13 +89,12 @@ def super_resolve_folder(spark, model, folder: str, out_dir: str, scale: int = 2
                 try:
                     img = decode_image(raw, path)
                     size = (img.shape[0] * scale, img.shape[1] * scale)
+                    y = img.astype(np.float32) / 255 if img.ndim == 2 else rgb_to_y(img)
+                    sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride, ensemble)
                     if img.ndim == 2:
-                        y = img.astype(np.float32) / 255
-                        sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride, ensemble)
                         pic = Image.fromarray((sr * 255).round().astype(np.uint8))
                     else:
-                        y, (cb, cr) = rgb_to_y(img), _chroma(img)
-                        sr = super_resolve(y, scale, net.ssda, net.cnn, lr_size, stride, ensemble)
+                        cb, cr = _chroma(img)
                         pic = Image.fromarray(_rgb(sr, np.clip(bicubic(cb, size), 0, 1),
                                                    np.clip(bicubic(cr, size), 0, 1)))
                     tmp = out + ".tmp"

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .images import bicubic
+from .prepare import dihedral
 
 __all__ = ["tile_starts", "apply_tiled", "super_resolve", "self_ensemble"]
 
@@ -51,11 +52,9 @@ def self_ensemble(fn: Callable[[np.ndarray], np.ndarray], img: np.ndarray) -> np
     (Timofte et al. 2016, "Seven ways to improve example-based single image super
     resolution"; EDSR's "+" models): fn must map an image to one of the same orientation."""
     outs = []
-    for k in range(4):
-        for flip in (False, True):
-            view = np.rot90(img, k)
-            out = fn(np.ascontiguousarray(view[:, ::-1] if flip else view))
-            outs.append(np.rot90(out[:, ::-1] if flip else out, -k))
+    for i, view in enumerate(dihedral(img)):            # view i: rot90 by i // 2, then flip i % 2
+        out = fn(view)
+        outs.append(np.rot90(out[:, ::-1] if i % 2 else out, -(i // 2)))
     return np.mean(outs, axis=0).astype(np.float32)
 
 
