@@ -3,7 +3,8 @@ inference throughput in megapixels/s.
 
 Patches: T91 pairs made by the pipeline's Spark job (prepare_patches: HR 32x32 / LR 16x16,
 Gaussian sigma 20, no augmentation), the first --rows of them, cached; the plain loops get the
-same rows as numpy arrays. Stages (the job's models and losses, Adam):
+same rows as numpy arrays. Stages (the job's models and losses, Adam: torch's fused kernel in
+every system, as spark_dl's make_optimizer builds it):
   ssda      fine-tuning of the SSDA 1280-1280-256: noisy LR -> clean LR (1/2 squared error)
   cnn       SRCNN 9-5-5 on bicubic(SSDA(noisy LR)) -> HR, the SSDA frozen (MSE)
   cascade   the whole cascade end to end (MSE)
@@ -70,7 +71,8 @@ def plain(stage, data, threads, epochs):
     x = torch.from_numpy(data["lr"])
     y = torch.from_numpy(data[target]).reshape(len(x), *tshape)
     model = model_fn()
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    from spark_dl.optim.factory import make_optimizer       # Adam as fit builds it (fused)
+    opt = make_optimizer("adam", [p for p in model.parameters() if p.requires_grad], 1e-3)
     rate = 0.0
     for e in range(epochs):
         perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(e))

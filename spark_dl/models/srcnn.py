@@ -31,8 +31,24 @@ class SRCNN(nn.Module):
             nn.init.zeros_(self.body[-1].weight)
             nn.init.zeros_(self.body[-1].bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def active_units(self, x: torch.Tensor) -> list[tuple[int, int]]:
+        """For each ReLU layer, (units that fire anywhere on the batch ``x``, units). A unit
+        that never fires on real inputs is dead: no gradient reaches its weights again, and
+        Adam at 1e-3 kills most of the second layer in its first steps (docs/quality.md)."""
+        self._check(x)
+        out, h = [], x
+        for layer in self.body:
+            h = layer(h)
+            if isinstance(layer, nn.ReLU):
+                out.append((int((h > 0).flatten(2).any(2).any(0).sum()), h.shape[1]))
+        return out
+
+    def _check(self, x: torch.Tensor) -> None:
         if x.dim() != 4 or x.shape[1] != self.channels:
             raise ValueError(f"SRCNN expects images (B, {self.channels}, H, W), got "
                              f"{tuple(x.shape)}; use the Y channel or set channels")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check(x)
         return x + self.body(x) if self.residual else self.body(x)

@@ -117,6 +117,7 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
         timings["cnn_clean_s"] = time.perf_counter() - t
         pipelines["thesis_conventional"] = Cascade(lr_size, cfg.scale, ssda, cnn_clean)
         histories["cnn_clean"] = h4
+    active = _active_units(df, pipelines, log)
     models = {}
     for name, net in pipelines.items():
         path = out / f"{name}.pt"          # the whole module: torch.load(..., weights_only=False)
@@ -136,6 +137,7 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
                "psnr_cascade": avg["cascade"]["psnr"],
                "cascade_gain_db": round(avg["cascade"]["psnr"] - avg["conventional"]["psnr"],
                                         3)}
+    summary["srcnn_active_units"] = active
     if cfg.self_ensemble:
         summary["psnr_cascade+"] = avg["cascade+"]["psnr"]
     if "thesis_conventional" in avg:
@@ -144,3 +146,23 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
             avg["cascade"]["psnr"] - avg["thesis_conventional"]["psnr"], 3)
     return {**summary, "report": report, "histories": histories,
             "report_dir": str(out / "report"), "models": models}
+
+
+def _active_units(df, pipelines: dict, log, rows: int = 256) -> dict:
+    """Each pipeline's SRCNN units that fire on the first ``rows`` training inputs, per ReLU
+    layer: [active, units]. Logged, and a warning where a layer has lost half its units (dead
+    ReLUs: the stage's loss stays flat and the figures mean little; lower cnn_lr)."""
+    import numpy as np
+    import torch
+    lr = torch.from_numpy(np.stack(df.select("lr").limit(rows).toPandas()["lr"])
+                          .astype(np.float32))
+    active = {}
+    for name, net in pipelines.items():
+        with torch.no_grad():
+            counts = net.cnn.active_units(net.cnn_input(lr))
+        active[name] = [list(c) for c in counts]
+        log(f"SRCNN units active ({name}): " + ", ".join(f"{a}/{n}" for a, n in counts))
+        if any(a < n / 2 for a, n in counts):
+            log(f"warning: the {name} SRCNN has lost over half the units of a layer (dead "
+                f"ReLUs, {counts}); its training stalled: lower cnn_lr (docs/quality.md)")
+    return active

@@ -65,8 +65,12 @@ class Cascade(nn.Module):
         return self.ssda(lr.reshape(len(lr), -1)).reshape(len(lr), 1, self.lr_size,
                                                           self.lr_size)
 
+    def cnn_input(self, lr: torch.Tensor) -> torch.Tensor:
+        """What the CNN sees: the denoised LR, bicubic-upscaled."""
+        return self.up(self.denoise(lr))
+
     def forward(self, lr: torch.Tensor) -> torch.Tensor:
-        return self.cnn(self.up(self.denoise(lr)))
+        return self.cnn(self.cnn_input(lr))
 
 
 class Upscaler(nn.Module):

@@ -98,6 +98,10 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
     assert (tmp_path / "run" / "report" / "report.md").exists()
     assert (tmp_path / "run" / "report" / "bird.png").exists()
     assert out["cascade_gain_db"] == round(out["psnr_cascade"] - out["psnr_conventional"], 3)
+    active = out["srcnn_active_units"]                 # [active, units] per ReLU layer
+    assert set(active) == {"conventional", "cascade", "thesis_conventional"}
+    assert all([n for _, n in layers] == [64, 32] and all(0 <= a <= n for a, n in layers)
+               for layers in active.values())
     # every fit has its own run directory under the job's, and both pipelines are saved whole
     fits = list((tmp_path / "run" / "fits").glob("superres-*"))
     assert len(fits) == 1

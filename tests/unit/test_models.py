@@ -40,3 +40,22 @@ def test_reference_loop_learns_real_digits(mnist):
     after = evaluate(model, x[-1000:].reshape(1000, -1) / 255, y[-1000:])
     assert h[3]["loss"] < h[0]["loss"] < before["loss"]
     assert after["accuracy"] > 0.8 and h[0]["samples"] == 2000
+
+
+def test_adam_is_the_fused_kernel_and_the_same_update():
+    """make_optimizer("adam") takes torch's fused Adam where it exists (CPU since torch 2.4):
+    the same trajectory as the default implementation, float64 to rounding."""
+    torch.manual_seed(0)
+    ref, fused = FCNet().double(), FCNet().double()
+    fused.load_state_dict(ref.state_dict())
+    opts = [torch.optim.Adam(ref.parameters(), lr=1e-2, weight_decay=1e-4),
+            make_optimizer("adam", fused.parameters(), 1e-2, weight_decay=1e-4)]
+    assert opts[1].defaults.get("fused") is True
+    x, y = torch.rand(16, 784, dtype=torch.float64), torch.randint(0, 10, (16,))
+    for _ in range(5):
+        for model, opt in zip((ref, fused), opts):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    for a, b in zip(ref.parameters(), fused.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -53,3 +53,24 @@ def test_upscaler_is_the_cascade_without_its_denoiser():
     x = torch.rand(3, 256)
     want = cnn(Bicubic((16, 16), (32, 32))(x.reshape(3, 1, 16, 16)))
     assert torch.allclose(up(x), want) and up(x).shape == (3, 1, 32, 32)
+
+
+def test_active_units_counts_the_relus_that_fire():
+    """A fresh SRCNN on real-looking inputs has live units in both ReLU layers; units whose
+    bias is pushed far below any input's reach are counted dead, one by one."""
+    from spark_dl.models.srcnn import SRCNN
+    torch.manual_seed(0)
+    cnn = SRCNN(residual=True)
+    model = Cascade(16, 2, cnn=cnn)
+    x = model.cnn_input(torch.rand(8, 256)).detach()
+    assert x.shape == (8, 1, 32, 32)
+    fresh = cnn.active_units(x)
+    assert [n for _, n in fresh] == [64, 32] and all(a > n // 2 for a, n in fresh)
+    with torch.no_grad():
+        cnn.body[2].bias[:20] = -1e3                   # 20 of the second layer's 32 units
+        h2 = cnn.body[2](cnn.body[1](cnn.body[0](x)))  # before its ReLU
+    alive = (h2 > 0).permute(1, 0, 2, 3).reshape(32, -1).any(1)
+    assert not alive[:20].any()
+    assert cnn.active_units(x) == [fresh[0], (int(alive.sum()), 32)]
+    with pytest.raises(ValueError, match="SRCNN expects images"):
+        cnn.active_units(torch.rand(2, 3, 8, 8))
