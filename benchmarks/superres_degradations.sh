@@ -35,8 +35,9 @@ import json, sys
 from pathlib import Path
 dest = Path(sys.argv[1])
 lines = ["| degradation | bicubic (degraded LR) | conventional (stages apart) | "
-         "thesis's conventional | cascade | cascade - thesis's conventional |",
-         "| --- | ---: | ---: | ---: | ---: | ---: |"]
+         "thesis's conventional | cascade | cascade - thesis's conventional | "
+         "SRCNN 2nd-layer units live (stages apart / thesis's / cascade) |",
+         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
 for row in sys.argv[2:]:
     path = dest / row / "report.json"
     if not path.exists():
@@ -49,8 +50,13 @@ for row in sys.argv[2:]:
     label = {"gaussian": f"Gaussian sigma {d['sigma']:g}", "blur": f"blur {d['blur']:g}",
              "salt_pepper": f"salt-and-pepper {d['amount']:g}",
              "blur+gaussian": f"blur {d['blur']:g} + Gaussian {d['sigma']:g}"}[d["kind"]]
+    job = json.loads((dest / row / "job.json").read_text())
+    live = job.get("srcnn_active_units", {})       # [active, units] per ReLU layer
+    units = " / ".join(f"{live[m][1][0]}/{live[m][1][1]}" if m in live else "-"
+                       for m in ("conventional", "thesis_conventional", "cascade"))
     lines.append(f"| {label} | {cell('bicubic')} | {cell('conventional')} | "
-                 f"{cell('thesis_conventional')} | {cell('cascade')} | {gain:+.2f} dB |")
+                 f"{cell('thesis_conventional')} | {cell('cascade')} | {gain:+.2f} dB | "
+                 f"{units} |")
 (dest / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
