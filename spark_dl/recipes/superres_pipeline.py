@@ -136,8 +136,8 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
                "psnr_conventional": avg["conventional"]["psnr"],
                "psnr_cascade": avg["cascade"]["psnr"],
                "cascade_gain_db": round(avg["cascade"]["psnr"] - avg["conventional"]["psnr"],
-                                        3)}
-    summary["srcnn_active_units"] = active
+                                        3),
+               "srcnn_active_units": active}
     if cfg.self_ensemble:
         summary["psnr_cascade+"] = avg["cascade+"]["psnr"]
     if "thesis_conventional" in avg:
