@@ -4,6 +4,9 @@
 # (5% of the pixels) and blur + Gaussian sigma 20. Each row's report and job summary go to
 # benchmarks/results/superres-degradations/<row>/ (or $OUT/<row>), and summary.md gathers the
 # averages. Rows to run can be named: benchmarks/superres_degradations.sh gaussian25 blur
+# $EXTRA adds --set options to every row, e.g. the noisy skip (docs/quality.md):
+#   EXTRA="--set cnn_noisy_skip=true" OUT=benchmarks/results/superres-degradations-skip \
+#       SCRATCH=runs/superres-sweep-skip benchmarks/superres_degradations.sh blur gaussian20
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
@@ -25,7 +28,7 @@ for row in "${ORDER[@]}"; do
   mkdir -p "$DEST/$row"
   # shellcheck disable=SC2086  # the row's --set options are split on purpose
   spark-submit --properties-file conf/spark/local.conf jobs/superres.py \
-      --config conf/jobs/superres-sweep.toml ${ROWS[$row]} \
+      --config conf/jobs/superres-sweep.toml ${ROWS[$row]} ${EXTRA:-} \
       --set "run.out_dir='$SCRATCH/$row'" 2>&1 | tee "$DEST/$row/job.log" | grep -v "step "
   cp "$SCRATCH/$row"/superres-*.json "$DEST/$row/job.json"
   cp "$SCRATCH/$row"/report/report.{json,md} "$DEST/$row/"

@@ -13,23 +13,38 @@ class SRCNN(nn.Module):
 
     ``residual=True`` (not in the thesis; VDSR's global skip) returns y + body(y) with the last
     layer starting at zero: the network starts as the identity on its bicubic input and learns
-    the missing detail, which converges in far fewer steps than learning the whole image."""
+    the missing detail, which converges in far fewer steps than learning the whole image.
+
+    ``inputs`` (default ``channels``): input planes; the first ``channels`` are the image it
+    restores (and adds to, when residual), the others side information. The super-resolution
+    cascade's noisy skip (superres.cascade) uses ``inputs=2``: the denoised image and, beside
+    it, the noisy input it came from, both upscaled."""
 
     def __init__(self, channels: int = 1, widths: tuple[int, int] = (64, 32),
-                 kernels: tuple[int, int, int] = (9, 5, 5), residual: bool = False):
+                 kernels: tuple[int, int, int] = (9, 5, 5), residual: bool = False,
+                 inputs: int | None = None):
         super().__init__()
         if any(k % 2 == 0 for k in kernels):
             raise ValueError(f"SRCNN kernel sizes must be odd for same-size output, got {kernels}")
+        inputs = channels if inputs is None else inputs
+        if inputs < channels:
+            raise ValueError(f"SRCNN inputs ({inputs}) must include the {channels} channels "
+                             f"it restores")
         self.channels = channels
         k1, k2, k3 = kernels
         self.body = nn.Sequential(
-            nn.Conv2d(channels, widths[0], k1, padding=k1 // 2), nn.ReLU(inplace=True),
+            nn.Conv2d(inputs, widths[0], k1, padding=k1 // 2), nn.ReLU(inplace=True),
             nn.Conv2d(widths[0], widths[1], k2, padding=k2 // 2), nn.ReLU(inplace=True),
             nn.Conv2d(widths[1], channels, k3, padding=k3 // 2))
         self.residual = residual
         if residual:
             nn.init.zeros_(self.body[-1].weight)
             nn.init.zeros_(self.body[-1].bias)
+
+    @property
+    def inputs(self) -> int:
+        """Input planes (models saved before ``inputs`` existed have ``channels``)."""
+        return self.body[0].in_channels
 
     @torch.no_grad()
     def active_units(self, x: torch.Tensor) -> list[tuple[int, int]]:
@@ -45,10 +60,11 @@ class SRCNN(nn.Module):
         return out
 
     def _check(self, x: torch.Tensor) -> None:
-        if x.dim() != 4 or x.shape[1] != self.channels:
-            raise ValueError(f"SRCNN expects images (B, {self.channels}, H, W), got "
-                             f"{tuple(x.shape)}; use the Y channel or set channels")
+        if x.dim() != 4 or x.shape[1] != self.inputs:
+            raise ValueError(f"SRCNN expects images (B, {self.inputs}, H, W), got "
+                             f"{tuple(x.shape)}; use the Y channel or set channels / inputs")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x)
-        return x + self.body(x) if self.residual else self.body(x)
+        out = self.body(x)
+        return x[:, :self.channels] + out if self.residual else out

@@ -36,6 +36,7 @@ class SuperResConfig:
     cascade_lr: float = 1e-4
     lr_decay: float = 1.0           # every stage's learning rate is multiplied by it per epoch
     cnn_residual: bool = False      # SRCNN adds its output to its bicubic input (not the thesis)
+    cnn_noisy_skip: bool = False    # the SRCNN also sees bicubic(noisy LR) (not the thesis)
     tile_stride: int = 8            # evaluation: the SSDA denoises LR tiles every so many pixels
     self_ensemble: bool = False     # evaluation: also each method averaged over 8 flips/rotations
     batch_size: int = 64
@@ -97,7 +98,8 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     timings["ssda_s"] = time.perf_counter() - t
     t = time.perf_counter()
     conventional, h2 = train_cnn(df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr,
-                                 run_dir=fits / "cnn", residual=cfg.cnn_residual, **kw)
+                                 run_dir=fits / "cnn", residual=cfg.cnn_residual,
+                                 noisy_skip=cfg.cnn_noisy_skip, **kw)
     timings["cnn_s"] = time.perf_counter() - t
     t = time.perf_counter()
     cascade, h3 = finetune_cascade(df, ssda, conventional.cnn, lr_size, cfg.scale,

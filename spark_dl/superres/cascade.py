@@ -47,7 +47,12 @@ class Cascade(nn.Module):
     """noisy LR patch (B, s_lr * s_lr) or (B, 1, s_lr, s_lr) -> HR patch (B, 1, s_hr, s_hr):
     the SSDA denoises the flattened LR patch, the bicubic layer upscales it, the CNN restores
     the detail. The two stages can be trained apart first (``ssda``, ``cnn`` given) and then
-    fine-tuned together."""
+    fine-tuned together.
+
+    Noisy skip (not in the thesis): a CNN with two input planes (``SRCNN(inputs=2)``) sees the
+    upscaled noisy LR beside the upscaled denoised one, so it can restore detail the SSDA
+    smoothed away, and the joint fine-tuning no longer has to pass all of it through the
+    denoiser (docs/quality.md, quality run 6)."""
 
     def __init__(self, lr_size: int = 16, scale: int = 2, ssda: SSDA | None = None,
                  cnn: SRCNN | None = None):
@@ -59,6 +64,10 @@ class Cascade(nn.Module):
                              f"{lr_size * lr_size} pixels")
         self.up = Bicubic((lr_size, lr_size), (self.hr_size, self.hr_size))
         self.cnn = cnn if cnn is not None else SRCNN()
+        if self.cnn.inputs not in (self.cnn.channels, 2 * self.cnn.channels):
+            raise ValueError(f"the cascade's CNN takes the denoised image (inputs = "
+                             f"{self.cnn.channels}) or it and the noisy one (inputs = "
+                             f"{2 * self.cnn.channels}), got inputs = {self.cnn.inputs}")
 
     def denoise(self, lr: torch.Tensor) -> torch.Tensor:
         """(B, ...) noisy LR -> (B, 1, s_lr, s_lr) denoised."""
@@ -66,8 +75,13 @@ class Cascade(nn.Module):
                                                           self.lr_size)
 
     def cnn_input(self, lr: torch.Tensor) -> torch.Tensor:
-        """What the CNN sees: the denoised LR, bicubic-upscaled."""
-        return self.up(self.denoise(lr))
+        """What the CNN sees: the denoised LR, bicubic-upscaled (and beside it the noisy LR,
+        upscaled, with the noisy skip)."""
+        up = self.up(self.denoise(lr))
+        if self.cnn.inputs == self.cnn.channels:
+            return up
+        return torch.cat([up, self.up(lr.reshape(up.shape[0], 1, self.lr_size, self.lr_size))],
+                         1)
 
     def forward(self, lr: torch.Tensor) -> torch.Tensor:
         return self.cnn(self.cnn_input(lr))

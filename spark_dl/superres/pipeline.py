@@ -115,11 +115,13 @@ def _fit_to_hr(df, model: nn.Module, features: str, lr_size: int, scale: int, **
 def train_cnn(df, ssda: SSDA, lr_size: int = 16, scale: int = 2, epochs: int = 1,
               lr: float = 1e-3, batch_size: int = 64, strategy: str = "allreduce",
               optimizer: str = "adam", log=print, residual: bool = False,
-              **fit_kw) -> tuple[Cascade, list]:
+              noisy_skip: bool = False, **fit_kw) -> tuple[Cascade, list]:
     """Stage 2: SRCNN on bicubic(SSDA(noisy LR)) -> HR, the SSDA frozen; columns lr, hr.
     Returns the "conventional" pipeline (the stages trained apart) as a Cascade.
-    ``residual``: the SRCNN learns the detail added to its input (see models.srcnn)."""
-    model = Cascade(lr_size, scale, copy.deepcopy(ssda), SRCNN(residual=residual))
+    ``residual``: the SRCNN learns the detail added to its input (see models.srcnn);
+    ``noisy_skip``: it also sees bicubic(noisy LR) (see superres.cascade)."""
+    cnn = SRCNN(residual=residual, inputs=2 if noisy_skip else 1)
+    model = Cascade(lr_size, scale, copy.deepcopy(ssda), cnn)
     for p in model.ssda.parameters():
         p.requires_grad_(False)
     res = _fit_to_hr(df, model, "lr", lr_size, scale, epochs=epochs, lr=lr,

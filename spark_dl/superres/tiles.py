@@ -63,6 +63,7 @@ def super_resolve(lr: np.ndarray, scale: int, ssda=None, cnn=None, lr_patch: int
                   stride: int = 8, ensemble: bool = False) -> np.ndarray:
     """Noisy LR Y image (H, W) in [0, 1] -> (H*scale, W*scale): the SSDA (if given) denoises
     it tile by tile, bicubic upscales it, the CNN (if given) restores it; clipped to [0, 1].
+    A CNN with two inputs also gets the noisy LR, upscaled (Cascade's noisy skip).
     ``ensemble``: the mean over the 8 flips/rotations of the input (see self_ensemble), 8 times
     the work."""
     if ensemble:
@@ -75,8 +76,12 @@ def super_resolve(lr: np.ndarray, scale: int, ssda=None, cnn=None, lr_patch: int
             flat = torch.from_numpy(t.reshape(len(t), -1))
             return ssda(flat).reshape(t.shape).numpy()
         x = apply_tiled(x, denoise, lr_patch, stride)
-    up = bicubic(np.clip(x, 0, 1), (x.shape[0] * scale, x.shape[1] * scale))
+    size = (x.shape[0] * scale, x.shape[1] * scale)
+    up = bicubic(np.clip(x, 0, 1), size)
     if cnn is not None:
         cnn.eval()
-        up = cnn(torch.from_numpy(up)[None, None])[0, 0].numpy()
+        planes = [up]
+        if cnn.inputs == 2:                 # the cascade's noisy skip: the noisy LR beside it
+            planes.append(bicubic(lr.astype(np.float32), size))
+        up = cnn(torch.from_numpy(np.stack(planes))[None])[0, 0].numpy()
     return np.clip(up, 0.0, 1.0)

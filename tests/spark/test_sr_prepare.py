@@ -87,7 +87,7 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
     cfg = load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres.toml",
                     {"train_images": str(train), "test_images": str(test),
                      "ssda_layers": [32, 256], "finetune_epochs": 1, "cnn_epochs": 1,
-                     "thesis_conventional_epochs": 1,
+                     "thesis_conventional_epochs": 1, "cnn_noisy_skip": True,
                      "batch_size": 32, "run.out_dir": str(tmp_path / "run")})
     out = run_superres(cfg, log=lambda _: None, spark=spark)
     assert out["patches"] > 0 and not out["skipped_images"]
@@ -111,6 +111,11 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
     import torch
     cascade = torch.load(out["models"]["cascade"], weights_only=False)
     assert cascade.ssda.n_in == 256 and cascade.hr_size == 32
+    # the noisy skip: the stages-apart and cascade SRCNNs see the noisy LR too, the SRCNN
+    # trained on clean LR (the thesis's baseline) only its input
+    assert cascade.cnn.inputs == 2
+    assert torch.load(out["models"]["conventional"], weights_only=False).cnn.inputs == 2
+    assert torch.load(out["models"]["thesis_conventional"], weights_only=False).cnn.inputs == 1
 
 
 def test_a_folder_of_images_is_super_resolved_by_a_spark_job(spark, tmp_path):

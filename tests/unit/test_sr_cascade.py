@@ -74,3 +74,32 @@ def test_active_units_counts_the_relus_that_fire():
     assert cnn.active_units(x) == [fresh[0], (int(alive.sum()), 32)]
     with pytest.raises(ValueError, match="SRCNN expects images"):
         cnn.active_units(torch.rand(2, 3, 8, 8))
+
+
+def test_noisy_skip_feeds_the_cnn_the_noisy_input_beside_the_denoised():
+    """SRCNN(inputs=2) in the cascade sees [bicubic(SSDA(x)), bicubic(x)]; with the residual
+    it starts as the identity on the denoised plane; gradients reach both planes' weights."""
+    from spark_dl.models.srcnn import SRCNN
+    torch.manual_seed(0)
+    cnn = SRCNN(residual=True, inputs=2)
+    assert (cnn.inputs, cnn.channels, SRCNN().inputs) == (2, 1, 1)
+    model = Cascade(16, 2, cnn=cnn)
+    lr = torch.rand(3, 256)
+    x = model.cnn_input(lr)
+    up = Bicubic((16, 16), (32, 32))
+    assert x.shape == (3, 2, 32, 32)
+    assert torch.allclose(x[:, :1], up(model.denoise(lr)))
+    assert torch.allclose(x[:, 1:], up(lr.reshape(3, 1, 16, 16)))
+    assert torch.allclose(model(lr), x[:, :1])          # the last layer starts at zero
+    with torch.no_grad():
+        cnn.body[-1].weight.normal_(0, 0.01)
+    torch.nn.functional.mse_loss(model(lr), torch.rand(3, 1, 32, 32)).backward()
+    first = cnn.body[0].weight.grad
+    assert first[:, 0].abs().sum() > 0 and first[:, 1].abs().sum() > 0
+    assert all(p.grad.abs().sum() > 0 for p in model.ssda.parameters())
+    with pytest.raises(ValueError, match="SRCNN expects images \\(B, 2, H, W\\)"):
+        cnn(torch.rand(1, 1, 8, 8))
+    with pytest.raises(ValueError, match="inputs = 3"):
+        Cascade(16, 2, cnn=SRCNN(inputs=3))
+    with pytest.raises(ValueError, match="must include the 2 channels"):
+        SRCNN(channels=2, inputs=1)

@@ -46,3 +46,18 @@ def test_self_ensemble_turns_each_output_back_and_averages():
     out = super_resolve(wide, 2, ensemble=True)
     assert out.shape == (40, 56)
     assert np.abs(out - super_resolve(wide, 2)).max() < 1e-3   # bicubic is flip-symmetric
+
+
+def test_whole_image_path_equals_the_trained_cascade_on_one_patch():
+    """super_resolve (evaluation, Spark inference) on an image of one LR patch is the cascade
+    the training fits, with and without the noisy skip."""
+    from spark_dl.superres.cascade import Cascade
+    g = np.random.default_rng(3)
+    lr = g.random((16, 16)).astype(np.float32)
+    for inputs in (1, 2):
+        torch.manual_seed(inputs)
+        model = Cascade(16, 2, SSDA(256), SRCNN(inputs=inputs)).eval()
+        with torch.no_grad():
+            want = model(torch.from_numpy(lr).reshape(1, 256))[0, 0].clamp(0, 1).numpy()
+        got = super_resolve(lr, 2, model.ssda, model.cnn)
+        assert np.abs(got - want).max() < 1e-4, inputs
