@@ -17,7 +17,14 @@ from ..models.srcnn import SRCNN
 from ..models.ssda import SSDA
 from .images import bicubic
 
-__all__ = ["Bicubic", "resize_matrix", "Cascade", "Upscaler"]
+__all__ = ["Bicubic", "resize_matrix", "Cascade", "Upscaler", "takes_noisy"]
+
+
+def takes_noisy(cnn: SRCNN) -> bool:
+    """The noisy skip: a CNN with twice its channels as inputs gets the upscaled noisy LR
+    beside the upscaled denoised LR (Cascade.cnn_input in training, tiles.super_resolve on
+    whole images)."""
+    return cnn.inputs == 2 * cnn.channels
 
 
 def resize_matrix(n_in: int, n_out: int) -> np.ndarray:
@@ -64,7 +71,7 @@ class Cascade(nn.Module):
                              f"{lr_size * lr_size} pixels")
         self.up = Bicubic((lr_size, lr_size), (self.hr_size, self.hr_size))
         self.cnn = cnn if cnn is not None else SRCNN()
-        if self.cnn.inputs not in (self.cnn.channels, 2 * self.cnn.channels):
+        if self.cnn.inputs != self.cnn.channels and not takes_noisy(self.cnn):
             raise ValueError(f"the cascade's CNN takes the denoised image (inputs = "
                              f"{self.cnn.channels}) or it and the noisy one (inputs = "
                              f"{2 * self.cnn.channels}), got inputs = {self.cnn.inputs}")
@@ -78,7 +85,7 @@ class Cascade(nn.Module):
         """What the CNN sees: the denoised LR, bicubic-upscaled (and beside it the noisy LR,
         upscaled, with the noisy skip)."""
         up = self.up(self.denoise(lr))
-        if self.cnn.inputs == self.cnn.channels:
+        if not takes_noisy(self.cnn):
             return up
         return torch.cat([up, self.up(lr.reshape(up.shape[0], 1, self.lr_size, self.lr_size))],
                          1)

@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .cascade import takes_noisy
 from .images import bicubic
 from .prepare import dihedral
 
@@ -68,7 +69,7 @@ def super_resolve(lr: np.ndarray, scale: int, ssda=None, cnn=None, lr_patch: int
     the work."""
     if ensemble:
         return self_ensemble(lambda v: super_resolve(v, scale, ssda, cnn, lr_patch, stride), lr)
-    x = lr.astype(np.float32)
+    x = noisy = lr.astype(np.float32)
     if ssda is not None:
         ssda.eval()
 
@@ -80,8 +81,6 @@ def super_resolve(lr: np.ndarray, scale: int, ssda=None, cnn=None, lr_patch: int
     up = bicubic(np.clip(x, 0, 1), size)
     if cnn is not None:
         cnn.eval()
-        planes = [up]
-        if cnn.inputs == 2:                 # the cascade's noisy skip: the noisy LR beside it
-            planes.append(bicubic(lr.astype(np.float32), size))
+        planes = [up] + ([bicubic(noisy, size)] if takes_noisy(cnn) else [])
         up = cnn(torch.from_numpy(np.stack(planes))[None])[0, 0].numpy()
     return np.clip(up, 0.0, 1.0)
