@@ -42,6 +42,9 @@ class SuperResConfig:
     batch_size: int = 64
     strategy: str = "allreduce"     # or "downpour"
     replicas: int = 0               # 0: the cluster's task slots
+    init_from: str = ""             # a finished run's out_dir: stages 1-2 loaded, not trained
+    init_cascade: str = "cascade"   # with init_from, stage 3 starts from its "cascade" (continues
+                                    # the fine-tuning) or its "conventional" (fine-tunes anew)
     run: RunConfig = RunConfig()
 
     def __post_init__(self):
@@ -61,6 +64,8 @@ class SuperResConfig:
         _check(1 <= self.tile_stride <= self.patch // self.scale, "tile_stride",
                self.tile_stride, f"must be between 1 and the LR patch side "
                                  f"{self.patch // self.scale}")
+        _check(self.init_cascade in ("cascade", "conventional"), "init_cascade",
+               self.init_cascade, "must be 'cascade' or 'conventional'")
 
 
 def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
@@ -76,6 +81,7 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     spark = spark or get_session()
     out = Path(cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    loaded = _load_run(cfg, log) if cfg.init_from else {}    # a mismatch fails before any work
     degradation = Degradation(cfg.noise, cfg.sigma, cfg.blur, cfg.amount)
     t0 = time.perf_counter()
     prep = prepare_patches(spark, cfg.train_images, str((out / "patches").resolve()),
@@ -91,24 +97,30 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     fits = new_run_dir(out / "fits", "superres")      # a fresh folder: nothing to resume
     kw = dict(strategy=cfg.strategy, batch_size=cfg.batch_size, lr_decay=cfg.lr_decay,
               replicas=cfg.replicas or None, log=log, track=cfg.run.track)
-    timings = {}
+    timings, histories = {}, {}
+    if loaded:
+        conventional, start = loaded["conventional"], loaded[cfg.init_cascade]
+    else:
+        t = time.perf_counter()
+        ssda, histories["ssda"] = train_ssda(df, lr_size, specs, cfg.pretrain_epochs,
+                                             cfg.finetune_epochs, cfg.ssda_lr, run_dir=fits,
+                                             **kw)
+        timings["ssda_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        conventional, histories["cnn"] = train_cnn(
+            df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr, run_dir=fits / "cnn",
+            residual=cfg.cnn_residual, noisy_skip=cfg.cnn_noisy_skip, **kw)
+        timings["cnn_s"] = time.perf_counter() - t
+        start = conventional
     t = time.perf_counter()
-    ssda, h1 = train_ssda(df, lr_size, specs, cfg.pretrain_epochs, cfg.finetune_epochs,
-                          cfg.ssda_lr, run_dir=fits, **kw)
-    timings["ssda_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    conventional, h2 = train_cnn(df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr,
-                                 run_dir=fits / "cnn", residual=cfg.cnn_residual,
-                                 noisy_skip=cfg.cnn_noisy_skip, **kw)
-    timings["cnn_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    cascade, h3 = finetune_cascade(df, ssda, conventional.cnn, lr_size, cfg.scale,
-                                   cfg.cascade_epochs, cfg.cascade_lr,
-                                   run_dir=fits / "cascade", **kw)
+    cascade, histories["cascade"] = finetune_cascade(
+        df, start.ssda, start.cnn, lr_size, cfg.scale, cfg.cascade_epochs, cfg.cascade_lr,
+        run_dir=fits / "cascade", **kw)
     timings["cascade_s"] = time.perf_counter() - t
     pipelines = {"conventional": conventional, "cascade": cascade}
-    histories = {"ssda": h1, "cnn": h2, "cascade": h3}
-    if cfg.thesis_conventional_epochs:
+    if "thesis_conventional" in loaded:
+        pipelines["thesis_conventional"] = loaded["thesis_conventional"]
+    elif cfg.thesis_conventional_epochs:
         # the thesis's "conventional" method: the SSDA and an SRCNN trained for SR alone on
         # clean LR patches, as published; "conventional" above trained its SRCNN on the SSDA's
         # output, which already adapts it to the denoiser
@@ -117,12 +129,13 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
                                            cfg.cnn_lr, run_dir=fits / "cnn-clean",
                                            residual=cfg.cnn_residual, **kw)
         timings["cnn_clean_s"] = time.perf_counter() - t
-        pipelines["thesis_conventional"] = Cascade(lr_size, cfg.scale, ssda, cnn_clean)
+        pipelines["thesis_conventional"] = Cascade(lr_size, cfg.scale, conventional.ssda,
+                                                   cnn_clean)
         histories["cnn_clean"] = h4
     active = _active_units(df, pipelines, log)
     models = {}
     for name, net in pipelines.items():
-        path = out / f"{name}.pt"          # the whole module: torch.load(..., weights_only=False)
+        path = out / f"{name}.pt"          # the whole module: superres.cascade.load_cascade
         torch.save(net, path.with_suffix(".pt.tmp"))
         path.with_suffix(".pt.tmp").replace(path)
         models[name] = str(path.resolve())
@@ -134,6 +147,8 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     log("average PSNR / SSIM: " + ", ".join(f"{m} {v['psnr']:.2f} / {v['ssim']:.4f}"
                                              for m, v in avg.items()))
     summary = {"patches": prep.patches, "skipped_images": prep.skipped, "timings": timings,
+               **({"init_from": str(Path(cfg.init_from).resolve()),
+                   "init_cascade": cfg.init_cascade} if cfg.init_from else {}),
                "psnr_bicubic": avg["bicubic"]["psnr"],
                "psnr_conventional": avg["conventional"]["psnr"],
                "psnr_cascade": avg["cascade"]["psnr"],
@@ -148,6 +163,36 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
             avg["cascade"]["psnr"] - avg["thesis_conventional"]["psnr"], 3)
     return {**summary, "report": report, "histories": histories,
             "report_dir": str(out / "report"), "models": models}
+
+
+def _load_run(cfg: SuperResConfig, log) -> dict:
+    """The pipelines saved by a finished run in ``cfg.init_from`` (conventional, cascade and,
+    if trained, thesis_conventional), checked against this run's configuration: the
+    continuation trains and evaluates the same networks the configuration describes."""
+    from ..superres.cascade import load_cascade, takes_noisy
+    root = Path(cfg.init_from)
+    names = ["conventional", "cascade", "thesis_conventional"]
+    loaded = {n: load_cascade(root / f"{n}.pt") for n in names
+              if n != "thesis_conventional" or (root / f"{n}.pt").exists()}
+    for name, net in loaded.items():
+        where = f"init_from {str(root)!r}: its {name}.pt"
+        got = {"patch": net.hr_size, "scale": net.hr_size // net.lr_size}
+        for key, value in got.items():
+            _check(value == getattr(cfg, key), key, getattr(cfg, key),
+                   f"{where} was trained with {key} = {value}; set {key} = {value}")
+        if name == "thesis_conventional":
+            continue                      # its SRCNN was trained on clean LR, without the skip
+        widths = [layer.spec.hidden for layer in net.ssda.layers]
+        _check(widths == list(cfg.ssda_layers), "ssda_layers", list(cfg.ssda_layers),
+               f"{where} has an SSDA of {widths}; set ssda_layers = {widths}")
+        for key, value in (("cnn_residual", net.cnn.residual),
+                           ("cnn_noisy_skip", takes_noisy(net.cnn))):
+            _check(value == getattr(cfg, key), key, getattr(cfg, key),
+                   f"{where} was trained with {key} = {str(value).lower()}; set {key} = "
+                   f"{str(value).lower()}")
+    log(f"init_from {root}: " + ", ".join(loaded) + f" loaded (stages 1-2 not trained); the "
+        f"cascade stage starts from its {cfg.init_cascade}")
+    return loaded
 
 
 def _active_units(df, pipelines: dict, log, rows: int = 256) -> dict:

@@ -17,7 +17,7 @@ from ..models.srcnn import SRCNN
 from ..models.ssda import SSDA
 from .images import bicubic
 
-__all__ = ["Bicubic", "resize_matrix", "Cascade", "Upscaler", "takes_noisy"]
+__all__ = ["Bicubic", "resize_matrix", "Cascade", "Upscaler", "takes_noisy", "load_cascade"]
 
 
 def takes_noisy(cnn: SRCNN) -> bool:
@@ -108,3 +108,33 @@ class Upscaler(nn.Module):
 
     def forward(self, lr: torch.Tensor) -> torch.Tensor:
         return self.cnn(self.up(lr.reshape(len(lr), 1, self.lr_size, self.lr_size)))
+
+
+def load_cascade(path) -> Cascade:
+    """A Cascade saved whole by the super-resolution job (``<out_dir>/<method>.pt``), loaded
+    with ``weights_only=True``: the unpickler builds only the cascade's own module classes and
+    tensors, so a file that names anything else is refused, not run."""
+    from pathlib import Path
+
+    from torch.serialization import get_unsafe_globals_in_checkpoint, safe_globals
+
+    from ..models.ssda import DenoisingLayer, LayerSpec
+    allowed = [Cascade, Bicubic, SSDA, DenoisingLayer, LayerSpec, SRCNN, nn.ModuleList,
+               nn.Sequential, nn.Conv2d, nn.ReLU]
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no saved cascade at {path}: give the out_dir of a finished "
+                                f"super-resolution run (it holds conventional.pt, cascade.pt)")
+    names = {f"{c.__module__}.{c.__qualname__}" for c in allowed}
+    try:
+        others = sorted(set(get_unsafe_globals_in_checkpoint(path)) - names)
+        if others:
+            raise ValueError(f"it names {', '.join(others)}")
+        with safe_globals(allowed):
+            model = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:                      # torch's UnpicklingError, truncated files, ...
+        raise ValueError(f"{path} is not a cascade saved by the super-resolution job "
+                         f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if not isinstance(model, Cascade):
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a Cascade")
+    return model

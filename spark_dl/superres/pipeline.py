@@ -148,8 +148,9 @@ def finetune_cascade(df, ssda: SSDA, cnn: SRCNN, lr_size: int = 16, scale: int =
                      epochs: int = 1, lr: float = 1e-4, batch_size: int = 64,
                      strategy: str = "allreduce", optimizer: str = "adam", log=print,
                      **fit_kw) -> tuple[Cascade, list]:
-    """Stage 3: the whole cascade, noisy LR -> HR, every parameter trained."""
-    model = Cascade(lr_size, scale, copy.deepcopy(ssda), copy.deepcopy(cnn))
+    """Stage 3: the whole cascade, noisy LR -> HR, every parameter trained (also those of an
+    SSDA taken from a stage-2 pipeline, where it was frozen)."""
+    model = Cascade(lr_size, scale, copy.deepcopy(ssda), copy.deepcopy(cnn)).requires_grad_(True)
     res = _fit_to_hr(df, model, "lr", lr_size, scale, epochs=epochs, lr=lr,
                      batch_size=batch_size, strategy=strategy, optimizer=optimizer, log=log,
                      **fit_kw)

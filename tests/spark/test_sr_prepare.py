@@ -1,5 +1,6 @@
 """Super-resolution patch pairs made in the executors and written as Parquet (local[2])."""
 
+import dataclasses
 import json
 import shutil
 
@@ -116,6 +117,28 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
     assert cascade.cnn.inputs == 2
     assert torch.load(out["models"]["conventional"], weights_only=False).cnn.inputs == 2
     assert torch.load(out["models"]["thesis_conventional"], weights_only=False).cnn.inputs == 1
+    # the continuation: stages 1-2 and the thesis's baseline taken from the run, the cascade
+    # stage continued from its cascade (at a learning rate that leaves it where it was)
+    from spark_dl.superres.cascade import load_cascade
+    again = run_superres(dataclasses.replace(cfg, init_from=str(tmp_path / "run"),
+                                             cascade_lr=1e-9, thesis_conventional_epochs=0,
+                                             run=dataclasses.replace(cfg.run, out_dir=str(
+                                                 tmp_path / "again"))),
+                         log=lambda _: None, spark=spark)
+    assert set(again["histories"]) == {"cascade"} and set(again["timings"]) == {"cascade_s"}
+    assert again["init_from"] == str((tmp_path / "run").resolve())
+    assert again["init_cascade"] == "cascade"
+    assert again["psnr_thesis_conventional"] == out["psnr_thesis_conventional"]
+    assert again["psnr_conventional"] == out["psnr_conventional"]
+    for name in ("conventional", "cascade", "thesis_conventional"):
+        before, after = (load_cascade(p / f"{name}.pt").state_dict()
+                         for p in (tmp_path / "run", tmp_path / "again"))
+        same = torch.equal if name != "cascade" else \
+            (lambda a, b: torch.allclose(a, b, atol=1e-5))
+        assert all(same(before[k], after[k]) for k in before), name
+    assert not torch.equal(load_cascade(tmp_path / "again" / "cascade.pt").ssda.layers[0].weight,
+                           load_cascade(tmp_path / "run" / "conventional.pt").ssda.layers[0]
+                           .weight)
 
 
 def test_a_folder_of_images_is_super_resolved_by_a_spark_job(spark, tmp_path):

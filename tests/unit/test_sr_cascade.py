@@ -103,3 +103,65 @@ def test_noisy_skip_feeds_the_cnn_the_noisy_input_beside_the_denoised():
         Cascade(16, 2, cnn=SRCNN(inputs=3))
     with pytest.raises(ValueError, match="must include the 2 channels"):
         SRCNN(channels=2, inputs=1)
+
+
+def _saved_run(folder, noisy_skip=True, widths=(32,)):
+    """A folder as a finished super-resolution run leaves it: conventional.pt, cascade.pt."""
+    from spark_dl.models.srcnn import SRCNN
+    from spark_dl.models.ssda import SSDA, LayerSpec
+    torch.manual_seed(0)
+    ssda = SSDA(256, tuple(LayerSpec(w) for w in widths))
+    for name in ("conventional", "cascade"):
+        net = Cascade(16, 2, ssda, SRCNN(residual=True, inputs=2 if noisy_skip else 1))
+        torch.save(net, folder / f"{name}.pt")
+    return folder
+
+
+def test_a_saved_cascade_loads_without_unpickling_anything_else(tmp_path):
+    from spark_dl.superres.cascade import load_cascade
+    _saved_run(tmp_path)
+    saved = torch.load(tmp_path / "cascade.pt", weights_only=False)
+    model = load_cascade(tmp_path / "cascade.pt")
+    lr = torch.rand(2, 256)
+    assert torch.equal(model(lr), saved(lr))
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "linear.pt")      # a class it does not build
+    with pytest.raises(ValueError, match="linear.pt is not a cascade saved by the "
+                                         "super-resolution job .*Linear"):
+        load_cascade(tmp_path / "linear.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match="holds a list, not a Cascade"):
+        load_cascade(tmp_path / "list.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "cascade.pt").read_bytes()[:500])
+    with pytest.raises(ValueError, match="cut.pt is not a cascade"):
+        load_cascade(tmp_path / "cut.pt")
+    with pytest.raises(FileNotFoundError, match="give the out_dir of a finished"):
+        load_cascade(tmp_path / "missing.pt")
+
+
+def test_init_from_checks_the_saved_run_against_the_configuration(tmp_path):
+    """The continuation (init_from) trains the networks the configuration describes: a saved
+    run with another SSDA, skip or scale is refused, naming the key to set."""
+    from spark_dl import load_toml
+    from spark_dl.config import ConfigError
+    from spark_dl.recipes.superres_pipeline import SuperResConfig, _load_run
+    from pathlib import Path
+    conf = Path(__file__).resolve().parents[2] / "conf" / "jobs" / "superres.toml"
+    run = _saved_run(tmp_path)
+    ok = {"init_from": str(run), "ssda_layers": [32], "cnn_residual": True,
+          "cnn_noisy_skip": True}
+    loaded = _load_run(load_toml(SuperResConfig, conf, ok), log=lambda _: None)
+    assert sorted(loaded) == ["cascade", "conventional"]          # no thesis baseline saved
+    for key, value, message in [
+            ("ssda_layers", [64], "has an SSDA of \\[32\\]; set ssda_layers = \\[32\\]"),
+            ("cnn_noisy_skip", False,
+             "was trained with cnn_noisy_skip = true; set cnn_noisy_skip = true"),
+            ("cnn_residual", False, "was trained with cnn_residual = true"),
+            ("scale", 4, "was trained with scale = 2; set scale = 2")]:
+        with pytest.raises(ConfigError, match=f"'{key}' init_from .*: its conventional.pt "
+                                              f"{message}"):
+            _load_run(load_toml(SuperResConfig, conf, {**ok, key: value}), log=lambda _: None)
+    with pytest.raises(ConfigError, match="'init_cascade' must be 'cascade' or 'conventional'"):
+        load_toml(SuperResConfig, conf, {**ok, "init_cascade": "ssda"})
+    (run / "cascade.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="cascade.pt: give the out_dir"):
+        _load_run(load_toml(SuperResConfig, conf, ok), log=lambda _: None)
