@@ -66,6 +66,10 @@ class SuperResConfig:
                                  f"{self.patch // self.scale}")
         _check(self.init_cascade in ("cascade", "conventional"), "init_cascade",
                self.init_cascade, "must be 'cascade' or 'conventional'")
+        _check(not self.init_from or Path(self.init_from).resolve()
+               != Path(self.run.out_dir).resolve(), "init_from", self.init_from,
+               "must differ from run.out_dir (the continuation would overwrite the run it "
+               "starts from); set run.out_dir to a new folder")
 
 
 def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
@@ -168,7 +172,10 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
 def _load_run(cfg: SuperResConfig, log) -> dict:
     """The pipelines saved by a finished run in ``cfg.init_from`` (conventional, cascade and,
     if trained, thesis_conventional), checked against this run's configuration: the
-    continuation trains and evaluates the same networks the configuration describes."""
+    continuation trains and evaluates the same networks, on the same patch pairs, that the
+    configuration describes."""
+    import json
+
     from ..superres.cascade import load_cascade, takes_noisy
     root = Path(cfg.init_from)
     names = ["conventional", "cascade", "thesis_conventional"]
@@ -176,23 +183,42 @@ def _load_run(cfg: SuperResConfig, log) -> dict:
               if n != "thesis_conventional" or (root / f"{n}.pt").exists()}
     for name, net in loaded.items():
         where = f"init_from {str(root)!r}: its {name}.pt"
-        got = {"patch": net.hr_size, "scale": net.hr_size // net.lr_size}
-        for key, value in got.items():
-            _check(value == getattr(cfg, key), key, getattr(cfg, key),
-                   f"{where} was trained with {key} = {value}; set {key} = {value}")
-        if name == "thesis_conventional":
-            continue                      # its SRCNN was trained on clean LR, without the skip
         widths = [layer.spec.hidden for layer in net.ssda.layers]
-        _check(widths == list(cfg.ssda_layers), "ssda_layers", list(cfg.ssda_layers),
-               f"{where} has an SSDA of {widths}; set ssda_layers = {widths}")
-        for key, value in (("cnn_residual", net.cnn.residual),
-                           ("cnn_noisy_skip", takes_noisy(net.cnn))):
-            _check(value == getattr(cfg, key), key, getattr(cfg, key),
-                   f"{where} was trained with {key} = {str(value).lower()}; set {key} = "
-                   f"{str(value).lower()}")
+        got = {"patch": net.hr_size, "scale": net.hr_size // net.lr_size,
+               "ssda_layers": widths, "cnn_residual": net.cnn.residual}
+        if name != "thesis_conventional":     # its SRCNN was trained on clean LR, no skip
+            got["cnn_noisy_skip"] = takes_noisy(net.cnn)
+        _check_same(cfg, where + " was trained with", got)
+    meta = root / "patches" / "_spark_dl.json"     # how the run's patch pairs were made
+    if meta.exists():
+        made = json.loads(meta.read_text())
+        d = made["degradation"]
+        _check_same(cfg, f"init_from {str(root)!r}: its patches were made with",
+                    {"noise": d["kind"], "sigma": d["sigma"], "blur": d["blur"],
+                     "amount": d["amount"], "stride": made["stride"],
+                     "augment": made["augment"], "run.seed": made["seed"]})
+    else:
+        log(f"warning: {meta} is missing: the degradation and patches of init_from's run are "
+            f"not checked against this configuration")
+    if "thesis_conventional" in loaded and cfg.thesis_conventional_epochs:
+        log("thesis_conventional_epochs not used: the thesis's baseline is init_from's")
     log(f"init_from {root}: " + ", ".join(loaded) + f" loaded (stages 1-2 not trained); the "
         f"cascade stage starts from its {cfg.init_cascade}")
     return loaded
+
+
+def _check_same(cfg: SuperResConfig, where: str, saved: dict) -> None:
+    """ConfigError naming the first key of ``saved`` (dotted for sections) whose value
+    differs from the configuration's, with the value to set."""
+    def fmt(v):
+        return str(v).lower() if isinstance(v, bool) else repr(v) if isinstance(v, str) else v
+    for key, value in saved.items():
+        mine = cfg
+        for part in key.split("."):
+            mine = getattr(mine, part)
+        mine = list(mine) if isinstance(mine, tuple) else mine
+        _check(mine == value, key, mine, f"{where} {key} = {fmt(value)}; set {key} = "
+                                         f"{fmt(value)}")
 
 
 def _active_units(df, pipelines: dict, log, rows: int = 256) -> dict:

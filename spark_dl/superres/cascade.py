@@ -116,7 +116,11 @@ def load_cascade(path) -> Cascade:
     tensors, so a file that names anything else is refused, not run."""
     from pathlib import Path
 
-    from torch.serialization import get_unsafe_globals_in_checkpoint, safe_globals
+    try:
+        from torch.serialization import get_unsafe_globals_in_checkpoint, safe_globals
+    except ImportError:
+        raise ImportError(f"loading a saved cascade safely needs torch >= 2.5 (this is "
+                          f"{torch.__version__}); upgrade torch") from None
 
     from ..models.ssda import DenoisingLayer, LayerSpec
     allowed = [Cascade, Bicubic, SSDA, DenoisingLayer, LayerSpec, SRCNN, nn.ModuleList,
@@ -134,7 +138,7 @@ def load_cascade(path) -> Cascade:
             model = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:                      # torch's UnpicklingError, truncated files, ...
         raise ValueError(f"{path} is not a cascade saved by the super-resolution job "
-                         f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+                         f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
     if not isinstance(model, Cascade):
         raise ValueError(f"{path} holds a {type(model).__name__}, not a Cascade")
     return model

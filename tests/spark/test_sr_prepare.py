@@ -65,7 +65,9 @@ def test_the_three_stages_train_with_the_engine(spark, tmp_path):
     assert len(hist) == 3 and all(len(h) == 2 for h in hist)
     assert all(h[1]["loss"] < h[0]["loss"] for h in hist)          # every fit learns
     conventional, h2 = train_cnn(df, ssda, epochs=2, lr=1e-3, **kw)
-    cascade, h3 = finetune_cascade(df, ssda, conventional.cnn, epochs=1, lr=1e-4, **kw)
+    # from the stage-2 pipeline as it is, its SSDA frozen (as init_cascade = "conventional")
+    cascade, h3 = finetune_cascade(df, conventional.ssda, conventional.cnn, epochs=1, lr=1e-4,
+                                   **kw)
     assert h2[-1]["loss"] < h2[0]["loss"]
     # stage 2 left the denoiser alone; stage 3 tuned it
     assert all(torch.equal(a, b) for a, b in zip(conventional.ssda.state_dict().values(),
@@ -110,16 +112,16 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
         ["cascade", "cnn", "cnn-clean", "ssda-finetune", "ssda-layer1", "ssda-layer2"]
     assert all((p / "history.csv").exists() for p in fits[0].iterdir())
     import torch
-    cascade = torch.load(out["models"]["cascade"], weights_only=False)
+    from spark_dl.superres.cascade import load_cascade
+    cascade = load_cascade(out["models"]["cascade"])
     assert cascade.ssda.n_in == 256 and cascade.hr_size == 32
     # the noisy skip: the stages-apart and cascade SRCNNs see the noisy LR too, the SRCNN
     # trained on clean LR (the thesis's baseline) only its input
     assert cascade.cnn.inputs == 2
-    assert torch.load(out["models"]["conventional"], weights_only=False).cnn.inputs == 2
-    assert torch.load(out["models"]["thesis_conventional"], weights_only=False).cnn.inputs == 1
+    assert load_cascade(out["models"]["conventional"]).cnn.inputs == 2
+    assert load_cascade(out["models"]["thesis_conventional"]).cnn.inputs == 1
     # the continuation: stages 1-2 and the thesis's baseline taken from the run, the cascade
     # stage continued from its cascade (at a learning rate that leaves it where it was)
-    from spark_dl.superres.cascade import load_cascade
     again = run_superres(dataclasses.replace(cfg, init_from=str(tmp_path / "run"),
                                              cascade_lr=1e-9, thesis_conventional_epochs=0,
                                              run=dataclasses.replace(cfg.run, out_dir=str(
@@ -136,6 +138,7 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
         same = torch.equal if name != "cascade" else \
             (lambda a, b: torch.allclose(a, b, atol=1e-5))
         assert all(same(before[k], after[k]) for k in before), name
+    # and the first run's stage 3 trained the SSDA that stage 2 had frozen
     assert not torch.equal(load_cascade(tmp_path / "again" / "cascade.pt").ssda.layers[0].weight,
                            load_cascade(tmp_path / "run" / "conventional.pt").ssda.layers[0]
                            .weight)

@@ -106,14 +106,22 @@ def test_noisy_skip_feeds_the_cnn_the_noisy_input_beside_the_denoised():
 
 
 def _saved_run(folder, noisy_skip=True, widths=(32,)):
-    """A folder as a finished super-resolution run leaves it: conventional.pt, cascade.pt."""
+    """A folder as a finished super-resolution run leaves it: conventional.pt, cascade.pt,
+    thesis_conventional.pt and the patches' description (sigma 20, stride 16, seed 0)."""
+    import json
+
     from spark_dl.models.srcnn import SRCNN
     from spark_dl.models.ssda import SSDA, LayerSpec
     torch.manual_seed(0)
     ssda = SSDA(256, tuple(LayerSpec(w) for w in widths))
-    for name in ("conventional", "cascade"):
-        net = Cascade(16, 2, ssda, SRCNN(residual=True, inputs=2 if noisy_skip else 1))
-        torch.save(net, folder / f"{name}.pt")
+    for name in ("conventional", "cascade", "thesis_conventional"):
+        inputs = 2 if noisy_skip and name != "thesis_conventional" else 1
+        torch.save(Cascade(16, 2, ssda, SRCNN(residual=True, inputs=inputs)),
+                   folder / f"{name}.pt")
+    (folder / "patches").mkdir()
+    (folder / "patches" / "_spark_dl.json").write_text(json.dumps(
+        {"size": 32, "scale": 2, "stride": 16, "augment": False, "seed": 0, "degradation":
+         {"kind": "gaussian", "sigma": 20.0, "blur": 1.0, "amount": 0.05}}))
     return folder
 
 
@@ -139,29 +147,48 @@ def test_a_saved_cascade_loads_without_unpickling_anything_else(tmp_path):
 
 
 def test_init_from_checks_the_saved_run_against_the_configuration(tmp_path):
-    """The continuation (init_from) trains the networks the configuration describes: a saved
-    run with another SSDA, skip or scale is refused, naming the key to set."""
+    """The continuation (init_from) trains the networks the configuration describes, on the
+    same patch pairs: a saved run with another SSDA, skip, residual, scale or degradation is
+    refused, naming the key to set."""
+    from pathlib import Path
+
     from spark_dl import load_toml
     from spark_dl.config import ConfigError
     from spark_dl.recipes.superres_pipeline import SuperResConfig, _load_run
-    from pathlib import Path
     conf = Path(__file__).resolve().parents[2] / "conf" / "jobs" / "superres.toml"
-    run = _saved_run(tmp_path)
+    (tmp_path / "run").mkdir()
+    run = _saved_run(tmp_path / "run")
     ok = {"init_from": str(run), "ssda_layers": [32], "cnn_residual": True,
-          "cnn_noisy_skip": True}
-    loaded = _load_run(load_toml(SuperResConfig, conf, ok), log=lambda _: None)
-    assert sorted(loaded) == ["cascade", "conventional"]          # no thesis baseline saved
+          "cnn_noisy_skip": True, "run.out_dir": str(tmp_path / "next")}
+    logged = []
+    loaded = _load_run(load_toml(SuperResConfig, conf, {**ok, "thesis_conventional_epochs": 1}),
+                       log=logged.append)
+    assert sorted(loaded) == ["cascade", "conventional", "thesis_conventional"]
+    assert loaded["thesis_conventional"].cnn.inputs == 1          # no skip in the baseline
+    assert "thesis_conventional_epochs not used" in logged[0]
     for key, value, message in [
-            ("ssda_layers", [64], "has an SSDA of \\[32\\]; set ssda_layers = \\[32\\]"),
-            ("cnn_noisy_skip", False,
-             "was trained with cnn_noisy_skip = true; set cnn_noisy_skip = true"),
-            ("cnn_residual", False, "was trained with cnn_residual = true"),
-            ("scale", 4, "was trained with scale = 2; set scale = 2")]:
-        with pytest.raises(ConfigError, match=f"'{key}' init_from .*: its conventional.pt "
-                                              f"{message}"):
+            ("ssda_layers", [64], "its conventional.pt was trained with ssda_layers = \\[32\\]; "
+                                  "set ssda_layers = \\[32\\]"),
+            ("cnn_noisy_skip", False, "its conventional.pt was trained with cnn_noisy_skip = "
+                                      "true; set cnn_noisy_skip = true"),
+            ("cnn_residual", False, "its conventional.pt was trained with cnn_residual = true; "
+                                    "set cnn_residual = true"),
+            ("scale", 4, "its conventional.pt was trained with scale = 2; set scale = 2"),
+            ("patch", 48, "its conventional.pt was trained with patch = 32; set patch = 32"),
+            ("sigma", 25.0, "its patches were made with sigma = 20.0; set sigma = 20.0"),
+            ("noise", "blur", "its patches were made with noise = 'gaussian'; set noise = "
+                              "'gaussian'"),
+            ("run.seed", 1, "its patches were made with run.seed = 0; set run.seed = 0")]:
+        with pytest.raises(ConfigError, match=f"'{key}' init_from .*: {message}, got"):
             _load_run(load_toml(SuperResConfig, conf, {**ok, key: value}), log=lambda _: None)
     with pytest.raises(ConfigError, match="'init_cascade' must be 'cascade' or 'conventional'"):
         load_toml(SuperResConfig, conf, {**ok, "init_cascade": "ssda"})
+    with pytest.raises(ConfigError, match="'init_from' must differ from run.out_dir"):
+        load_toml(SuperResConfig, conf, {**ok, "run.out_dir": str(run)})
+    (run / "patches" / "_spark_dl.json").unlink()                 # unchecked, and said so
+    logged.clear()
+    _load_run(load_toml(SuperResConfig, conf, {**ok, "sigma": 25.0}), log=logged.append)
+    assert "_spark_dl.json is missing" in logged[0]
     (run / "cascade.pt").unlink()
     with pytest.raises(FileNotFoundError, match="cascade.pt: give the out_dir"):
         _load_run(load_toml(SuperResConfig, conf, ok), log=lambda _: None)
