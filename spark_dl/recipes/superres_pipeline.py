@@ -94,9 +94,6 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     log(f"patches: {prep.patches} pairs from {prep.images} images "
         f"({len(prep.skipped)} skipped) in {time.perf_counter() - t0:.1f} s")
     df = spark.read.parquet(prep.path)
-    # App. B: the hidden layers sparse, the last one (the code) without sparsity
-    specs = tuple(LayerSpec(w, 0.01, 0.05, 1e-4) for w in cfg.ssda_layers[:-1]) + \
-        (LayerSpec(cfg.ssda_layers[-1], 0.0, 1.0, 1e-4),)
     lr_size = cfg.patch // cfg.scale
     fits = new_run_dir(out / "fits", "superres")      # a fresh folder: nothing to resume
     kw = dict(strategy=cfg.strategy, batch_size=cfg.batch_size, lr_decay=cfg.lr_decay,
@@ -105,6 +102,9 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     if loaded:
         conventional, start = loaded["conventional"], loaded[cfg.init_cascade]
     else:
+        # App. B: the hidden layers sparse, the last one (the code) without sparsity
+        specs = tuple(LayerSpec(w, 0.01, 0.05, 1e-4) for w in cfg.ssda_layers[:-1]) + \
+            (LayerSpec(cfg.ssda_layers[-1], 0.0, 1.0, 1e-4),)
         t = time.perf_counter()
         ssda, histories["ssda"] = train_ssda(df, lr_size, specs, cfg.pretrain_epochs,
                                              cfg.finetune_epochs, cfg.ssda_lr, run_dir=fits,
@@ -181,19 +181,19 @@ def _load_run(cfg: SuperResConfig, log) -> dict:
     names = ["conventional", "cascade", "thesis_conventional"]
     loaded = {n: load_cascade(root / f"{n}.pt") for n in names
               if n != "thesis_conventional" or (root / f"{n}.pt").exists()}
+    source = f"init_from {str(root)!r}: its"
     for name, net in loaded.items():
-        where = f"init_from {str(root)!r}: its {name}.pt"
         widths = [layer.spec.hidden for layer in net.ssda.layers]
         got = {"patch": net.hr_size, "scale": net.hr_size // net.lr_size,
                "ssda_layers": widths, "cnn_residual": net.cnn.residual}
         if name != "thesis_conventional":     # its SRCNN was trained on clean LR, no skip
             got["cnn_noisy_skip"] = takes_noisy(net.cnn)
-        _check_same(cfg, where + " was trained with", got)
+        _check_same(cfg, f"{source} {name}.pt was trained with", got)
     meta = root / "patches" / "_spark_dl.json"     # how the run's patch pairs were made
     if meta.exists():
         made = json.loads(meta.read_text())
         d = made["degradation"]
-        _check_same(cfg, f"init_from {str(root)!r}: its patches were made with",
+        _check_same(cfg, f"{source} patches were made with",
                     {"noise": d["kind"], "sigma": d["sigma"], "blur": d["blur"],
                      "amount": d["amount"], "stride": made["stride"],
                      "augment": made["augment"], "run.seed": made["seed"]})

@@ -9,6 +9,8 @@ the denoiser, and its output equals Pillow's resize (the tests compare them).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from torch import nn
@@ -114,8 +116,6 @@ def load_cascade(path) -> Cascade:
     """A Cascade saved whole by the super-resolution job (``<out_dir>/<method>.pt``), loaded
     with ``weights_only=True``: the unpickler builds only the cascade's own module classes and
     tensors, so a file that names anything else is refused, not run."""
-    from pathlib import Path
-
     try:
         from torch.serialization import get_unsafe_globals_in_checkpoint, safe_globals
     except ImportError:

@@ -105,7 +105,7 @@ def test_noisy_skip_feeds_the_cnn_the_noisy_input_beside_the_denoised():
         SRCNN(channels=2, inputs=1)
 
 
-def _saved_run(folder, noisy_skip=True, widths=(32,)):
+def _saved_run(folder):
     """A folder as a finished super-resolution run leaves it: conventional.pt, cascade.pt,
     thesis_conventional.pt and the patches' description (sigma 20, stride 16, seed 0)."""
     import json
@@ -113,9 +113,9 @@ def _saved_run(folder, noisy_skip=True, widths=(32,)):
     from spark_dl.models.srcnn import SRCNN
     from spark_dl.models.ssda import SSDA, LayerSpec
     torch.manual_seed(0)
-    ssda = SSDA(256, tuple(LayerSpec(w) for w in widths))
+    ssda = SSDA(256, (LayerSpec(32),))
     for name in ("conventional", "cascade", "thesis_conventional"):
-        inputs = 2 if noisy_skip and name != "thesis_conventional" else 1
+        inputs = 1 if name == "thesis_conventional" else 2         # the noisy skip
         torch.save(Cascade(16, 2, ssda, SRCNN(residual=True, inputs=inputs)),
                    folder / f"{name}.pt")
     (folder / "patches").mkdir()
