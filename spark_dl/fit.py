@@ -110,7 +110,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
         ps_shards: int | None = None, wire_dtype: str = "float32",
         max_staleness: int | None = None, overlap: bool = False,
-        partitions: int | str = 1, track=None) -> FitResult:
+        partitions: int | str = 1, data: str = "auto",
+        shuffle_buffer: int | str = "256MB", transform: Callable | None = None,
+        track=None) -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
 
     strategy: "allreduce" (synchronous data parallelism in a barrier stage, sample-weighted
@@ -139,6 +141,18 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     device: "auto" (the GPU Spark assigned to the task, else the CPU), "cpu" or "cuda";
       amp: None, "bf16" or "fp16" autocast with float32 master weights; dtype: "float32" or
       "float64" (exactness checks).
+    data: how a task holds its partition: "memory" (read into one array; a partition larger
+      than the task's memory fails with a ResourceError), "stream" (spilled once to Spark's
+      local directory in its storage dtype, read back per epoch through a shuffle buffer:
+      memory bounded by the buffer, whatever the partition's size) or "auto" (in memory while
+      the partition stays under a quarter of the task's memory headroom, else streamed).
+      Both serve the same batches when the buffer holds the whole shard.
+    shuffle_buffer: rows (int) or a size ("256MB") of a streamed shard's shuffle buffer: each
+      epoch reads the shard in a random order of chunks, and serves the rows of each buffer-
+      ful in a random order.
+    transform: ``transform(x, y) -> (x_tensor, y_tensor)`` on every mini-batch's numpy rows
+      (storage dtypes: uint8 for binary pixel columns), instead of the default conversion
+      (uint8 -> float32 in [0, 1]); streamed shards run it in a background thread.
     validation: (x, y) numpy arrays evaluated by replica 0 after every epoch.
     transport: "auto" sums gradients through shared memory when all replicas run on one host
       (CPU), else through the process group (gloo on CPU, NCCL on GPU); "process_group"
@@ -201,6 +215,13 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         if amp is not None or accumulate != 1:
             raise ConfigError("amp and accumulate are options of the allreduce strategy; "
                               "downpour accumulates with n_push")
+    from .data.stream import DATA_MODES, parse_buffer
+    if data not in DATA_MODES:
+        raise ConfigError(f"data must be one of {', '.join(DATA_MODES)}, got {data!r}")
+    parse_buffer(shuffle_buffer)
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform must be a function (x, y) -> (tensor, tensor), got "
+                        f"{type(transform).__name__}")
     if transport not in ("auto", "process_group"):
         raise ConfigError(f"transport must be 'auto' or 'process_group', got {transport!r}")
     if device not in ("auto", "cpu", "cuda"):
@@ -270,7 +291,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
                 epochs=epochs, batch_size=batch_size, n_fetch=n_fetch,
                 n_push=1 if mode == "sync" else n_push, mode=mode, shuffle=shuffle, seed=seed,
                 dtype=dtype, wire_dtype=wire_dtype, device=device, threads=threads,
-                timeout_s=timeout_s, overlap=bool(overlap)),
+                timeout_s=timeout_s, overlap=bool(overlap), data=data,
+                shuffle_buffer=shuffle_buffer, transform=transform),
             server_optimizer or _server_optimizer(optimizer, momentum), lr, momentum,
             ps_shards, max_staleness, lr_decay, partitions)
     if parts != replicas or _narrow_merges(df):
@@ -285,7 +307,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         max_iter=max_iter,
         epochs=epochs, batch_size=batch_size, accumulate=accumulate, shuffle=shuffle,
         seed=seed, dtype=dtype, device=device, amp=amp, threads=threads, timeout_s=timeout_s,
-        resume=resume, transport=transport)
+        resume=resume, transport=transport, data=data, shuffle_buffer=shuffle_buffer,
+        transform=transform)
     run_path = Path(run_dir).resolve() if run_dir is not None else \
         new_run_dir("runs", strategy)
     run_path.mkdir(parents=True, exist_ok=True)

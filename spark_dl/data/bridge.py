@@ -17,7 +17,56 @@ import torch
 
 from ..errors import DataError
 
-__all__ = ["ShardData", "column_chunks", "column_to_numpy"]
+__all__ = ["ShardData", "column_chunks", "column_to_numpy", "as_batch", "storage_dtype"]
+
+
+
+def storage_dtype(t: pa.DataType) -> np.dtype:
+    """How a feature column is held between reading and the batch: binary columns (one
+    image's pixel bytes per row) and arrays of uint8 stay uint8, everything else float32."""
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return np.dtype(np.uint8)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) \
+            and pa.types.is_uint8(t.value_type):
+        return np.dtype(np.uint8)
+    return np.dtype(np.float32)
+
+
+def as_batch(x: np.ndarray, y: np.ndarray | None, transform=None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One mini-batch's rows (storage dtypes) -> tensors: uint8 features become float32 in
+    [0, 1], others are passed as they are; ``transform(x, y)`` replaces this conversion (the
+    user's own decoding or augmentation) and returns the tensors itself."""
+    if transform is not None:
+        return transform(x, y)
+    if x.dtype == np.uint8:
+        xt = torch.from_numpy(x).to(torch.float32).div_(255.0)
+    else:
+        xt = torch.from_numpy(x)
+    return xt, None if y is None else torch.from_numpy(y)
+
+
+def check_columns(names: Sequence[str], features: str, label: str | None, where: str) -> None:
+    missing = [c for c in [features] + ([label] if label else []) if c not in names]
+    if missing:
+        raise DataError(f"column(s) {missing} not found in the {where}; it has "
+                        f"{list(names)}; set features=/label= to the right names")
+
+
+def check_labels(y: np.ndarray, label: str, num_classes: int | None, where: str,
+                 row0: int = 0) -> None:
+    """Class ids in 0..num_classes-1 (rows numbered from row0 in the error)."""
+    if num_classes is None:
+        return
+    if y.dtype.kind != "i":
+        raise DataError(f"column '{label}' must hold integer class ids for "
+                        f"num_classes={num_classes}, got {y.dtype}")
+    bad = np.flatnonzero((y < 0) | (y >= num_classes))
+    if len(bad):
+        r = int(bad[0])
+        raise DataError(f"column '{label}': row {row0 + r} of the {where} has label "
+                        f"{int(y[r])}, outside 0..{num_classes - 1}; fix the labels "
+                        f"or set num_classes")
 
 
 def column_chunks(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: str,
@@ -83,7 +132,27 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
         raise DataError(f"column '{name}' has a null at row {row} of the {where}; "
                         f"drop or fill missing rows before training (df.dropna(subset=['{name}']))")
     t = col.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        if pa.types.is_fixed_size_binary(t):
+            lengths = np.full(n, t.byte_width)
+            data = np.frombuffer(col.buffers()[1], np.uint8)[col.offset * t.byte_width:]
+            first = 0
+        else:
+            offsets = np.frombuffer(col.buffers()[1], np.int64 if pa.types.is_large_binary(t)
+                                    else np.int32)[col.offset:col.offset + n + 1]
+            lengths, first = np.diff(offsets), int(offsets[0])
+            data = np.frombuffer(col.buffers()[2], np.uint8)
+        want = int(np.prod(shape)) if len(shape) else (int(lengths[0]) if n else 0)
+        bad = np.flatnonzero(lengths != want)
+        if len(bad):
+            r = int(bad[0])
+            raise DataError(f"column '{name}': row {row0 + r} of the {where} has "
+                            f"{int(lengths[r])} bytes, expected {want} (shape "
+                            f"{tuple(shape) or (want,)}); every row must hold one image of the "
+                            f"same size; fix or filter the odd rows")
+        arr = data[first:first + n * want].reshape((n, *shape) if len(shape) else (n, want))
+        dtype = dtype or np.uint8
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         if pa.types.is_fixed_size_list(t):
             lengths = np.full(n, t.list_size)
         else:
@@ -112,8 +181,9 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
                             f"given; use an array column or drop the shape")
         dtype = dtype or (np.int64 if pa.types.is_integer(t) else np.float32)
     else:
-        raise DataError(f"column '{name}' has Arrow type {t}; expected numbers or arrays of "
-                        f"numbers (array<float> or an ML vector converted with vector_to_array)")
+        raise DataError(f"column '{name}' has Arrow type {t}; expected numbers, arrays of "
+                        f"numbers (array<float> or an ML vector converted with "
+                        f"vector_to_array) or binary (uint8 pixel bytes)")
     with np.errstate(over="ignore"):
         arr = arr.astype(dtype, copy=False)  # cast first: 1e300 as float32 is inf, caught below
     # Fast path: a finite sum means every value is finite; otherwise find the row.
@@ -127,11 +197,14 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
 
 
 class ShardData:
-    """The rows of one partition as torch-ready arrays.
+    """The rows of one partition in memory, as torch-ready arrays.
 
-    features: (n, *shape) float32, one contiguous writable array; labels: (n,) int64 for
-    classes, float32 for targets, or None. ``batches()`` yields ``(x, y)`` torch tensors.
+    features: (n, *shape), one contiguous writable array in its storage dtype (float32, or
+    uint8 for pixel bytes: converted per batch); labels: (n,) int64 for classes, float32 for
+    targets, or None. ``batches()`` yields ``(x, y)`` torch tensors.
     """
+
+    kind = "memory"
 
     def __init__(self, features: np.ndarray | Sequence[np.ndarray],
                  labels: np.ndarray | None = None):
@@ -146,34 +219,52 @@ class ShardData:
                    label: str | None = "label", shape: Sequence[int] = (),
                    label_shape: Sequence[int] = (), num_classes: int | None = None,
                    where: str = "partition") -> "ShardData":
-        """Read all record batches of a partition (an empty partition gives 0 rows)."""
-        batches = [b for b in batches if b.num_rows]
-        cols = [features] + ([label] if label else [])
-        for b in batches[:1]:
-            missing = [c for c in cols if c not in b.schema.names]
-            if missing:
-                raise DataError(f"column(s) {missing} not found in the {where}; it has "
-                                f"{b.schema.names}; set features=/label= to the right names")
-        if not batches:
-            dim = tuple(shape) if len(shape) else (0,)
-            empty_y = np.zeros((0, *label_shape), np.int64 if not label_shape else np.float32)
-            return cls(np.zeros((0, *dim), np.float32), empty_y if label else None)
-        x = column_chunks([b.column(features) for b in batches], features, shape, where,
-                          np.float32)
-        y = None
-        if label:
-            y = column_to_numpy([b.column(label) for b in batches], label, label_shape, where)
-            if num_classes is not None:
-                if y.dtype.kind != "i":
-                    raise DataError(f"column '{label}' must hold integer class ids for "
-                                    f"num_classes={num_classes}, got {y.dtype}")
-                bad = np.flatnonzero((y < 0) | (y >= num_classes))
-                if len(bad):
-                    r = int(bad[0])
-                    raise DataError(f"column '{label}': row {r} of the {where} has label "
-                                    f"{int(y[r])}, outside 0..{num_classes - 1}; fix the labels "
-                                    f"or set num_classes")
-        return cls(x, y)
+        """Read all record batches of a partition (an empty partition gives 0 rows). A
+        partition larger than the task's memory raises a ResourceError that names the fix
+        (``spark_dl.data.stream.open_shard`` streams it from local disk instead)."""
+        read = 0
+        try:
+            kept = []
+            for b in batches:
+                if b.num_rows:
+                    kept.append(b)
+                    read += b.nbytes
+            for b in kept[:1]:
+                check_columns(b.schema.names, features, label, where)
+            if not kept:
+                dim = tuple(shape) if len(shape) else (0,)
+                empty_y = np.zeros((0, *label_shape),
+                                   np.int64 if not label_shape else np.float32)
+                return cls(np.zeros((0, *dim), np.float32), empty_y if label else None)
+            x = column_chunks([b.column(features) for b in kept], features, shape, where,
+                              storage_dtype(kept[0].schema.field(features).type))
+            y = None
+            if label:
+                y = column_to_numpy([b.column(label) for b in kept], label, label_shape, where)
+                check_labels(y, label, num_classes, where)
+            return cls(x, y)
+        except (MemoryError, pa.ArrowMemoryError) as e:
+            from .stream import _memory_error
+            raise _memory_error(where, read, e) from None
+
+    @classmethod
+    def from_spec(cls, spec: tuple) -> "ShardData":
+        """No rows, of the kind ``spec()`` describes."""
+        shape, dtype, lab = spec
+        return cls(np.zeros((0, *shape), dtype),
+                   None if lab is None else np.zeros((0, *lab[0]), lab[1]))
+
+    def spec(self) -> tuple:
+        """(feature shape, feature dtype, label (shape, dtype) or None)."""
+        return (self.features.shape[1:], self.features.dtype,
+                None if self.labels is None else (self.labels.shape[1:], self.labels.dtype))
+
+    def empty_batch(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A batch of 0 rows of this shard's kind (converted like every batch)."""
+        return as_batch(self.features[:0], None if self.labels is None else self.labels[:0])
+
+    def close(self) -> None:
+        """Nothing to free (a StreamShard closes its spill files)."""
 
     def __len__(self) -> int:
         return len(self.features)
@@ -183,10 +274,11 @@ class ShardData:
         return n // batch_size if drop_last else -(-n // batch_size)
 
     def batches(self, batch_size: int, shuffle: bool = True, seed: int = 0, epoch: int = 0,
-                drop_last: bool = False, skip: int = 0
+                drop_last: bool = False, skip: int = 0, transform=None
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         """Mini-batches of one epoch; the order depends only on (seed, epoch). ``skip``: start
-        after that many batches of it (a retried task going on where its last attempt was)."""
+        after that many batches of it (a retried task going on where its last attempt was).
+        ``transform(x, y)``: numpy rows -> tensors, instead of the default conversion."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if skip < 0:
@@ -199,6 +291,5 @@ class ShardData:
                 rows = np.arange(start, min(start + batch_size, n))
             else:
                 rows = np.sort(order[start:start + batch_size])      # sorted: cache-friendly
-            x = torch.from_numpy(self.features[rows])
-            y = None if self.labels is None else torch.from_numpy(self.labels[rows])
-            yield x, y
+            yield as_batch(self.features[rows],
+                           None if self.labels is None else self.labels[rows], transform)

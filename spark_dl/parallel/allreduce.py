@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .stage import StageConfig, write_task_info
+from .stage import StageConfig, read_shard, write_task_info
 
 __all__ = ["AllReduceConfig", "GradientSync", "make_task", "LOSSES"]
 
@@ -175,10 +175,17 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
     """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
 
     def task(batches: Iterator) -> Iterator:
+        opened: list = []                 # the task's shard: its spill files go when it ends
+        try:
+            yield from _task(batches, opened)
+        finally:
+            for shard in opened:
+                shard.close()
+
+    def _task(batches: Iterator, opened: list) -> Iterator:
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        from spark_dl.data.bridge import ShardData
         from spark_dl.errors import SparkDLError
         from spark_dl.optim.factory import make_optimizer, needs_closure
         from spark_dl.parallel.channel import MessageClient
@@ -190,12 +197,12 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
         t_start = time.perf_counter()
         shard = device = None
         try:
-            shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
-                                         cfg.label_shape, cfg.num_classes,
-                                         where=f"partition {rank}")
+            shard = read_shard(cfg, batches, f"partition {rank}")
+            opened.append(shard)
             gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
             device, note = task_device(cfg.device, gpus, rank)
             status.update(rows=len(shard), device=str(device), note=note, gpus=gpus,
+                          data=shard.kind,
                           host=os.uname().nodename, machine=_machine_id(), pid=os.getpid(),
                           read_s=time.perf_counter() - t_start)
         except SparkDLError as e:        # reported to all tasks and the driver; not retried
@@ -339,7 +346,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     for epoch in range(start, cfg.epochs):
         model.train()
         t0 = last = time.perf_counter()
-        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
                                 seed=cfg.seed * 1000003 + rank, epoch=epoch))
         loss_sum = samples = 0.0
         for step in range(steps):
@@ -373,7 +380,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                                   "epoch": epoch + 1, "history": history,
                                   "rng": states})
     info = {"world": world, "rows_per_replica": [s["rows"] for s in statuses],
-            "devices": [s["device"] for s in statuses], "notes": [s["note"] for s in statuses],
+            "devices": [s["device"] for s in statuses], "data": [s["data"] for s in statuses],
+            "notes": [s["note"] for s in statuses],
             "gpus": [s["gpus"] for s in statuses], "hosts": [s["host"] for s in statuses],
             "steps_per_epoch": steps, "resumed_from_epoch": resumed,
             "allreduce_calls": sync.calls, "allreduce_bytes": sync.bytes,

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from .stage import StageConfig, write_task_info
+from .stage import StageConfig, read_shard, write_task_info
 
 __all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
 
@@ -51,20 +51,23 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
         import pyarrow as pa
         from pyspark import BarrierTaskContext, TaskContext
 
-        from spark_dl.data.bridge import ShardData
-
         ctx = TaskContext.get() if partitions == 1 else BarrierTaskContext.get()
         rank = ctx.partitionId()
         t_start = time.perf_counter()
-        if partitions == 1:
-            shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
-                                         cfg.label_shape, cfg.num_classes,
-                                         where=f"partition {rank}")
-            report = _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
-                           shard, None, t_start)
-        else:
-            report = _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel,
-                                       run_dir, ctx, batches, partitions, t_start)
+        opened: list = []                 # the task's shard: its spill files go when it ends
+        try:
+            if partitions == 1:
+                shard = read_shard(cfg, batches, f"partition {rank}")
+                opened.append(shard)
+                report = _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir,
+                               ctx, shard, None, t_start)
+            else:
+                report = _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address,
+                                           channel, run_dir, ctx, batches, partitions,
+                                           t_start, opened)
+        finally:
+            for shard in opened:
+                shard.close()
         yield pa.RecordBatch.from_pydict({"worker": [rank], "report": [json.dumps(report)]},
                                          schema=pa.schema([("worker", pa.int32()),
                                                            ("report", pa.string())]))
@@ -73,7 +76,7 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
 
 
 def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
-                      batches, F: int, t_start: float) -> dict:
+                      batches, F: int, t_start: float, opened: list) -> dict:
     """A barrier task of a model-parallel replica: rendezvous, sub-groups, then _work."""
     import torch.distributed as dist
 
@@ -86,12 +89,12 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
     status: dict = {"error": None}
     shard = None
     try:
-        shard = ShardData.from_arrow(batches, cfg.features, cfg.label, cfg.shape,
-                                     cfg.label_shape, cfg.num_classes, where=f"partition {rank}")
+        shard = read_shard(cfg, batches, f"partition {rank}")
+        opened.append(shard)
         status["rows"] = len(shard)
-        status["sample"] = [list(shard.features.shape[1:]), str(shard.features.dtype),
-                            None if shard.labels is None else
-                            [list(shard.labels.shape[1:]), str(shard.labels.dtype)]]
+        feat, fdtype, lab = shard.spec()
+        status["sample"] = [list(feat), str(fdtype),
+                            None if lab is None else [list(lab[0]), str(lab[1])]]
     except errors.SparkDLError as e:             # every task stops, with the reason
         status["error"] = {"type": type(e).__name__, "message": str(e)}
     with process_group(ctx, "gloo", secret.hex(), status, cfg.timeout_s) as (me, world,
@@ -110,8 +113,8 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
         if len(shard) == 0 and any(s["rows"] for s in replica):
             # an empty partition: its (empty) micro-batches take the shape of a peer's rows
             feat, fdtype, lab = next(s["sample"] for s in replica if s["rows"])
-            shard = ShardData(np.zeros((0, *feat), fdtype),
-                              None if lab is None else np.zeros((0, *lab[0]), lab[1]))
+            shard = ShardData.from_spec((tuple(feat), np.dtype(fdtype), None if lab is None
+                                         else (tuple(lab[0]), np.dtype(lab[1]))))
         return _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard,
                      (comm, steps), t_start)
 
@@ -179,7 +182,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     if run_dir is not None:
         write_task_info(run_dir, f"worker-{rank}",
                         {"worker": rank, "device": str(device), "attempt": ctx.attemptNumber(),
-                         "rows": len(shard), "replica": worker, "partition": part})
+                         "rows": len(shard), "data": shard.kind, "replica": worker,
+                         "partition": part})
     dtype = _TORCH[cfg.dtype]
     torch.manual_seed(cfg.seed)
     try:
@@ -233,7 +237,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     rows_total = len(shard) if comm is None else None
     for epoch in range(resume_epoch, cfg.epochs):
         first = resume_step if epoch == resume_epoch else 0
-        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
                                 seed=cfg.seed * 1000003 + rank, epoch=epoch, skip=first))
         t0 = last = time.perf_counter()
         loss_sum = samples = 0.0
@@ -241,9 +245,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
             batch = next(it, None)
             if comm is not None:                  # every task of the replica, every step
                 if batch is None:
-                    batch = (torch.from_numpy(shard.features[:0]),
-                             None if shard.labels is None else torch.from_numpy(
-                                 shard.labels[:0]))
+                    batch = shard.empty_batch()
                 batch = _gather_batch(comm, *batch)
                 if len(batch[0]) == 0:
                     batch = None
@@ -313,6 +315,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     client.close()
     progress.close()
     report = {"worker": worker, "task": rank, "partition": part, "rows": len(shard),
+              "data": shard.kind,
               "device": str(device), "note": note, "history": history, "pushes": pushes,
               "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}
               if resume_epoch or resume_step else None,

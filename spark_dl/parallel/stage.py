@@ -8,8 +8,9 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["StageConfig", "write_task_info"]
+__all__ = ["StageConfig", "read_shard", "write_task_info"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,17 @@ class StageConfig:
     threads: int = 0
     timeout_s: float = 300.0
     progress_every_s: float = 2.0
+    data: str = "auto"                 # "memory", "stream" (spilled to local disk) or "auto"
+    shuffle_buffer: int | str = "256MB"  # a streamed shard's shuffle buffer: rows or a size
+    transform: Callable | None = None  # (x, y) numpy rows of a batch -> tensors
+
+
+def read_shard(cfg: StageConfig, batches, where: str):
+    """Runs in a task: its partition's record batches -> a ShardData or StreamShard (see
+    spark_dl.data.stream.open_shard); the caller closes it when the task ends."""
+    from spark_dl.data.stream import open_shard
+    return open_shard(batches, cfg.features, cfg.label, cfg.shape, cfg.label_shape,
+                      cfg.num_classes, where, cfg.data, cfg.shuffle_buffer)
 
 
 def write_task_info(run_dir: str, name: str, info: dict) -> None:

@@ -1,0 +1,437 @@
+"""A partition larger than the task's memory: spilled once to local disk, streamed back per epoch.
+
+``open_shard`` is what every engine's task calls on the Arrow record batches Spark hands it.
+It reads them once, validates every chunk like the in-memory bridge (nulls, ragged rows,
+NaN/inf, label range), and either keeps them in memory (``ShardData``) or writes them, in their
+storage dtype (pixel bytes stay uint8), to a spill file in Spark's local directory
+(``StreamShard``). ``data="auto"`` keeps the partition in memory until it outgrows a quarter of
+the task's memory headroom, then spills what it holds and streams the rest.
+
+Each epoch a ``StreamShard`` reads its file back window by window: a random order of chunks,
+then a shuffle buffer of at most ``buffer_rows`` rows whose rows are served in a random order.
+Every row comes once per epoch; the order depends only on (seed, epoch), so a retried task that
+skips the batches it already trained replays the same ones. When the buffer holds the whole
+shard the batches are exactly those of ``ShardData.batches`` for the same seed.
+
+The spill files are unlinked as soon as they are opened: the task reads and writes them through
+its descriptors, and the kernel frees their blocks when the task ends, finished, failed or
+killed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import re
+import resource
+import tempfile
+import threading
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..errors import ConfigError, DataError, ResourceError
+from .bridge import ShardData, as_batch, check_labels, check_columns, storage_dtype, \
+    _chunk_view
+
+__all__ = ["StreamShard", "open_shard", "parse_buffer", "spill_directory", "DATA_MODES"]
+
+DATA_MODES = ("auto", "memory", "stream")
+CHUNK_BYTES = 4 << 20          # rows are read back in chunks of about this size
+AUTO_FRACTION = 0.25           # auto: stream once the partition outgrows this part of headroom
+
+
+def parse_buffer(value: int | str, row_bytes: int | None = None) -> int | tuple[int, str]:
+    """``shuffle_buffer`` -> rows. An int is rows; a string is a size ("256MB", "1g"), turned
+    into rows once the row size is known (``row_bytes``); without it, checked and returned."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"shuffle_buffer must be a number of rows (int) or a size such as "
+                          f"'256MB', got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ConfigError(f"shuffle_buffer must be >= 1 row, got {value}")
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", value.lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"shuffle_buffer={value!r} is not a size such as '256MB' or '1g' "
+                          f"(or give a number of rows)")
+    size = float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30,
+                                "t": 1 << 40}[m.group(2)]
+    if row_bytes is None:
+        return value
+    return max(1, int(size // max(row_bytes, 1)))
+
+
+def spill_directory(partition: int = 0) -> str:
+    """Spark's local directory of this executor (``SPARK_LOCAL_DIRS``, set for Python workers
+    from spark.local.dir / the cluster manager's), one of several by partition; else the
+    system's temporary directory."""
+    dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
+    return dirs[partition % len(dirs)] if dirs else tempfile.gettempdir()
+
+
+def _memory_headroom() -> int:
+    """Bytes this process may still allocate: its address-space limit (Spark sets it from
+    spark.executor.pyspark.memory) less what it maps, or the machine's available memory over
+    its cores (the tasks running beside this one)."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit not in (resource.RLIM_INFINITY, -1):
+        try:
+            with open("/proc/self/status") as f:
+                vm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize"))
+        except (OSError, StopIteration):
+            vm = 0
+        return max(limit - vm, 0)
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) << 10 for line in f
+                         if line.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        return 1 << 62
+    return avail // max(os.cpu_count() or 1, 1)
+
+
+def _memory_error(where: str, nbytes: int, e: BaseException) -> ResourceError:
+    limit = os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB")
+    return ResourceError(
+        f"the {where} does not fit this task's memory with data='memory' "
+        f"({nbytes / 2**20:.0f} MiB of rows read when it ran out"
+        + (f"; spark.executor.pyspark.memory: {limit} MiB" if limit else "")
+        + f": {type(e).__name__}); use data='stream' (or 'auto') to stream it from local "
+          f"disk, or split the data into more partitions")
+
+
+def _is_memory_error(e: BaseException) -> bool:
+    return isinstance(e, (MemoryError, pa.ArrowMemoryError)) or \
+        "can't allocate memory" in str(e) or "Cannot allocate memory" in str(e)
+
+
+class _SpillFile:
+    """An anonymous file on local disk: created, opened and unlinked at once, so its blocks go
+    back to the filesystem when the descriptor closes, however the process ends."""
+
+    def __init__(self, directory: str, where: str):
+        self.directory, self.where, self.size = directory, where, 0
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, path = tempfile.mkstemp(prefix="spark_dl-spill-", dir=directory)
+        except OSError as e:
+            raise ResourceError(f"cannot create a spill file for the {where} in {directory}: "
+                                f"{e.strerror}; point spark.local.dir (SPARK_LOCAL_DIRS) at a "
+                                f"writable local disk") from e
+        os.unlink(path)
+        self.fd = fd
+
+    def append(self, data: np.ndarray) -> None:
+        view = memoryview(np.ascontiguousarray(data)).cast("B")
+        need = len(view)
+        try:
+            free = os.statvfs(self.directory)
+            if free.f_bavail * free.f_frsize < need:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            while len(view):
+                n = os.pwrite(self.fd, view, self.size)
+                view, self.size = view[n:], self.size + n
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            raise ResourceError(
+                f"the local disk is full: spilling the {self.where} to {self.directory} "
+                f"needs at least {need:,} more bytes ({self.size:,} written so far; "
+                f"{e.strerror}); free space there, point spark.local.dir (SPARK_LOCAL_DIRS) at "
+                f"a larger disk, or split the data into more partitions") from None
+
+    def read_into(self, buf: np.ndarray, offset: int) -> None:
+        view = memoryview(buf).cast("B")
+        while len(view):
+            n = os.preadv(self.fd, [view], offset)
+            if n == 0:
+                raise DataError(f"the spill file of the {self.where} ended early")
+            view, offset = view[n:], offset + n
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class StreamShard:
+    """The rows of one partition on local disk, served as shuffled mini-batches per epoch.
+
+    Same interface as ``ShardData`` for the engines: ``len``, ``num_batches``, ``batches``,
+    ``spec``, ``empty_batch`` and ``close`` (which the engines call when their task ends).
+    """
+
+    kind = "stream"
+
+    def __init__(self, where: str, feature_shape: tuple, feature_dtype: np.dtype,
+                 label_spec: tuple | None, buffer: int | str, directory: str | None = None):
+        self.where, self.feature_shape = where, tuple(feature_shape)
+        self.feature_dtype = np.dtype(feature_dtype)
+        self.label_spec = None if label_spec is None else (tuple(label_spec[0]),
+                                                           np.dtype(label_spec[1]))
+        self.directory = directory or spill_directory()
+        self.rows = 0
+        self._x = _SpillFile(self.directory, where)
+        self._y = _SpillFile(self.directory, where) if label_spec is not None else None
+        row_bytes = self.row_bytes
+        self.buffer_rows = parse_buffer(buffer, row_bytes)
+        self.peak_buffer_rows = 0          # the most rows held by batches() at once, for checks
+
+    @property
+    def row_bytes(self) -> int:
+        n = int(np.prod(self.feature_shape, dtype=np.int64)) * self.feature_dtype.itemsize
+        if self.label_spec is not None:
+            n += int(np.prod(self.label_spec[0], dtype=np.int64)) * self.label_spec[1].itemsize
+        return n
+
+    def append(self, x: np.ndarray, y: np.ndarray | None) -> None:
+        """Rows (validated, in the storage dtypes) at the end of the spill file."""
+        assert x.shape[1:] == self.feature_shape and x.dtype == self.feature_dtype
+        self._x.append(x)
+        if self._y is not None:
+            self._y.append(y)
+        self.rows += len(x)
+
+    @property
+    def spilled_bytes(self) -> int:
+        return self._x.size + (self._y.size if self._y is not None else 0)
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def spec(self) -> tuple:
+        """(feature shape, feature dtype, label (shape, dtype) or None): what a peer needs to
+        make an empty batch of this shard's kind."""
+        return self.feature_shape, self.feature_dtype, self.label_spec
+
+    def empty_batch(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return ShardData.from_spec(self.spec()).empty_batch()
+
+    def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
+        n = len(self)
+        return n // batch_size if drop_last else -(-n // batch_size)
+
+    def close(self) -> None:
+        self._x.close()
+        if self._y is not None:
+            self._y.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- reading back ------------------------------------------------------------------------
+
+    def _read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray | None]:
+        x = np.empty((hi - lo, *self.feature_shape), self.feature_dtype)
+        self._x.read_into(x, lo * x[:1].nbytes if hi > lo else 0)
+        y = None
+        if self._y is not None:
+            shape, dtype = self.label_spec
+            y = np.empty((hi - lo, *shape), dtype)
+            self._y.read_into(y, lo * y[:1].nbytes if hi > lo else 0)
+        return x, y
+
+    def _windows(self, batch_size: int, shuffle: bool, seed: int, epoch: int):
+        """The epoch as windows: [(list of (lo, hi) row ranges, rng or None)]. The rows of a
+        window are read together and served in the rng's permutation (in order without)."""
+        n, B = len(self), self.buffer_rows
+        if n <= B:                 # the whole shard at once: exactly ShardData's order
+            return [([(0, n)], np.random.default_rng([seed, epoch]) if shuffle else None)]
+        if B < batch_size:
+            raise ConfigError(f"shuffle_buffer holds {B} rows, fewer than batch_size "
+                              f"{batch_size}; give it at least one batch of rows")
+        room = B - (batch_size - 1)            # the tail of a window waits for the next one
+        chunk = max(1, min(CHUNK_BYTES // max(self.row_bytes, 1), room // 16))
+        ranges = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
+        if not shuffle:
+            per = max(1, room // chunk)
+            return [(ranges[i:i + per], None) for i in range(0, len(ranges), per)]
+        order = np.random.default_rng([seed, epoch, 1]).permutation(len(ranges))
+        per = max(1, room // chunk)
+        return [([ranges[j] for j in order[i:i + per]],
+                 np.random.default_rng([seed, epoch, 2, i // per]))
+                for i in range(0, len(order), per)]
+
+    def _rows(self, batch_size: int, shuffle: bool, seed: int, epoch: int, drop_last: bool,
+              skip: int) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """The epoch's mini-batches as numpy arrays in the storage dtypes."""
+        total = self.num_batches(batch_size, drop_last) * batch_size
+        cur = skip * batch_size                  # the epoch's next row to serve
+        done = 0                                 # rows of the epoch before this window
+        pending: list[tuple] = []                # a batch begun in the last window
+        held = 0
+        self.peak_buffer_rows = 0
+        for ranges, rng in self._windows(batch_size, shuffle, seed, epoch):
+            size = sum(hi - lo for lo, hi in ranges)
+            if done >= total:
+                break
+            if done + size <= cur:               # skipped without reading it
+                done += size
+                continue
+            parts = [self._read(lo, hi) for lo, hi in ranges]
+            x = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+            y = None if self._y is None else \
+                np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+            del parts
+            self.peak_buffer_rows = max(self.peak_buffer_rows, size + held)
+            order = rng.permutation(size) if rng is not None else np.arange(size)
+            a, stop = cur - done, min(size, total - done)
+            while a < stop:
+                take = min(batch_size - held, stop - a)
+                idx = order[a:a + take]
+                if rng is not None:
+                    idx = np.sort(idx)            # sorted: cache-friendly, as ShardData
+                pending.append((x[idx], None if y is None else y[idx]))
+                a, held = a + take, held + take
+                if held == batch_size:
+                    yield _joined(pending)
+                    pending, held = [], 0
+            cur = done + a
+            done += size
+            del x, y
+        if pending:
+            yield _joined(pending)
+
+    def batches(self, batch_size: int, shuffle: bool = True, seed: int = 0, epoch: int = 0,
+                drop_last: bool = False, skip: int = 0,
+                transform: Callable | None = None, prefetch: int = 2
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Mini-batches of one epoch, read and converted ahead in a background thread
+        (``prefetch`` batches); ``transform(x, y)`` replaces the conversion (numpy arrays in
+        the storage dtypes -> tensors). ``skip``: start after that many batches."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if skip < 0:
+            raise ValueError(f"skip must be >= 0, got {skip}")
+        rows = self._rows(batch_size, shuffle, seed, epoch, drop_last, skip)
+        batches = (as_batch(x, y, transform) for x, y in rows)
+        return _prefetched(batches, prefetch) if prefetch else batches
+
+
+def _joined(parts: list[tuple]) -> tuple[np.ndarray, np.ndarray | None]:
+    if len(parts) == 1:
+        return parts[0]
+    return (np.concatenate([p[0] for p in parts]),
+            None if parts[0][1] is None else np.concatenate([p[1] for p in parts]))
+
+
+def _prefetched(items: Iterator, depth: int) -> Iterator:
+    """``items`` produced by a background thread, at most ``depth`` ahead; stops the thread
+    when the consumer stops early; re-raises its errors here."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce():
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(end)
+        except BaseException as e:                # noqa: BLE001 - handed to the consumer
+            q.put(e)
+
+    thread = threading.Thread(target=produce, daemon=True, name="spark_dl-prefetch")
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():                  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(0.05)
+
+
+def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
+               label: str | None = "label", shape: Sequence[int] = (),
+               label_shape: Sequence[int] = (), num_classes: int | None = None,
+               where: str = "partition", data: str = "auto", shuffle_buffer: int | str = "256MB",
+               directory: str | None = None, memory_budget: int | None = None
+               ) -> ShardData | StreamShard:
+    """A partition's record batches -> a ShardData (in memory) or a StreamShard (spilled).
+
+    data: "memory" (a partition larger than memory fails with a ResourceError that says so),
+    "stream" (always spilled), "auto" (in memory until the rows read outgrow
+    ``memory_budget`` bytes, by default a quarter of the task's memory headroom, then spilled).
+    """
+    if data not in DATA_MODES:
+        raise ConfigError(f"data must be one of {', '.join(DATA_MODES)}, got {data!r}")
+    parse_buffer(shuffle_buffer)
+    if data == "memory":
+        return ShardData.from_arrow(batches, features, label, shape, label_shape, num_classes,
+                                    where)
+    budget = 0 if data == "stream" else \
+        memory_budget if memory_budget is not None else int(AUTO_FRACTION * _memory_headroom())
+    held: list[tuple[np.ndarray, np.ndarray | None]] = []
+    held_bytes, row0, stream, dtypes = 0, 0, None, None
+    try:
+        for b in batches:
+            if not b.num_rows:
+                continue
+            if dtypes is None:
+                check_columns(b.schema.names, features, label, where)
+                dtypes = storage_dtype(b.schema.field(features).type)
+            x = _chunk_view(b.column(features), features, shape, where, row0, dtypes)
+            y = None
+            if label:
+                y = _chunk_view(b.column(label), label, label_shape, where, row0)
+                check_labels(y, label, num_classes, where, row0)
+            if held and (x.shape[1:] != held[0][0].shape[1:] or
+                         (y is not None and y.dtype != held[0][1].dtype)):
+                raise DataError(f"column '{features}': rows of the {where} have different "
+                                f"lengths {sorted({held[0][0].shape[1], x.shape[1]})}; give "
+                                f"shape= or fix the ragged rows")
+            row0 += len(x)
+            if stream is None:
+                held.append((x, y))
+                held_bytes += x.nbytes + (y.nbytes if y is not None else 0)
+                if held_bytes <= budget:
+                    continue
+                first_x, first_y = held[0]
+                stream = StreamShard(where, first_x.shape[1:], first_x.dtype,
+                                     None if first_y is None else
+                                     (first_y.shape[1:], first_y.dtype),
+                                     shuffle_buffer, directory)
+                for hx, hy in held:
+                    stream.append(hx, hy)
+                held = []
+            else:
+                if x.shape[1:] != stream.feature_shape:
+                    raise DataError(f"column '{features}': rows of the {where} have different "
+                                    f"lengths {sorted({stream.feature_shape[0], x.shape[1]})}; "
+                                    f"give shape= or fix the ragged rows")
+                stream.append(x, y)
+    except BaseException as e:
+        if stream is not None:
+            stream.close()
+        if isinstance(e, Exception) and _is_memory_error(e):
+            raise _memory_error(where, held_bytes, e) from None
+        raise
+    if stream is not None:
+        return stream
+    if not held:
+        return ShardData.from_arrow([], features, label, shape, label_shape, num_classes, where)
+    return ShardData([h[0] for h in held], None if not label else
+                     np.concatenate([h[1] for h in held]))
