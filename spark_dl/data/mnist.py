@@ -1,6 +1,8 @@
 """MNIST as Spark DataFrames, and the extended (distorted) MNIST generated on the executors.
 
-Rows: ``features`` array<float> (784 values in [0, 1], row-major 28×28) and ``label`` long.
+Rows: ``features`` array<float> (784 values in [0, 1], row-major 28×28) and ``label`` long;
+extended MNIST is generated as ``features`` binary (784 uint8 pixels a row, a quarter of the
+bytes, scaled to [0, 1] per mini-batch by the bridge) unless asked for floats.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from ..errors import DataError
 from .distort import Distortion, distort_range
 from .idx import load_mnist
 
-__all__ = ["MNIST_SCHEMA", "mnist_split", "arrays_to_arrow", "mnist_dataframe",
-           "mnist_file_dataframe", "extended_mnist"]
+__all__ = ["MNIST_SCHEMA", "PIXEL_SCHEMA", "mnist_split", "arrays_to_arrow", "pixels_to_arrow",
+           "mnist_dataframe", "mnist_file_dataframe", "extended_mnist"]
 
 MNIST_SCHEMA = "features array<float>, label long"
+PIXEL_SCHEMA = "features binary, label long"
 
 
 def mnist_split(images: str | Path, labels: str | Path, n_train: int = 8000, n_test: int = 2000):
@@ -42,6 +45,25 @@ def arrays_to_arrow(features: np.ndarray, labels: np.ndarray) -> pa.RecordBatch:
                        pa.int32())
     col = pa.ListArray.from_arrays(offsets, pa.array(flat, pa.float32()))
     return pa.RecordBatch.from_arrays([col, pa.array(labels.astype(np.int64))],
+                                      ["features", "label"])
+
+
+def pixels_to_arrow(pixels: np.ndarray, labels: np.ndarray) -> pa.RecordBatch:
+    """(n, ...) uint8 images + (n,) labels -> RecordBatch(features binary, label int64): one
+    image's bytes a row, built from the array's buffer without per-row objects."""
+    if pixels.dtype != np.uint8:
+        raise TypeError(f"pixels must be uint8, got {pixels.dtype}; scale and round floats "
+                        f"(np.rint(x * 255).astype(np.uint8)) or use arrays_to_arrow")
+    n = len(pixels)
+    flat = np.ascontiguousarray(pixels).reshape(-1)
+    dim = flat.size // n if n else 0
+    if flat.size >= 2**31:
+        raise ValueError(f"{flat.size} bytes exceed one Arrow binary array's int32 offsets; "
+                         f"pass at most {(2**31 - 1) // max(dim, 1)} rows")
+    offsets = np.arange(0, (n + 1) * dim, dim, dtype=np.int32) if n else np.zeros(1, np.int32)
+    col = pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                       pa.py_buffer(flat)])
+    return pa.RecordBatch.from_arrays([col, pa.array(np.asarray(labels).astype(np.int64))],
                                       ["features", "label"])
 
 
@@ -75,12 +97,16 @@ def mnist_file_dataframe(spark, images: str | Path, labels: str | Path, lo: int,
 
 
 def extended_mnist(spark, images: np.ndarray, labels: np.ndarray, n: int, partitions: int,
-                   seed: int = 0, distortion: Distortion = Distortion()):
+                   seed: int = 0, distortion: Distortion = Distortion(), dtype: str = "uint8"):
     """``n`` distorted digits, generated partition by partition inside the executors.
 
     The source digits (N, 28, 28) uint8 travel once per executor as a broadcast variable;
-    sample i depends only on (source, seed, i), never on ``partitions``.
+    sample i depends only on (source, seed, i), never on ``partitions``. ``dtype`` "uint8":
+    ``features`` binary, the digit rounded to 784 pixel bytes (PIXEL_SCHEMA); "float32":
+    array<float> in [0, 1] (MNIST_SCHEMA), four times the bytes.
     """
+    if dtype not in ("uint8", "float32"):
+        raise ValueError(f"dtype must be 'uint8' or 'float32', got {dtype!r}")
     if images.ndim != 3 or len(images) != len(labels) or len(images) == 0:
         raise DataError(f"extended_mnist needs images (N, H, W) and N labels, N >= 1; got "
                         f"{images.shape} and {labels.shape}")
@@ -101,7 +127,15 @@ def extended_mnist(spark, images: np.ndarray, labels: np.ndarray, n: int, partit
             x, y = distort_range(src_x, src_y, lo, hi, seed, distortion)
             if hi - lo != len(ids):
                 x, y = x[ids - lo], y[ids - lo]
-            yield arrays_to_arrow(x, y)
+            if dtype == "uint8":
+                yield pixels_to_arrow(to_pixels(x), y)
+            else:
+                yield arrays_to_arrow(x, y)
 
     ids = spark.range(0, n, 1, numPartitions=partitions)
-    return ids.mapInArrow(_generate_task, MNIST_SCHEMA)
+    return ids.mapInArrow(_generate_task, PIXEL_SCHEMA if dtype == "uint8" else MNIST_SCHEMA)
+
+
+def to_pixels(x: np.ndarray) -> np.ndarray:
+    """Floats in [0, 1] -> the nearest uint8 pixel values."""
+    return np.clip(np.rint(x * 255.0), 0, 255).astype(np.uint8)

@@ -95,8 +95,8 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
     (``train.strategy``: "allreduce" or "downpour")."""
     import pyarrow as pa  # noqa: F401  (the executors' generator needs it)
 
-    from ..data import arrays_to_arrow, extended_mnist
-    from ..data.mnist import MNIST_SCHEMA
+    from ..data import extended_mnist, pixels_to_arrow
+    from ..data.mnist import PIXEL_SCHEMA
     from ..fit import fit
     from ..session import get_session
     d, t = cfg.data, cfg.train
@@ -116,8 +116,8 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
         def _originals(batches):
             x, y = originals.value
             for _ in batches:
-                yield arrays_to_arrow(x.reshape(len(x), -1).astype(np.float32) / 255, y)
-        df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, MNIST_SCHEMA))
+                yield pixels_to_arrow(x.reshape(len(x), -1), y)
+        df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, PIXEL_SCHEMA))
     extra = {} if t.strategy == "allreduce" else \
         dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode, overlap=t.overlap,
              partitions=t.partitions)

@@ -1,7 +1,10 @@
 import numpy as np
 import pytest
 
+import torch
+
 from spark_dl.data import ShardData, distort_range, extended_mnist, mnist_dataframe
+from spark_dl.data.mnist import to_pixels
 from spark_dl.errors import DataError
 
 
@@ -17,8 +20,16 @@ def test_generated_on_executors_and_independent_of_partitioning(spark, mnist):
     assert len(a) == 600
     np.testing.assert_array_equal(a.features, b.features)
     ref, ref_y = distort_range(x[:500], y[:500], 0, 600, seed=1)   # the same pure function
-    np.testing.assert_array_equal(a.features, ref)
+    assert a.features.dtype == np.uint8                  # one byte a pixel
+    np.testing.assert_array_equal(a.features, to_pixels(ref).reshape(600, 784))
     np.testing.assert_array_equal(a.labels, ref_y)
+    floats = _rows(extended_mnist(spark, x[:500], y[:500], n=600, partitions=3, seed=1,
+                                  dtype="float32"))
+    np.testing.assert_array_equal(floats.features, ref.reshape(600, 784))
+    # the bridge's batches: the pixels scaled to [0, 1], within half a grey level of the floats
+    xb, yb = next(a.batches(600, shuffle=False))
+    assert xb.dtype == torch.float32 and float((xb - torch.from_numpy(floats.features)).abs()
+                                               .max()) <= 0.5 / 255 + 1e-7
 
 
 def test_partition_counts(spark, mnist):
