@@ -152,7 +152,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       ful in a random order.
     transform: ``transform(x, y) -> (x_tensor, y_tensor)`` on every mini-batch's numpy rows
       (storage dtypes: uint8 for binary pixel columns), instead of the default conversion
-      (uint8 -> float32 in [0, 1]); streamed shards run it in a background thread.
+      (uint8 -> float32 in [0, 1]); streamed shards run it in a background thread, two
+      batches ahead of the step.
     validation: (x, y) numpy arrays evaluated by replica 0 after every epoch.
     transport: "auto" sums gradients through shared memory when all replicas run on one host
       (CPU), else through the process group (gloo on CPU, NCCL on GPU); "process_group"

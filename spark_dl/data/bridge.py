@@ -222,13 +222,19 @@ class ShardData:
         """Read all record batches of a partition (an empty partition gives 0 rows). A
         partition larger than the task's memory raises a ResourceError that names the fix
         (``spark_dl.data.stream.open_shard`` streams it from local disk instead)."""
-        read = 0
+        from .stream import _memory_error, address_headroom
+        read, room = 0, address_headroom()
         try:
             kept = []
             for b in batches:
                 if b.num_rows:
                     kept.append(b)
                     read += b.nbytes
+                    # the rows and their joined copy must fit under the worker's memory cap:
+                    # stop with the reason rather than let the allocator kill the worker
+                    if room is not None and 2 * read > room:
+                        raise MemoryError(f"{2 * read / 2**20:.0f} MiB needed, "
+                                          f"{room / 2**20:.0f} MiB left under the cap")
             for b in kept[:1]:
                 check_columns(b.schema.names, features, label, where)
             if not kept:
@@ -244,7 +250,6 @@ class ShardData:
                 check_labels(y, label, num_classes, where)
             return cls(x, y)
         except (MemoryError, pa.ArrowMemoryError) as e:
-            from .stream import _memory_error
             raise _memory_error(where, read, e) from None
 
     @classmethod

@@ -73,18 +73,26 @@ def spill_directory(partition: int = 0) -> str:
     return dirs[partition % len(dirs)] if dirs else tempfile.gettempdir()
 
 
-def _memory_headroom() -> int:
-    """Bytes this process may still allocate: its address-space limit (Spark sets it from
-    spark.executor.pyspark.memory) less what it maps, or the machine's available memory over
-    its cores (the tasks running beside this one)."""
+def address_headroom() -> int | None:
+    """Bytes this process may still map under its address-space limit (Spark sets it from
+    spark.executor.pyspark.memory), or None without a limit."""
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit not in (resource.RLIM_INFINITY, -1):
-        try:
-            with open("/proc/self/status") as f:
-                vm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize"))
-        except (OSError, StopIteration):
-            vm = 0
-        return max(limit - vm, 0)
+    if limit in (resource.RLIM_INFINITY, -1):
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            vm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize"))
+    except (OSError, StopIteration):
+        vm = 0
+    return max(limit - vm, 0)
+
+
+def _memory_headroom() -> int:
+    """Bytes this process may still allocate: its address-space headroom under the limit, or
+    the machine's available memory over its cores (the tasks running beside this one)."""
+    room = address_headroom()
+    if room is not None:
+        return room
     try:
         with open("/proc/meminfo") as f:
             avail = next(int(line.split()[1]) << 10 for line in f
@@ -100,7 +108,7 @@ def _memory_error(where: str, nbytes: int, e: BaseException) -> ResourceError:
         f"the {where} does not fit this task's memory with data='memory' "
         f"({nbytes / 2**20:.0f} MiB of rows read when it ran out"
         + (f"; spark.executor.pyspark.memory: {limit} MiB" if limit else "")
-        + f": {type(e).__name__}); use data='stream' (or 'auto') to stream it from local "
+        + f": {type(e).__name__}: {e}); use data='stream' (or 'auto') to stream it from local "
           f"disk, or split the data into more partitions")
 
 
@@ -228,14 +236,18 @@ class StreamShard:
 
     # -- reading back ------------------------------------------------------------------------
 
-    def _read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray | None]:
-        x = np.empty((hi - lo, *self.feature_shape), self.feature_dtype)
-        self._x.read_into(x, lo * x[:1].nbytes if hi > lo else 0)
-        y = None
-        if self._y is not None:
-            shape, dtype = self.label_spec
-            y = np.empty((hi - lo, *shape), dtype)
-            self._y.read_into(y, lo * y[:1].nbytes if hi > lo else 0)
+    def _read(self, ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rows of ``ranges`` (lo, hi), in that order, read into one array each."""
+        size = sum(hi - lo for lo, hi in ranges)
+        x = np.empty((size, *self.feature_shape), self.feature_dtype)
+        y = None if self._y is None else np.empty((size, *self.label_spec[0]),
+                                                  self.label_spec[1])
+        at = 0
+        for lo, hi in ranges:
+            self._x.read_into(x[at:at + hi - lo], lo * (x.nbytes // max(size, 1)))
+            if y is not None:
+                self._y.read_into(y[at:at + hi - lo], lo * (y.nbytes // max(size, 1)))
+            at += hi - lo
         return x, y
 
     def _windows(self, batch_size: int, shuffle: bool, seed: int, epoch: int):
@@ -275,11 +287,7 @@ class StreamShard:
             if done + size <= cur:               # skipped without reading it
                 done += size
                 continue
-            parts = [self._read(lo, hi) for lo, hi in ranges]
-            x = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-            y = None if self._y is None else \
-                np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-            del parts
+            x, y = self._read(ranges)
             self.peak_buffer_rows = max(self.peak_buffer_rows, size + held)
             order = rng.permutation(size) if rng is not None else np.arange(size)
             a, stop = cur - done, min(size, total - done)
@@ -301,11 +309,16 @@ class StreamShard:
 
     def batches(self, batch_size: int, shuffle: bool = True, seed: int = 0, epoch: int = 0,
                 drop_last: bool = False, skip: int = 0,
-                transform: Callable | None = None, prefetch: int = 2
+                transform: Callable | None = None, prefetch: int | None = None
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Mini-batches of one epoch, read and converted ahead in a background thread
-        (``prefetch`` batches); ``transform(x, y)`` replaces the conversion (numpy arrays in
-        the storage dtypes -> tensors). ``skip``: start after that many batches."""
+        """Mini-batches of one epoch. ``transform(x, y)`` replaces the conversion (numpy
+        arrays in the storage dtypes -> tensors). ``prefetch``: batches read and converted
+        ahead by a background thread; default 2 with a transform (the user's decoding
+        overlaps the step), else 0: the default conversion costs less inline than a thread
+        competing with torch's own threads for the cores. ``skip``: start after that many
+        batches."""
+        if prefetch is None:
+            prefetch = 2 if transform is not None else 0
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if skip < 0:

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from .stage import StageConfig, read_shard, write_task_info
+from .stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
 __all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
 
@@ -315,7 +315,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     client.close()
     progress.close()
     report = {"worker": worker, "task": rank, "partition": part, "rows": len(shard),
-              "data": shard.kind,
+              "data": shard.kind, "spill_dir": getattr(shard, "directory", None),
               "device": str(device), "note": note, "history": history, "pushes": pushes,
               "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}
               if resume_epoch or resume_step else None,
@@ -323,7 +323,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
               "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
               "bytes_sent": client.conn.bytes_sent,
               "bytes_received": client.conn.bytes_received,
-              "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber()}
+              "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber(),
+              **peak_memory_mb()}
     if comm is not None:
         report["model_parallel"] = {"partitions": comm.size, "parameter_bytes": numel *
                                     flat.element_size(), "communication": comm.counts()}

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["StageConfig", "read_shard", "write_task_info"]
+__all__ = ["StageConfig", "peak_memory_mb", "read_shard", "write_task_info"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +43,21 @@ def read_shard(cfg: StageConfig, batches, where: str):
     from spark_dl.data.stream import open_shard
     return open_shard(batches, cfg.features, cfg.label, cfg.shape, cfg.label_shape,
                       cfg.num_classes, where, cfg.data, cfg.shuffle_buffer)
+
+
+def peak_memory_mb() -> dict:
+    """This Python worker's peak resident memory and peak address space (what
+    spark.executor.pyspark.memory caps) so far, in MiB: over its whole life, as Spark reuses
+    workers across tasks."""
+    import resource
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    try:
+        with open("/proc/self/status") as f:
+            out["peak_vm_mb"] = next(int(line.split()[1]) / 1024 for line in f
+                                     if line.startswith("VmPeak"))
+    except (OSError, StopIteration):
+        pass
+    return out
 
 
 def write_task_info(run_dir: str, name: str, info: dict) -> None:

@@ -293,3 +293,44 @@ def _ship_and_run(venv_bin, standalone, ship):
         env = w["python"][:-len("bin/python")]
         assert w["torch"].startswith(env), w               # torch from the shipped environment
         assert w["spark_dl"].endswith("spark_dl.zip/spark_dl"), w       # spark_dl from the zip
+
+
+STREAM_JOB = ROOT / "tests" / "cluster" / "stream_job.py"
+# The Python workers' address-space cap, and 4x as much data: 3.2 GiB a partition. A worker
+# maps about 1 GiB before its data (torch, pyarrow, the worker); MALLOC_ARENA_MAX keeps the
+# threads' malloc arenas (64 MiB of address space each) from eating the rest.
+STREAM_CAP_MB = 1600
+
+
+def test_data_four_times_the_workers_memory_streams_and_memory_mode_says_why_not(venv_bin,
+                                                                                 tmp_path):
+    """6.4 GiB of uint8 rows over 2 executors whose Python workers may map 1.6 GiB each: the
+    fit streams each 3.2 GiB partition from local disk (data='auto' picks it) and finishes
+    with every row trained once; data='memory' stops with a ResourceError naming the cap and
+    the fix. No spill file is left in the executors' local directories."""
+    out = tmp_path / "out.json"
+    local = tmp_path / "local"
+    _submit(venv_bin, "--properties-file", ROOT / "conf/spark/local-cluster.conf",
+            "--conf", f"spark.executor.pyspark.memory={STREAM_CAP_MB}m",
+            "--conf", "spark.executorEnv.MALLOC_ARENA_MAX=2",
+            "--conf", "spark.task.maxFailures=1", "--conf", f"spark.local.dir={local}",
+            STREAM_JOB, out, tmp_path / "runs", "--gib", str(4 * STREAM_CAP_MB / 1024),
+            "--data", "auto,memory", timeout=900)
+    report = json.loads(out.read_text())
+    assert report["bytes"] >= 4 * STREAM_CAP_MB * 2**20
+    fits = report["fits"]
+    auto = fits["auto"]
+    assert auto.get("ok"), auto
+    assert [w["data"] for w in auto["workers"]] == ["stream", "stream"]
+    assert sum(w["rows"] for w in auto["workers"]) == report["rows"]
+    assert auto["history"][0]["samples"] == report["rows"]
+    per_task = report["bytes"] / 2
+    for w in auto["workers"]:
+        assert w["peak_vm_mb"] <= STREAM_CAP_MB and w["peak_rss_mb"] * 2**20 < per_task / 3
+    assert fits["memory"]["error"].startswith("ResourceError: the partition "), fits["memory"]
+    assert "does not fit this task's memory with data='memory'" in fits["memory"]["error"]
+    assert f"spark.executor.pyspark.memory: {STREAM_CAP_MB} MiB" in fits["memory"]["error"]
+    assert "data='stream'" in fits["memory"]["error"]
+    # the spills went to Spark's local directories, and left nothing there
+    assert all(w["spill_dir"].startswith(str(local)) for w in auto["workers"]), auto["workers"]
+    assert [p for p in local.rglob("*") if "spill" in p.name] == []

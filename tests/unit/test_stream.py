@@ -164,7 +164,7 @@ def test_the_prefetch_thread_ends_when_the_consumer_stops_early(tmp_path):
     shard = open_shard(_binary_batches(x, y), shape=(8,), data="stream", shuffle_buffer=200,
                        directory=str(tmp_path))
     before = threading.active_count()
-    it = shard.batches(10)
+    it = shard.batches(10, prefetch=2)
     next(it)
     assert threading.active_count() == before + 1
     it.close()
