@@ -64,11 +64,19 @@ def test_the_three_stages_train_with_the_engine(spark, tmp_path):
     ssda, hist = train_ssda(df, 16, layers, pretrain_epochs=2, finetune_epochs=2, lr=3e-3, **kw)
     assert len(hist) == 3 and all(len(h) == 2 for h in hist)
     assert all(h[1]["loss"] < h[0]["loss"] for h in hist)          # every fit learns
+    torch.manual_seed(5)                            # the SRCNN's initial weights
     conventional, h2 = train_cnn(df, ssda, epochs=2, lr=1e-3, **kw)
     # from the stage-2 pipeline as it is, its SSDA frozen (as init_cascade = "conventional")
     cascade, h3 = finetune_cascade(df, conventional.ssda, conventional.cnn, epochs=1, lr=1e-4,
                                    **kw)
     assert h2[-1]["loss"] < h2[0]["loss"]
+    # the patches streamed from spill files (buffer = whole shard) train the same CNN
+    torch.manual_seed(5)
+    streamed, h2s = train_cnn(df, ssda, epochs=2, lr=1e-3, data="stream",
+                              shuffle_buffer=10**6, **kw)
+    assert [h["loss"] for h in h2s] == [h["loss"] for h in h2]
+    assert all(torch.equal(a, b) for a, b in zip(streamed.state_dict().values(),
+                                                 conventional.state_dict().values()))
     # stage 2 left the denoiser alone; stage 3 tuned it
     assert all(torch.equal(a, b) for a, b in zip(conventional.ssda.state_dict().values(),
                                                  ssda.state_dict().values()))
