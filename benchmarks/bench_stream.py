@@ -132,10 +132,7 @@ def bench_scaling(base, factors, repeats, buffer="32MB"):
     runs = {f: [] for f in factors}
     for _ in range(repeats):
         for f in factors:                             # interleaved: 1x 3x 10x 1x 3x 10x ...
-            out = subprocess.run([sys.executable, "-c", _SCALING_CHILD, str(ROOT),
-                                  str(base * f), buffer], capture_output=True, text=True,
-                                 check=True)
-            runs[f].append(json.loads(out.stdout))
+            runs[f].append(_child(base * f, buffer))
     med = {f: {k: statistics.median(r[k] for r in rs)
                for k in ("epoch_s", "spill_s", "peak_rss_mb")} for f, rs in runs.items()}
     lo = factors[0]
@@ -148,6 +145,27 @@ def bench_scaling(base, factors, repeats, buffer="32MB"):
                                for f in factors},
             "disk_bytes_at_largest": runs[factors[-1]][0]["spilled_bytes"],
             "runs": {f"{f}x": rs for f, rs in runs.items()}}
+
+
+def _child(rows, buffer="32MB"):
+    out = subprocess.run([sys.executable, "-c", _SCALING_CHILD, str(ROOT), str(rows), buffer],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def bench_one(rows, scaling=None):
+    """One streamed epoch at a large size (once: it takes minutes), against the 1x median."""
+    t0 = time.perf_counter()
+    run = _child(rows)
+    run["wall_s"] = time.perf_counter() - t0
+    if scaling:
+        one = scaling["median"]["1x"]
+        f = rows / scaling["base_rows"]
+        run["factor"] = f
+        run["epoch_time_ratio"] = round(run["epoch_s"] / one["epoch_s"], 3)
+        run["epoch_time_ratio_per_factor"] = round(run["epoch_s"] / one["epoch_s"] / f, 3)
+        run["peak_rss_ratio"] = round(run["peak_rss_mb"] / one["peak_rss_mb"], 3)
+    return run
 
 
 def bench_accuracy(n, epochs, seeds, batch_size=64):
@@ -183,8 +201,11 @@ def main():
     ap.add_argument("--base", type=int, default=50_000)
     ap.add_argument("--acc-rows", type=int, default=24_000)
     ap.add_argument("--acc-epochs", type=int, default=2)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--only", default="throughput,scaling,accuracy")
+    ap.add_argument("--thesis-rows", type=int, default=0,
+                    help="also one streamed epoch over this many rows (8100000: the thesis's "
+                         "extended MNIST), after the scaling runs")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "stream.json"))
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -200,6 +221,9 @@ def main():
     if "scaling" in only:
         result["scaling"] = bench_scaling(args.base, [1, 3, 10], args.repeats)
         print(json.dumps(result["scaling"]["median"]), flush=True)
+    if args.thesis_rows:
+        result["thesis_scale"] = bench_one(args.thesis_rows, result.get("scaling"))
+        print(json.dumps(result["thesis_scale"]), flush=True)
     if "accuracy" in only:
         result["accuracy"] = bench_accuracy(args.acc_rows, args.acc_epochs, range(args.seeds))
         print(json.dumps(result["accuracy"]["mean_accuracy"]), flush=True)

@@ -72,13 +72,17 @@ class DenoisingLayer(nn.Module):
     def decode(self, h: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(h @ self.weight + self.bias_out)     # (B, hidden) -> (B, in)
 
+    def weight_norm2(self) -> torch.Tensor:
+        """‖W‖²_F (a partitioned layer sums its slices')."""
+        return (self.weight ** 2).sum()
+
     def loss(self, noisy: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
         """Eq. 5.3 on one mini-batch."""
         h = self.encode(noisy)
         recon = 0.5 * ((self.decode(h) - clean) ** 2).sum(1).mean()
         s = self.spec
         sparsity = s.beta * kl_sparsity(h.mean(0), s.rho) if s.beta > 0 else recon.new_zeros(())
-        return recon + sparsity + 0.5 * s.weight_decay * (self.weight ** 2).sum()
+        return recon + sparsity + 0.5 * s.weight_decay * self.weight_norm2()
 
 
 class SSDA(nn.Module):
@@ -110,7 +114,7 @@ class SSDA(nn.Module):
     def finetune_loss(self, noisy: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
         """Eq. 5.4: reconstruction of the whole stack plus weight decay of every layer."""
         recon = 0.5 * ((self(noisy) - clean.reshape(len(clean), -1)) ** 2).sum(1).mean()
-        decay = sum(0.5 * l.spec.weight_decay * (l.weight ** 2).sum() for l in self.layers)
+        decay = sum(0.5 * l.spec.weight_decay * l.weight_norm2() for l in self.layers)
         return recon + decay
 
     def pretrain(self, batches_fn, optimizer_fn, epochs: int = 1) -> list[list[float]]:

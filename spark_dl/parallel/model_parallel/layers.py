@@ -5,9 +5,18 @@ thesis's W, which is torch's weight transposed), a Conv2d layer its output filte
 layer its hidden units (the rows of all four gate matrices that feed them). Everything between
 partitioned layers (activations, pooling, the loss) runs replicated on every rank.
 
-``partition_model(model, comm)`` turns an FCNet, ThesisCNN or CharRNN into its partitioned form,
-copying this rank's slice of the given weights, so that a partitioned model computes what the
-original computes (the tests check outputs and gradients to 1e-6 in float64).
+An RNN layer is split like the LSTM (one tanh or ReLU "gate"); an SSDA's DenoisingLayer like a
+Linear layer whose decoder is the transpose: the encoder's columns (hidden units) are the
+decoder's rows, so each rank decodes with its own slice and the partial reconstructions are
+summed. A Linear or Conv2d layer narrower than the group (e.g. SRCNN's 1-channel output at
+F = 2) is kept whole on every rank: rank 0 owns and trains it, the others receive its values
+from rank 0 at each forward pass; its gradient is the same on every rank (its input and the
+gradient of its output are replicated), so nothing is lost by training one copy.
+
+``partition_model(model, comm)`` turns an FCNet, ThesisCNN, CharRNN (LSTM or RNN), SSDA, SRCNN
+or any model made of those layers into its partitioned form, copying this rank's slice of the
+given weights, so that a partitioned model computes what the original computes (the tests
+check outputs and gradients to 1e-6 in float64).
 """
 
 from __future__ import annotations
@@ -18,11 +27,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ...models.ssda import DenoisingLayer
 from .comm import Comm, split_sizes
-from .mappings import copy_to_partitions, gather_from_partitions
+from .mappings import (copy_to_partitions, gather_from_partitions, reduce_from_partitions,
+                       scatter_to_partitions)
 
-__all__ = ["ColumnLinear", "ColumnConv2d", "ColumnLSTM", "partition_model", "merge_partitions",
-           "parameter_bytes"]
+__all__ = ["ColumnLinear", "ColumnConv2d", "ColumnLSTM", "ColumnRNN", "ColumnDenoisingLayer",
+           "partition_model", "merge_partitions", "parameter_bytes", "kept_whole"]
 
 
 def _slice(sizes, rank):
@@ -69,6 +80,8 @@ class ColumnConv2d(nn.Module):
         if conv.groups != 1:
             raise ValueError("ColumnConv2d splits ordinary convolutions (groups=1)")
         self.comm = comm
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels  # whole
+        self.kernel_size = conv.kernel_size
         self.sizes = split_sizes(conv.out_channels, comm.size)
         rows = _slice(self.sizes, comm.rank)
         self.stride, self.padding, self.dilation = conv.stride, conv.padding, conv.dilation
@@ -82,92 +95,210 @@ class ColumnConv2d(nn.Module):
         return gather_from_partitions(y_p, self.comm, self.sizes, 1)
 
 
-class ColumnLSTM(nn.Module):
-    """A (multi-layer, batch-first) LSTM whose hidden units are split over the group: rank p
-    holds, for its units, the rows of the input, forget, cell and output gate matrices. At every
-    step it computes its units' gates, cell and output; the outputs are all-gathered, since the
-    next step (and the next layer) needs all of h."""
+class _ColumnRecurrent(nn.Module):
+    """A (multi-layer, batch-first) recurrent layer whose hidden units are split over the
+    group: rank p holds, for its units, the rows of every gate's input and recurrent matrices
+    and the sum of the two biases. Each step's outputs are all-gathered, since the next step
+    (and the next layer) needs all of h."""
 
-    def __init__(self, lstm: nn.LSTM, comm: Comm):
+    gates = 1
+
+    def __init__(self, rnn: nn.RNNBase, comm: Comm):
         super().__init__()
-        if not lstm.batch_first or lstm.bidirectional or lstm.proj_size or not lstm.bias \
-                or lstm.dropout:
-            raise ValueError("ColumnLSTM partitions batch-first, unidirectional LSTMs with "
-                             "biases, without projections and without dropout between layers")
-        self.comm, self.hidden, self.layers = comm, lstm.hidden_size, lstm.num_layers
-        self.sizes = split_sizes(lstm.hidden_size, comm.size)
-        H, cols = lstm.hidden_size, _slice(self.sizes, comm.rank)
+        name = type(rnn).__name__
+        if not rnn.batch_first or rnn.bidirectional or getattr(rnn, "proj_size", 0) \
+                or not rnn.bias or rnn.dropout:
+            raise ValueError(f"Column{name} partitions batch-first, unidirectional {name}s with "
+                             f"biases, without projections and without dropout between layers")
+        self.comm, self.hidden, self.layers = comm, rnn.hidden_size, rnn.num_layers
+        self.sizes = split_sizes(rnn.hidden_size, comm.size)
+        H, cols, G = rnn.hidden_size, _slice(self.sizes, comm.rank), self.gates
 
-        def rows(w):                           # my units' rows of the i, f, g and o gates
-            return torch.cat([w[g * H + cols.start:g * H + cols.stop] for g in range(4)])
+        def rows(w):                           # my units' rows of every gate
+            return torch.cat([w[g * H + cols.start:g * H + cols.stop] for g in range(G)])
         self.w_ih, self.w_hh, self.b = nn.ParameterList(), nn.ParameterList(), \
             nn.ParameterList()
-        for k in range(lstm.num_layers):
-            w_ih = rows(getattr(lstm, f"weight_ih_l{k}").detach())       # (4H/F, in)
-            w_hh = rows(getattr(lstm, f"weight_hh_l{k}").detach())       # (4H/F, H)
-            b = rows((getattr(lstm, f"bias_ih_l{k}") + getattr(lstm, f"bias_hh_l{k}")).detach()) \
-                if lstm.bias else w_ih.new_zeros(len(w_ih))
+        for k in range(rnn.num_layers):
+            w_ih = rows(getattr(rnn, f"weight_ih_l{k}").detach())       # (G H/F, in)
+            w_hh = rows(getattr(rnn, f"weight_hh_l{k}").detach())       # (G H/F, H)
+            b = rows((getattr(rnn, f"bias_ih_l{k}") + getattr(rnn, f"bias_hh_l{k}")).detach())
             self.w_ih.append(nn.Parameter(w_ih.clone()))
             self.w_hh.append(nn.Parameter(w_hh.clone()))
             self.b.append(nn.Parameter(b.clone()))
 
     def forward(self, x: torch.Tensor, state=None):
-        """x (B, T, in) -> out (B, T, H), (h_n, c_n) each (layers, B, H), as nn.LSTM."""
+        """x (B, T, in) -> out (B, T, H) and the last state, as the torch layer."""
         B, T, _ = x.shape
-        n, cols = self.sizes[self.comm.rank], _slice(self.sizes, self.comm.rank)
+        cols = _slice(self.sizes, self.comm.rank)
         if state is None:
             zeros = x.new_zeros(self.layers, B, self.hidden)
-            state = (zeros, zeros)
-        h0, c0 = state
+            state = (zeros, zeros) if self.gates == 4 else zeros
+        h0, c0 = (state if self.gates == 4 else (state, None))
         hs, cs = [], []
         for k in range(self.layers):
             h = h0[k]                                           # (B, H), replicated
-            c = c0[k][:, cols]                                  # (B, H/F), this rank's units
-            x_in = copy_to_partitions(x, self.comm)
-            pre = F.linear(x_in, self.w_ih[k], self.b[k])       # (B, T, 4H/F), all steps
+            c = None if c0 is None else c0[k][:, cols]          # (B, H/F), this rank's units
+            pre = F.linear(copy_to_partitions(x, self.comm), self.w_ih[k], self.b[k])
             outs = []
-            for t in range(T):
+            for t in range(T):                                  # pre: (B, T, G H/F)
                 gates = pre[:, t] + F.linear(copy_to_partitions(h, self.comm), self.w_hh[k])
-                i, f, g, o = gates.split(n, dim=1)              # (B, H/F) each
-                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-                h_p = torch.sigmoid(o) * torch.tanh(c)
+                h_p, c = self._cell(gates, c)
                 h = gather_from_partitions(h_p, self.comm, self.sizes, 1)   # (B, H)
                 outs.append(h)
             x = torch.stack(outs, 1)                            # (B, T, H)
             hs.append(h)
-            cs.append(gather_from_partitions(c, self.comm, self.sizes, 1))
-        return x, (torch.stack(hs), torch.stack(cs))
+            if c is not None:
+                cs.append(gather_from_partitions(c, self.comm, self.sizes, 1))
+        h_n = torch.stack(hs)
+        return x, ((h_n, torch.stack(cs)) if self.gates == 4 else h_n)
+
+
+class ColumnLSTM(_ColumnRecurrent):
+    """An nn.LSTM split by hidden units: rank p holds its units' rows of the input, forget,
+    cell and output gate matrices and computes their gates, cell and output at every step."""
+
+    gates = 4
+
+    def _cell(self, gates, c):
+        i, f, g, o = gates.split(self.sizes[self.comm.rank], dim=1)     # (B, H/F) each
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+
+class ColumnRNN(_ColumnRecurrent):
+    """An nn.RNN (Elman, tanh or ReLU) split by hidden units: h_t = act(W_ih x_t + W_hh h_{t-1}
+    + b), rank p computing its units' rows."""
+
+    def __init__(self, rnn: nn.RNN, comm: Comm):
+        super().__init__(rnn, comm)
+        self.act = torch.tanh if rnn.nonlinearity == "tanh" else torch.relu
+
+    def _cell(self, gates, c):
+        return self.act(gates), None
+
+
+class ColumnDenoisingLayer(nn.Module):
+    """An SSDA layer (models.ssda.DenoisingLayer) split by hidden units. The tied weight W
+    (hidden, n_in) is cut by rows, so encode is a column-partitioned layer,
+    h = gather(σ(x W_pᵀ + b_p)), and decode sums the ranks' partial reconstructions,
+    ŷ = σ(Σ_p h_p W_p + b'), b' held (and trained) by rank 0 alone."""
+
+    def __init__(self, layer: nn.Module, comm: Comm):
+        super().__init__()
+        self.comm, self.spec = comm, layer.spec
+        hidden, n_in = layer.weight.shape
+        self.sizes = split_sizes(hidden, comm.size)
+        rows = _slice(self.sizes, comm.rank)
+        self.weight = nn.Parameter(layer.weight.detach()[rows].clone())      # (hidden/F, in)
+        self.bias = nn.Parameter(layer.bias.detach()[rows].clone())
+        self.bias_out = nn.Parameter(layer.bias_out.detach()[:n_in if comm.rank == 0 else 0]
+                                     .clone())                               # rank 0: (in,)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        h_p = torch.sigmoid(F.linear(copy_to_partitions(x, self.comm), self.weight, self.bias))
+        return gather_from_partitions(h_p, self.comm, self.sizes, 1)          # (B, hidden)
+
+    def decode(self, h: torch.Tensor) -> torch.Tensor:
+        part = scatter_to_partitions(h, self.comm, self.sizes, 1) @ self.weight  # (B, in)
+        if self.comm.rank == 0:
+            part = part + self.bias_out
+        return torch.sigmoid(reduce_from_partitions(part, self.comm))
+
+    def weight_norm2(self) -> torch.Tensor:
+        """‖W‖²_F: the value of the whole matrix, the gradient of this rank's slice."""
+        mine = (self.weight ** 2).sum()
+        if self.comm.size == 1:
+            return mine
+        total = self.comm.all_reduce(mine.detach().clone(), "weight_norm")
+        return mine + (total - mine.detach())
+
+    loss = DenoisingLayer.loss        # eq. 5.3 from the partitioned parts: the same value on
+    #                                   every rank, each rank's gradient its slice's
+
+
+def _keep_whole(module: nn.Module, comm: Comm) -> nn.Module:
+    """Keep a layer too narrow to split whole on every rank: rank 0's copy is the trained one,
+    the others hold untrained copies that receive rank 0's values before every forward pass."""
+    module._spark_dl_kept_whole = True
+    if comm.size == 1:
+        return module
+    if comm.rank != 0:
+        for p in module.parameters():
+            p.requires_grad_(False)
+
+    def sync(mod, _inputs):
+        if not comm.initialized:
+            return
+        for name, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if p.is_meta:                 # built on the meta device: give it memory
+                p = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=False)
+                mod._parameters[name] = p
+            with torch.no_grad():
+                comm.broadcast(p.data, 0, "kept_whole_broadcast")
+    module.register_forward_pre_hook(sync)
+    return module
+
+
+def kept_whole(model: nn.Module) -> list[str]:
+    """The names of the layers of a partitioned model that are kept whole (too narrow)."""
+    return [name for name, m in model.named_modules() if getattr(m, "_spark_dl_kept_whole",
+                                                                 False)]
+
+
+_PARTITIONED = (ColumnLinear, ColumnConv2d, _ColumnRecurrent, ColumnDenoisingLayer)
+_SUPPORTED = "Linear, Conv2d, LSTM, RNN and SSDA DenoisingLayer"
 
 
 def partition_model(model: nn.Module, comm: Comm) -> nn.Module:
-    """A copy of ``model`` with every Linear, Conv2d and LSTM replaced by its column-partitioned
-    form holding this rank's slice (FCNet, ThesisCNN, CharRNN and any model made of those)."""
+    """A copy of ``model`` with every Linear, Conv2d, LSTM, RNN and DenoisingLayer replaced by
+    its column-partitioned form holding this rank's slice; a Linear or Conv2d narrower than the
+    group is kept whole (``kept_whole`` lists them). Other layers must be parameter-free."""
     model = copy.deepcopy(model)
 
-    def swap(module: nn.Module) -> None:
+    def narrow(width: int, name: str, kind: str):
+        if width < comm.size:
+            raise ValueError(f"layer {name} ({kind}) has {width} units, fewer than "
+                             f"partitions={comm.size}: use partitions <= {width}")
+
+    def swap(module: nn.Module, prefix: str) -> None:
         for name, child in module.named_children():
+            full = f"{prefix}{name}"
+            kind = type(child).__name__
             if isinstance(child, nn.Linear):
-                setattr(module, name, ColumnLinear.from_linear(child, comm))
+                setattr(module, name, ColumnLinear.from_linear(child, comm)
+                        if child.out_features >= comm.size else _keep_whole(child, comm))
             elif isinstance(child, nn.Conv2d):
-                setattr(module, name, ColumnConv2d(child, comm))
-            elif isinstance(child, nn.LSTM):
-                setattr(module, name, ColumnLSTM(child, comm))
-            elif isinstance(child, (nn.RNN, nn.GRU)):
-                raise ValueError(f"{type(child).__name__} has no partitioned form; use an LSTM")
+                setattr(module, name, ColumnConv2d(child, comm)
+                        if child.out_channels >= comm.size else _keep_whole(child, comm))
+            elif isinstance(child, (nn.LSTM, nn.RNN)):
+                narrow(child.hidden_size, full, kind)
+                setattr(module, name, (ColumnLSTM if isinstance(child, nn.LSTM)
+                                       else ColumnRNN)(child, comm))
+            elif isinstance(child, DenoisingLayer):
+                narrow(child.weight.shape[0], full, kind)
+                setattr(module, name, ColumnDenoisingLayer(child, comm))
+            elif isinstance(child, (nn.RNNBase, nn.modules.conv._ConvNd)) or \
+                    type(child) in (nn.Bilinear, nn.MultiheadAttention):
+                raise ValueError(f"layer {full} ({kind}) has no column-partitioned form; "
+                                 f"partitioned models are made of {_SUPPORTED} layers and "
+                                 f"parameter-free ones")
             else:
-                swap(child)
-    swap(model)
+                swap(child, f"{full}.")
+    swap(model, "")
     for name, m in model.named_modules():
-        if isinstance(m, (ColumnLinear, ColumnConv2d, ColumnLSTM)):
+        if isinstance(m, _PARTITIONED) or getattr(m, "_spark_dl_kept_whole", False):
             continue
         own = [k for k, _ in m.named_parameters(recurse=False)] + \
             [k for k, _ in m.named_buffers(recurse=False)]
-        if own and not any(isinstance(a, (ColumnLinear, ColumnConv2d, ColumnLSTM))
+        if own and not any(isinstance(a, _PARTITIONED) or
+                           getattr(a, "_spark_dl_kept_whole", False)
                            for a in _ancestors(model, name)):
             raise ValueError(f"module {name or 'the model'} ({type(m).__name__}) has "
                              f"parameters or buffers {own} that column partitioning does not "
-                             f"split; partitioned models are made of Linear, Conv2d and LSTM "
-                             f"layers and parameter-free ones (activations, pooling)")
+                             f"split; partitioned models are made of {_SUPPORTED} layers and "
+                             f"parameter-free ones (activations, pooling)")
     return model
 
 
@@ -191,16 +322,21 @@ def merge_partitions(original: nn.Module, parts: list[nn.Module]) -> dict:
             out[f"{name}.weight"] = torch.cat([q.weight.detach() for q in pieces])
             if pieces[0].bias is not None:
                 out[f"{name}.bias"] = torch.cat([q.bias.detach() for q in pieces])
-        elif isinstance(pieces[0], ColumnLSTM):
+        elif isinstance(pieces[0], ColumnDenoisingLayer):
+            out[f"{name}.weight"] = torch.cat([q.weight.detach() for q in pieces])
+            out[f"{name}.bias"] = torch.cat([q.bias.detach() for q in pieces])
+            out[f"{name}.bias_out"] = pieces[0].bias_out.detach()
+        elif isinstance(pieces[0], _ColumnRecurrent):
+            G = pieces[0].gates
             for k in range(pieces[0].layers):
                 for key, attr in (("weight_ih", "w_ih"), ("weight_hh", "w_hh"),
                                   ("bias_ih", "b")):
                     gates = [getattr(q, attr)[k].detach().split(q.sizes[q.comm.rank])
-                             for q in pieces]                  # per part: i, f, g, o
+                             for q in pieces]                  # per part: its gates' rows
                     out[f"{name}.{key}_l{k}"] = torch.cat(
-                        [gates[p][g] for g in range(4) for p in range(len(parts))])
+                        [gates[p][g] for g in range(G) for p in range(len(parts))])
                 out[f"{name}.bias_hh_l{k}"] = torch.zeros_like(out[f"{name}.bias_ih_l{k}"])
-    trained = parts[0].state_dict()            # identical in every part
+    trained = parts[0].state_dict()     # replicated and kept-whole layers: partition 0's
     for key, value in original.state_dict().items():
         out.setdefault(key, trained.get(key, value))
     return out
