@@ -455,6 +455,14 @@ class _Layout:
         self.bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)] if partitions > 1 \
             else None
 
+    def describe(self) -> dict:
+        """For info.json: the partitions' sizes and the layers kept whole (too narrow to split:
+        partition 0 trains them, the others receive its values every forward pass)."""
+        from .parallel.model_parallel import kept_whole
+        return {"partitions": self.F, "parameters_per_partition":
+                [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])],
+                "kept_whole": kept_whole(self.parts[0])}
+
     def flatten(self) -> torch.Tensor:
         return torch.cat([torch.nn.utils.parameters_to_vector(
             [q for q in part.parameters() if q.requires_grad]).detach() for part in self.parts])
@@ -556,6 +564,9 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     channel = MessageServer(host, secret, on_message)
     task = downpour.make_task(cfg, model_fn, loss_fn, secret, ps.address, channel.address,
                               str(run_path), partitions)
+    if log is not None and partitions > 1 and layout.describe()["kept_whole"]:
+        log(f"partitions={partitions}: layers {', '.join(layout.describe()['kept_whole'])} are "
+            f"narrower than {partitions} units and kept whole (trained by partition 0)")
     if log is not None:
         log(f"downpour ({cfg.mode}, n_fetch={cfg.n_fetch}, n_push={cfg.n_push}): {replicas} "
             f"worker(s), parameter server {ps.address[0]}:{ps.address[1]} "
@@ -614,6 +625,8 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
             "train_seconds": max((t["task_seconds"] for t in tasks), default=0.0),
             "wall_seconds": time.perf_counter() - t_start,
             "rejected_messages": channel.rejected}
+    if partitions > 1:
+        info["model_parallel"] = layout.describe()
     history.sort(key=lambda h: h["epoch"])
     write_history(run_path / "history.csv", history)
     write_json(run_path / "info.json", info)

@@ -59,9 +59,11 @@ def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, tr
     assert [h["samples"] for h in res.history] == [96, 96]
 
 
-def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0):
+def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, model_fn=None,
+                     loss=torch.nn.functional.cross_entropy):
+    """Single-process SGD where step s trains on batch s of every split (the union)."""
     torch.manual_seed(0)
-    model = small_fc().double()
+    model = (model_fn or small_fc)().double()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, lr_decay)
     bounds = np.cumsum([0] + list(splits))
@@ -72,7 +74,7 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0):
             idx = np.concatenate([np.arange(lo, hi)[s * batch:(s + 1) * batch]
                                   for lo, hi in zip(bounds[:-1], bounds[1:])])
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            loss(model(xt[idx]), yt[idx]).backward()
             opt.step()
         sched.step()
     return model

@@ -12,6 +12,36 @@ from spark_dl.errors import ConfigError, ResourceError
 from .test_allreduce import assert_same_weights, data, frame, reference_epochs, small_fc
 
 
+def small_ssda():
+    from spark_dl.models.ssda import SSDA, LayerSpec
+    return SSDA(12, (LayerSpec(9, beta=0.1, rho=0.1, weight_decay=0.0),
+                     LayerSpec(5, beta=0.0, rho=1.0, weight_decay=0.0)))
+
+
+class SmallRNN(torch.nn.Module):
+    """The 12 features as 4 steps of 3; an Elman RNN of 2 layers of 7 units; a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.RNN(3, 7, 2, batch_first=True)
+        self.head = torch.nn.Linear(7, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(x.reshape(len(x), 4, 3))
+        return self.head(out[:, -1])
+
+
+def narrow_fc():
+    """Its Linear(8, 1) is narrower than 2 partitions: kept whole."""
+    return torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.Sigmoid(),
+                               torch.nn.Linear(8, 1), torch.nn.Tanh(), torch.nn.Linear(1, 3))
+
+
+def first_three_ce(out, y):
+    """Cross-entropy on the first 3 outputs (the SSDA's reconstruction as logits)."""
+    return torch.nn.functional.cross_entropy(out[:, :3], y)
+
+
 def test_one_worker_fetch_push_every_step_is_single_process_sgd(spark, tmp_path):
     x, y = data(48, seed=7)
     res = fit(frame(spark, x, y, [48]), small_fc, strategy="downpour", batch_size=8, epochs=3,
@@ -71,6 +101,23 @@ def test_model_parallel_replica_is_single_process_sgd_on_the_union_of_its_batche
         assert t["model_parallel"]["parameter_bytes"] <= total / 2 + 8 * 64
         assert t["model_parallel"]["communication"]["total_messages"] > 0
     assert [h["epoch"] for h in res.history] == [1, 2]
+
+
+@pytest.mark.parametrize("model_fn,loss,kept", [(small_ssda, first_three_ce, []),
+                                                 (SmallRNN, "cross_entropy", []),
+                                                 (narrow_fc, "cross_entropy", ["2"])])
+def test_model_parallel_ssda_rnn_and_kept_whole_replicas_are_sgd_on_the_union(
+        spark, tmp_path, model_fn, loss, kept):
+    x, y = data(40, seed=13)
+    res = fit(frame(spark, x, y, [24, 16]), model_fn, loss=loss, strategy="downpour",
+              partitions=2, replicas=1, batch_size=8, epochs=2, lr=0.5, momentum=0.9,
+              shuffle=False, dtype="float64", wire_dtype="float64", run_dir=tmp_path / "run",
+              log=None)
+    ref = reference_epochs(x, y, [24, 16], 8, 2, 0.5, 0.9, model_fn=model_fn,
+                           loss=first_three_ce if callable(loss) else
+                           torch.nn.functional.cross_entropy)
+    assert_same_weights(res.model, ref)
+    assert res.info["model_parallel"]["kept_whole"] == kept
 
 
 @pytest.mark.parametrize("splits", [[48, 48], [70, 30]])

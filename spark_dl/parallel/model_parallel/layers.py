@@ -98,7 +98,7 @@ class ColumnConv2d(nn.Module):
 class _ColumnRecurrent(nn.Module):
     """A (multi-layer, batch-first) recurrent layer whose hidden units are split over the
     group: rank p holds, for its units, the rows of every gate's input and recurrent matrices
-    and the sum of the two biases. Each step's outputs are all-gathered, since the next step
+    and of both biases. Each step's outputs are all-gathered, since the next step
     (and the next layer) needs all of h."""
 
     gates = 1
@@ -116,15 +116,12 @@ class _ColumnRecurrent(nn.Module):
 
         def rows(w):                           # my units' rows of every gate
             return torch.cat([w[g * H + cols.start:g * H + cols.stop] for g in range(G)])
-        self.w_ih, self.w_hh, self.b = nn.ParameterList(), nn.ParameterList(), \
-            nn.ParameterList()
+        # both biases kept (not their sum): an optimizer steps each, as it does torch's layer
+        self.w_ih, self.w_hh, self.b_ih, self.b_hh = (nn.ParameterList() for _ in range(4))
         for k in range(rnn.num_layers):
-            w_ih = rows(getattr(rnn, f"weight_ih_l{k}").detach())       # (G H/F, in)
-            w_hh = rows(getattr(rnn, f"weight_hh_l{k}").detach())       # (G H/F, H)
-            b = rows((getattr(rnn, f"bias_ih_l{k}") + getattr(rnn, f"bias_hh_l{k}")).detach())
-            self.w_ih.append(nn.Parameter(w_ih.clone()))
-            self.w_hh.append(nn.Parameter(w_hh.clone()))
-            self.b.append(nn.Parameter(b.clone()))
+            for mine, key in ((self.w_ih, "weight_ih"), (self.w_hh, "weight_hh"),
+                              (self.b_ih, "bias_ih"), (self.b_hh, "bias_hh")):
+                mine.append(nn.Parameter(rows(getattr(rnn, f"{key}_l{k}").detach()).clone()))
 
     def forward(self, x: torch.Tensor, state=None):
         """x (B, T, in) -> out (B, T, H) and the last state, as the torch layer."""
@@ -138,7 +135,8 @@ class _ColumnRecurrent(nn.Module):
         for k in range(self.layers):
             h = h0[k]                                           # (B, H), replicated
             c = None if c0 is None else c0[k][:, cols]          # (B, H/F), this rank's units
-            pre = F.linear(copy_to_partitions(x, self.comm), self.w_ih[k], self.b[k])
+            pre = F.linear(copy_to_partitions(x, self.comm), self.w_ih[k],
+                           self.b_ih[k] + self.b_hh[k])
             outs = []
             for t in range(T):                                  # pre: (B, T, G H/F)
                 gates = pre[:, t] + F.linear(copy_to_partitions(h, self.comm), self.w_hh[k])
@@ -330,12 +328,11 @@ def merge_partitions(original: nn.Module, parts: list[nn.Module]) -> dict:
             G = pieces[0].gates
             for k in range(pieces[0].layers):
                 for key, attr in (("weight_ih", "w_ih"), ("weight_hh", "w_hh"),
-                                  ("bias_ih", "b")):
+                                  ("bias_ih", "b_ih"), ("bias_hh", "b_hh")):
                     gates = [getattr(q, attr)[k].detach().split(q.sizes[q.comm.rank])
                              for q in pieces]                  # per part: its gates' rows
                     out[f"{name}.{key}_l{k}"] = torch.cat(
                         [gates[p][g] for g in range(G) for p in range(len(parts))])
-                out[f"{name}.bias_hh_l{k}"] = torch.zeros_like(out[f"{name}.bias_ih_l{k}"])
     trained = parts[0].state_dict()     # replicated and kept-whole layers: partition 0's
     for key, value in original.state_dict().items():
         out.setdefault(key, trained.get(key, value))
