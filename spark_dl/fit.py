@@ -293,7 +293,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
                 n_push=1 if mode == "sync" else n_push, mode=mode, shuffle=shuffle, seed=seed,
                 dtype=dtype, wire_dtype=wire_dtype, device=device, threads=threads,
                 timeout_s=timeout_s, overlap=bool(overlap), data=data,
-                shuffle_buffer=shuffle_buffer, transform=transform),
+                shuffle_buffer=shuffle_buffer, transform=transform, resume=resume),
             server_optimizer or _server_optimizer(optimizer, momentum), lr, momentum,
             ps_shards, max_staleness, lr_decay, partitions)
     if parts != replicas or _narrow_merges(df):
@@ -480,6 +480,48 @@ class _Layout:
         self.net.load_state_dict(merge_partitions(self.net, self.parts))
 
 
+def _completed_epochs(history: list[dict]) -> int:
+    """The epochs 1..k all in the history (a lost message can leave a gap)."""
+    done = {h["epoch"] for h in history}
+    k = 0
+    while k + 1 in done:
+        k += 1
+    return k
+
+
+def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
+                         partitions: int) -> None:
+    """The server after an epoch every replica finished, written atomically (the previous
+    checkpoint stays until the new one is complete): its values, optimizer states, versions
+    and steps, and the history so far. The driver writes it; fit(run_dir=...) resumes it."""
+    from .parallel.allreduce import _save
+    epoch = _completed_epochs(history)
+    _save(path, {"strategy": "downpour", "epoch": epoch, "replicas": replicas,
+                 "partitions": partitions, "server": ps.state_dict(),
+                 "history": [h for h in history if h["epoch"] <= epoch]})
+
+
+def _resume_downpour(path: Path, ps, replicas: int, partitions: int, log) -> dict | None:
+    """Load a Downpour checkpoint of ``run_dir`` into the fresh server; None without one."""
+    if not path.exists():
+        return None
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if ckpt.get("strategy") != "downpour":
+        raise ConfigError(f"{path} is a checkpoint of strategy {ckpt.get('strategy', 'allreduce')!r}"
+                          f", not of this downpour fit: give a new run_dir, or resume=False to "
+                          f"start over in this one")
+    try:
+        ps.load_state_dict(ckpt["server"], start_epoch=ckpt["epoch"])
+    except ValueError as e:
+        raise ConfigError(f"{path} does not fit this fit's model: {e}; give a new run_dir, or "
+                          f"resume=False to start over in this one") from None
+    if ckpt["replicas"] != replicas and log is not None:
+        log(f"resuming a fit of {ckpt['replicas']} replicas with {replicas}")
+    if log is not None:
+        log(f"resumed from the checkpoint of epoch {ckpt['epoch']} ({path})")
+    return ckpt
+
+
 def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation, run_dir,
                   progress, log, tracker, cfg, server_optimizer, lr, momentum, ps_shards,
                   max_staleness, lr_decay, partitions=1) -> FitResult:
@@ -516,6 +558,10 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
         val = (torch.as_tensor(validation[0], dtype=dtype), torch.as_tensor(validation[1]))
     epochs_done: dict[int, dict[int, dict]] = {}       # epoch -> worker -> its report
     history: list[dict] = []
+    ckpt_path = run_path / "checkpoint.pt"
+    resumed = _resume_downpour(ckpt_path, ps, replicas, partitions, log) if cfg.resume else None
+    if resumed is not None:
+        history = resumed["history"]
     metrics = open(run_path / "metrics.jsonl", "a")
     t_start = time.perf_counter()
     live = ProgressLine(log)
@@ -548,6 +594,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
                 history.append(row)
                 tracker.epoch(row)
                 metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")
+                _checkpoint_downpour(ckpt_path, ps, history, replicas, partitions)
                 if progress:
                     extra = "".join(f" {k} {row[k]:.4f}" for k in ("val_loss", "val_accuracy")
                                     if k in row)
@@ -627,6 +674,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
             "rejected_messages": channel.rejected}
     if partitions > 1:
         info["model_parallel"] = layout.describe()
+    info["resumed_from_epoch"] = resumed["epoch"] if resumed is not None else None
     history.sort(key=lambda h: h["epoch"])
     write_history(run_path / "history.csv", history)
     write_json(run_path / "info.json", info)

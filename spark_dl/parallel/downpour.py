@@ -34,6 +34,7 @@ class DownpourConfig(StageConfig):
     mode: str = "async"
     wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
     overlap: bool = False              # async: a push travels while the next step computes
+    resume: bool = True                # a run_dir with a server checkpoint goes on from it
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -207,6 +208,11 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     else:             # the server counts an epoch's steps once per replica (lr_decay)
         client.hello(replica_steps * cfg.batch_size if part == 0 else 0, cfg.batch_size)
         steps, shards = replica_steps, [part]
+        # a retried stage or a resumed fit: the replica goes on at the first epoch its
+        # partition 0 has not finished (shard 0 counts that task's steps); its tasks agree
+        done = torch.tensor([client.done_steps // max(steps, 1) if part == 0 else 0])
+        comm.broadcast(done, 0, "resume")
+        resume_epoch = int(done)
     expected = client.numel if shards is None else \
         client.bounds[part + 1] - client.bounds[part]
     # parameters and gradients live in two flat vectors (p and p.grad are views): a pull

@@ -36,6 +36,7 @@ Modes:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import os
@@ -224,6 +225,7 @@ class ParameterServer:
         self._hello = threading.Condition()
         self._registered: dict[int, tuple[int, int]] = {}      # worker -> (rows, batch)
         self._done: Counter = Counter()     # worker -> mini-batch steps applied (shard 0)
+        self.start_epoch = 0                # restored from a checkpoint: epochs done before
         self._stop = threading.Event()
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.2)
@@ -243,6 +245,34 @@ class ParameterServer:
     @property
     def versions(self) -> list[int]:
         return [s.version for s in self.shards]
+
+    def state_dict(self) -> dict:
+        """Everything a restarted server needs: each shard's values, optimizer state, version
+        and steps applied (each shard's under its lock)."""
+        out = {"bounds": list(self.bounds), "values": [], "optimizer": [], "versions": [],
+               "steps": []}
+        for s in self.shards:
+            with s.lock:
+                out["values"].append(s.param.detach().clone())
+                out["optimizer"].append(copy.deepcopy(s.opt.state_dict()))
+                out["versions"].append(s.version)
+                out["steps"].append(s.steps)
+        return out
+
+    def load_state_dict(self, state: dict, start_epoch: int = 0) -> None:
+        """Restore ``state_dict()``'s output (before any worker arrives); the workers then
+        start at epoch ``start_epoch`` (their hello tells them so)."""
+        if list(state["bounds"]) != self.bounds:
+            raise ValueError(f"the saved server has shards {state['bounds']}, this one "
+                             f"{self.bounds}: a different model or partitioning")
+        for s, values, opt, version, steps in zip(self.shards, state["values"],
+                                                  state["optimizer"], state["versions"],
+                                                  state["steps"]):
+            with s.lock:
+                s.param.data.copy_(values)
+                s.opt.load_state_dict(opt)
+                s.version, s.steps = int(version), int(steps)
+        self.start_epoch = start_epoch
 
     def stats(self) -> dict:
         return {"mode": self.mode, "shards": len(self.shards), "versions": self.versions,
@@ -381,7 +411,7 @@ class ParameterServer:
                 steps = max(-(-r // b) for r, b in self._registered.values())
             else:
                 steps = -(-rows // max(batch, 1))
-            done = self._done[worker]
+            done = self._done[worker] + self.start_epoch * steps
         conn.send(OPS["ok"], np.array(self.bounds + [steps, done], np.int64),
                   count=self.numel, version=sum(self.versions))
         return True

@@ -8,6 +8,7 @@ import torch
 
 from spark_dl import fit
 from spark_dl.errors import ConfigError, ResourceError
+from spark_dl.models import FCNet
 
 from .test_allreduce import assert_same_weights, data, frame, reference_epochs, small_fc
 
@@ -101,6 +102,35 @@ def test_model_parallel_replica_is_single_process_sgd_on_the_union_of_its_batche
         assert t["model_parallel"]["parameter_bytes"] <= total / 2 + 8 * 64
         assert t["model_parallel"]["communication"]["total_messages"] > 0
     assert [h["epoch"] for h in res.history] == [1, 2]
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_fit_resumes_from_the_servers_checkpoint_exactly(spark, tmp_path, partitions):
+    """The driver checkpoints the server every epoch; fit with the same run_dir goes on at the
+    next epoch with the server's values, momentum buffers, versions and lr schedule: 2 + 2
+    epochs equal 4 uninterrupted ones (one replica, so the pushes come in one order)."""
+    x, y = data(40, seed=14)
+    splits = [40] if partitions == 1 else [24, 16]
+    kw = dict(strategy="downpour", partitions=partitions, replicas=1, batch_size=8, lr=0.5,
+              lr_decay=0.8, momentum=0.9, shuffle=False, dtype="float64",
+              wire_dtype="float64", log=None)
+    whole = fit(frame(spark, x, y, splits), small_fc, epochs=4, run_dir=tmp_path / "w", **kw)
+    first = fit(frame(spark, x, y, splits), small_fc, epochs=2, run_dir=tmp_path / "r", **kw)
+    assert first.info["resumed_from_epoch"] is None
+    again = fit(frame(spark, x, y, splits), small_fc, epochs=4, run_dir=tmp_path / "r", **kw)
+    assert again.info["resumed_from_epoch"] == 2
+    assert [h["epoch"] for h in again.history] == [1, 2, 3, 4]
+    assert [w["resumed_at"]["epoch"] for w in again.info["workers"]] == [3] * partitions
+    assert_same_weights(again.model, whole.model)
+    assert again.info["server"]["versions"] == whole.info["server"]["versions"]
+    # a checkpoint that does not fit the model is refused, and resume=False starts over
+    with pytest.raises(ConfigError, match="does not fit this fit's model"):
+        fit(frame(spark, x, y, splits), lambda: FCNet((12, 5, 3)), epochs=1,
+            run_dir=tmp_path / "r", **kw)
+    fresh = fit(frame(spark, x, y, splits), small_fc, epochs=2, run_dir=tmp_path / "r",
+                resume=False, **kw)
+    assert fresh.info["resumed_from_epoch"] is None
+    assert_same_weights(fresh.model, first.model)
 
 
 @pytest.mark.parametrize("model_fn,loss,kept", [(small_ssda, first_three_ce, []),
