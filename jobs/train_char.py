@@ -10,4 +10,5 @@ from spark_dl.recipes.cli import run_job
 if __name__ == "__main__":
     run_job(__doc__, CharConfig, train_char, "conf/jobs/char_lstm.toml",
             lambda c: f"char-{c.kind}-{c.layers}x{c.hidden}"
-            + ("-allreduce" if c.strategy == "allreduce" else ""), sys.argv[1:])
+            + ("" if c.strategy == "single" else f"-{c.strategy}")
+            + (f"-{c.partitions}parts" if c.partitions > 1 else ""), sys.argv[1:])

@@ -189,9 +189,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         if server_optimizer is not None and server_optimizer not in SERVER_OPTIMIZERS:
             raise ConfigError(f"unknown server_optimizer {server_optimizer!r}; choose one of "
                               f"{', '.join(SERVER_OPTIMIZERS)}")
-        if server_optimizer is None and optimizer not in ("sgd", "adagrad", "adam"):
+        if server_optimizer is None and optimizer not in ("sgd", "adagrad", "adam", "rmsprop"):
             raise ConfigError(f"optimizer {optimizer!r} has no parameter-server form; use "
-                              f"sgd, adagrad or adam (or set server_optimizer)")
+                              f"sgd, rmsprop, adagrad or adam (or set server_optimizer)")
         for name, value in (("n_fetch", n_fetch), ("n_push", n_push),
                             ("ps_shards", 1 if ps_shards is None else ps_shards)):
             if not isinstance(value, int) or value < 1:

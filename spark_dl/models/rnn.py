@@ -47,16 +47,35 @@ class CharRNN(nn.Module):
 
 
 class CharLM(nn.Module):
-    """A CharRNN for the distributed engines: ids (B, T) (any dtype) -> logits (B, T, vocab),
-    the state starting from zero in every window (whole-window BPTT)."""
+    """A CharRNN for the distributed engines: ids (B, T) (any dtype) -> logits (B, T, vocab).
+
+    ``carry`` = 1: the state starts from zero in every window (whole-window BPTT). ``carry`` =
+    k > 1: truncated BPTT across windows, as the single-process job does: in training, the
+    state a batch ends with (detached) starts the next batch, and is reset every k batches (a
+    sequence of k windows) or when the batch size changes. The data must then come in stream
+    order, unshuffled: row j of batch s is window s of stream j (``char_stream_windows``)."""
 
     def __init__(self, vocab_size: int, hidden: int = 200, layers: int = 2, kind: str = "lstm",
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, carry: int = 1):
         super().__init__()
+        if carry < 1:
+            raise ValueError(f"carry must be >= 1 window, got {carry}")
         self.rnn = CharRNN(vocab_size, hidden, layers, kind, dropout)
+        self.carry = carry
+        self._state, self._batches = None, 0
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.rnn(ids.long())[0]
+        ids = ids.long()
+        if not self.training or self.carry == 1:
+            return self.rnn(ids)[0]
+        state = self._state
+        if state is not None:
+            h = state[0] if isinstance(state, tuple) else state          # (layers, B, H)
+            if self._batches % self.carry == 0 or h.shape[1] != len(ids):
+                state = None
+        logits, state = self.rnn(ids, state)
+        self._state, self._batches = _detach(state), self._batches + 1
+        return logits
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad: int = 0, max_len: int | None = None):

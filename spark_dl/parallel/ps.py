@@ -53,7 +53,7 @@ __all__ = ["ParameterServer", "PSClient", "PSError", "MODES", "SERVER_OPTIMIZERS
 
 MAGIC = b"SDPS"
 MODES = ("async", "sync", "sequential")
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
 OPS = {"hello": 1, "pull": 2, "push": 3, "bye": 4, "pushpull": 5, "ok": 10, "error": 11}
 DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.bfloat16, 3: torch.int64}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
@@ -159,7 +159,8 @@ class _Shard:
         opts = {"sgd": lambda: torch.optim.SGD([self.param], lr=lr),
                 "momentum": lambda: torch.optim.SGD([self.param], lr=lr, momentum=momentum),
                 "adagrad": lambda: torch.optim.Adagrad([self.param], lr=lr),
-                "adam": lambda: torch.optim.Adam([self.param], lr=lr)}
+                "adam": lambda: torch.optim.Adam([self.param], lr=lr),
+                "rmsprop": lambda: torch.optim.RMSprop([self.param], lr=lr)}
         self.opt = opts[optimizer]()
         self.lr, self.lr_decay = lr, lr_decay
         self.steps = 0                  # mini-batch steps applied (a push of k counts k)

@@ -44,8 +44,9 @@ class CharConfig:
     eval_every: int = 500
     sample_len: int = 300
     temperature: float = 0.8
-    strategy: str = "single"        # "single" (this process) or "allreduce" (Spark replicas)
-    replicas: int = 0               # allreduce: replicas (0: the cluster's task slots)
+    strategy: str = "single"        # "single" (this process), "allreduce" or "downpour"
+    replicas: int = 0               # Spark replicas (0: the cluster's task slots / partitions)
+    partitions: int = 1             # downpour: each replica's model split over F tasks
     run: RunConfig = RunConfig()
 
     def __post_init__(self):
@@ -57,9 +58,12 @@ class CharConfig:
         _check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "must be in (0, 1]")
         _check(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.tbptt <= self.seq_len, "tbptt", self.tbptt, "must be <= seq_len")
-        _check(self.strategy in ("single", "allreduce"), "strategy", self.strategy,
-               "must be 'single' or 'allreduce'")
+        _check(self.strategy in ("single", "allreduce", "downpour"), "strategy", self.strategy,
+               "must be 'single', 'allreduce' or 'downpour'")
         _check(self.replicas >= 0, "replicas", self.replicas, "must be >= 0")
+        _check(self.partitions >= 1, "partitions", self.partitions, "must be >= 1")
+        _check(self.partitions == 1 or self.strategy == "downpour", "partitions",
+               self.partitions, "> 1 (model parallelism) needs strategy = 'downpour'")
 
 
 @torch.no_grad()
@@ -78,8 +82,8 @@ def _validate(model, ids: torch.Tensor, chunk: int, streams: int = 16) -> float:
 
 
 def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
-    if cfg.strategy == "allreduce":
-        return _train_char_allreduce(cfg, log, spark)
+    if cfg.strategy != "single":
+        return _train_char_spark(cfg, log, spark)
     seed_everything(cfg.run.seed)
     device = pick_device(cfg.run)
     text = Path(cfg.corpus).read_text(encoding="utf-8")
@@ -127,70 +131,94 @@ def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
 
 
 def _window_frame(spark, corpus: str, vocab_json: str, lo: int, hi: int, T: int,
-                  partitions: int):
-    """DataFrame(features array<int>, label array<int>): the windows of characters lo..hi of
-    ``corpus`` (stride T, targets shifted by one), made in the executors from the file."""
+                  partitions: int, streams: int, carry: int):
+    """DataFrame(features array<int>, label array<int>) of characters lo..hi of ``corpus``,
+    made in the executors from the file: partition p holds the p-th contiguous part of the
+    text, read as ``streams`` contiguous streams, in stream order (row j of step s is window s
+    of stream j: T characters, the targets shifted by one), so that consecutive unshuffled
+    batches of ``streams`` rows continue each other's text. The windows per stream are cut to
+    a multiple of ``carry`` (whole sequences)."""
     import pyarrow as pa
 
     def make(batches):
-        from spark_dl.data import CharVocab, char_windows
+        from spark_dl.data import CharVocab
         ids = CharVocab.from_json(vocab_json).encode(
             Path(corpus).read_text(encoding="utf-8"))[lo:hi]
-        x, y = char_windows(ids, T)
         for b in batches:
             for p in b.column("id").to_numpy():
-                a, z = p * len(x) // partitions, (p + 1) * len(x) // partitions
-                if z > a:
-                    off = pa.array(np.arange(0, (z - a + 1) * T, T, dtype=np.int32))
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.ListArray.from_arrays(off, pa.array(x[a:z].ravel().astype(np.int32))),
-                         pa.ListArray.from_arrays(off, pa.array(y[a:z].ravel().astype(np.int32)))],
-                        ["features", "label"])
+                a, z = p * len(ids) // partitions, (p + 1) * len(ids) // partitions
+                L = (z - a - 1) // streams                      # characters per stream
+                n = L // T
+                n = n - n % carry if n >= carry else n          # whole sequences of windows
+                if n == 0:
+                    continue
+                starts = a + (np.arange(n)[:, None] * T + np.arange(streams)[None] * L).ravel()
+                idx = starts[:, None] + np.arange(T)[None]      # (n * streams, T)
+                off = pa.array(np.arange(0, (len(idx) + 1) * T, T, dtype=np.int32))
+                yield pa.RecordBatch.from_arrays(
+                    [pa.ListArray.from_arrays(off, pa.array(ids[idx].ravel().astype(np.int32))),
+                     pa.ListArray.from_arrays(off, pa.array(ids[idx + 1].ravel()
+                                                            .astype(np.int32)))],
+                    ["features", "label"])
     return spark.range(partitions, numPartitions=partitions).mapInArrow(
         make, "features array<int>, label array<int>")
 
 
-def _train_char_allreduce(cfg: CharConfig, log, spark) -> dict:
-    """Whole windows of ``tbptt`` characters (state reset per window) on Spark replicas; the
-    budget of ``updates`` steps becomes whole epochs over the training head's windows, and
-    ``lr_decay`` applies once per epoch. ``val_loss`` is measured as in the single-process
-    job (the tail read with the state carried)."""
+def _train_char_spark(cfg: CharConfig, log, spark) -> dict:
+    """Truncated BPTT on Spark replicas (all-reduce, or Downpour with ``partitions`` tasks per
+    replica): each task's part of the training head is read as parallel streams of windows of
+    ``tbptt`` characters, and the state is carried from one window of a stream to the next
+    over sequences of ``seq_len`` characters, as in the single-process job. The budget of
+    ``updates`` steps per replica becomes whole epochs; ``lr_decay`` applies once per epoch.
+    ``val_loss`` is measured as in the single-process job (the tail read with the state
+    carried)."""
     from ..data import char_windows
     from ..fit import fit
     from ..models import CharLM
     from ..session import get_session
     if cfg.time_budget_s:
-        log("note: time_budget_s is not applied by the allreduce strategy")
+        log(f"note: time_budget_s is not applied by the {cfg.strategy} strategy")
     spark = spark or get_session()
     text = Path(cfg.corpus).read_text(encoding="utf-8")
     vocab = CharVocab.from_text(text)
     ids = vocab.encode(text)
     split = int(len(ids) * (1 - cfg.val_fraction))
-    replicas = cfg.replicas or spark.sparkContext.defaultParallelism
-    T = cfg.tbptt
-    windows = (split - 1 - T) // T + 1
-    steps_per_epoch = -(-windows // replicas // cfg.batch_size)
+    F = cfg.partitions
+    replicas = cfg.replicas or max(spark.sparkContext.defaultParallelism // F, 1)
+    T, carry = cfg.tbptt, max(cfg.seq_len // cfg.tbptt, 1)
+    streams = max(cfg.batch_size // F, 1)        # per task: a replica's batch is batch_size
+    tasks = replicas * F
+    steps_per_epoch = (split // tasks - 1) // streams // T
+    steps_per_epoch -= steps_per_epoch % carry if steps_per_epoch >= carry else 0
+    if steps_per_epoch < 1:
+        raise ValueError(f"{cfg.corpus}'s training part is too short for {tasks} tasks x "
+                         f"{streams} streams of {T}-character windows; lower batch_size, "
+                         f"tbptt or replicas")
     epochs = max(1, -(-cfg.updates // steps_per_epoch))
     df = _window_frame(spark, str(Path(cfg.corpus).resolve()), vocab.to_json(), 0, split, T,
-                       replicas)
+                       tasks, streams, carry)
     vx, vy = char_windows(ids[split:], T)
     V, hidden, layers, kind, dropout = len(vocab), cfg.hidden, cfg.layers, cfg.kind, cfg.dropout
-    res = fit(df, lambda: CharLM(V, hidden, layers, kind, dropout), shape=(T,),
-              label_shape=(T,), loss="sequence_cross_entropy", optimizer=cfg.optimizer,
-              lr=cfg.lr, lr_decay=cfg.lr_decay, epochs=epochs, batch_size=cfg.batch_size,
-              replicas=replicas, seed=cfg.run.seed, device=cfg.run.device,
-              threads=cfg.run.threads, validation=(vx, vy),
-              run_dir=f"{cfg.run.out_dir}/char-{kind}-allreduce", log=log,
-              track=cfg.run.track)
+    extra = {"partitions": F} if F > 1 else {}
+    res = fit(df, lambda: CharLM(V, hidden, layers, kind, dropout, carry=carry), shape=(T,),
+              label_shape=(T,), loss="sequence_cross_entropy", strategy=cfg.strategy,
+              optimizer=cfg.optimizer, lr=cfg.lr, lr_decay=cfg.lr_decay, epochs=epochs,
+              batch_size=streams, shuffle=False, replicas=replicas, seed=cfg.run.seed,
+              device=cfg.run.device, threads=cfg.run.threads, validation=(vx, vy),
+              run_dir=f"{cfg.run.out_dir}/char-{kind}-{cfg.strategy}"
+                      + (f"-{replicas}x{F}" if F > 1 else ""),
+              log=log, track=cfg.run.track, **extra)
     model = res.model.rnn
     val = _validate(model, torch.from_numpy(ids[split:]), cfg.tbptt)
     prime = vocab.encode("ROMEO:\n").tolist()
     text_out = vocab.decode(sample(model.cpu(), prime, cfg.sample_len, cfg.temperature,
                                    torch.Generator().manual_seed(cfg.run.seed)))
+    world = res.info["world"]
     return {"kind": kind, "hidden": hidden, "layers": layers, "dropout": dropout,
-            "strategy": "allreduce", "replicas": res.info["world"],
+            "strategy": cfg.strategy, "replicas": world, "partitions": F,
             "updates": steps_per_epoch * epochs, "epochs": epochs, "tbptt": T,
-            "batch_size": cfg.batch_size, "global_batch": res.info["world"] * cfg.batch_size,
+            "carried_windows": carry, "batch_size": streams * F,
+            "global_batch": world * streams * F if cfg.strategy == "allreduce" else streams * F,
             "optimizer": cfg.optimizer, "lr": cfg.lr, "lr_decay": cfg.lr_decay,
             "vocab": V, "val_loss": val, "val_loss_per_window": res.history[-1]["val_loss"],
             "train_seconds": res.info["train_seconds"], "history": res.history,

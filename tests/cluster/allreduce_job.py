@@ -4,6 +4,7 @@
         [--device auto|cpu|cuda|by-name] [--fits clean,faulty] [--epochs 3]
         [--strategy allreduce|downpour]
         [--optimizer adam] [--lr 0.003] [--momentum 0] [--lr-decay 1] [--batch-size 32]
+        [--model cnn|fc] [--partitions 1] [--replicas N]
 
 Trains the thesis CNN on the first 8,000 shipped MNIST digits (two shards of 4,000, built in
 the executors from the file) and validates on the last 2,000; one fit per name in --fits,
@@ -36,6 +37,9 @@ def main():
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--lr-decay", type=float, default=1.0)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--model", default="cnn")
+    ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--replicas", type=int, default=None)
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
@@ -46,8 +50,10 @@ def main():
     report = {"master": spark.sparkContext.master, "fits": {}}
     try:
         for name in args.fits.split(","):
-            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), "cnn",
-                      strategy=args.strategy, shape=(1, 28, 28), num_classes=10,
+            extra = {} if args.partitions == 1 else {"partitions": args.partitions}
+            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), args.model,
+                      strategy=args.strategy, shape=(1, 28, 28) if args.model == "cnn"
+                      else (784,), num_classes=10, replicas=args.replicas, **extra,
                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                       lr_decay=args.lr_decay, batch_size=args.batch_size, epochs=args.epochs,
                       device=name if args.device == "by-name" else args.device,

@@ -219,6 +219,80 @@ def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
     assert abs(acc_faulty - sum(acc_clean) / 2) <= 0.01, (acc_faulty, acc_clean)
 
 
+def _server_epoch_done(run, epoch=1):
+    metrics = run / "metrics.jsonl"
+    return metrics.exists() and metrics.read_text().count('"type": "server_epoch"') >= epoch
+
+
+def test_model_parallel_replica_killed_mid_fit_resumes_where_the_server_is(venv_bin, tmp_path):
+    """Kill the Python worker of partition 1 of a model-parallel replica (R = 1 x F = 2) after
+    epoch 1: Spark retries the barrier stage and both tasks go on at the first epoch the
+    server had not finished, not at epoch 1; the fit ends as accurate as an uninterrupted one."""
+    EPOCHS = 4
+    log, report = _fit_with_a_kill(
+        venv_bin, tmp_path, ["--epochs", str(EPOCHS), "--strategy", "downpour", "--model", "fc",
+                             "--partitions", "2", "--replicas", "1", "--batch-size", "32"],
+        _server_epoch_done, "worker-1.json")
+    clean, faulty = report["fits"]["clean"], report["fits"]["faulty"]
+    assert "Python worker exited unexpectedly" in log
+    tasks = faulty["info"]["workers"]
+    assert [t["partition"] for t in tasks] == [0, 1]
+    # the barrier stage ran again (a new stage attempt), both tasks from the server's epoch
+    assert all(t["resumed_at"] for t in tasks), tasks
+    resumed = {t["resumed_at"]["epoch"] for t in tasks}
+    assert len(resumed) == 1 and resumed.pop() >= 2, tasks
+    assert [h["epoch"] for h in faulty["history"]] == list(range(1, EPOCHS + 1))
+    acc_clean = clean["history"][-1]["val_accuracy"]
+    assert acc_clean > 0.9
+    assert abs(faulty["history"][-1]["val_accuracy"] - acc_clean) <= 0.01
+
+
+def test_downpour_driver_killed_after_epoch_two_resumes_from_its_checkpoint(venv_bin, tmp_path):
+    """SIGKILL the whole spark-submit (driver, parameter server, executors) once the server's
+    checkpoint holds epoch 2; the same job again with the same run directory starts at epoch
+    3 and ends within a point of an uninterrupted fit."""
+    import signal
+    import time
+
+    import torch
+    EPOCHS = 5
+    out, runs = tmp_path / "out.json", tmp_path / "runs"
+    args = [str(venv_bin / "spark-submit"), "--properties-file",
+            str(ROOT / "conf/spark/local-cluster.conf"), str(ALLREDUCE_JOB), str(out),
+            str(runs), "--strategy", "downpour", "--model", "fc", "--batch-size", "32",
+            "--epochs", str(EPOCHS)]
+    ckpt = runs / "resumed" / "checkpoint.pt"
+    proc = subprocess.Popen(args + ["--fits", "resumed"], cwd=ROOT, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        t0 = time.time()
+        while not (ckpt.exists() and
+                   torch.load(ckpt, weights_only=True)["epoch"] >= 2):
+            assert proc.poll() is None, "the job ended before epoch 2 was checkpointed"
+            assert time.time() - t0 < 240, "no checkpoint of epoch 2 in 240 s"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    killed_at = torch.load(ckpt, weights_only=True)["epoch"]
+    assert killed_at < EPOCHS
+    log = subprocess.run(args + ["--fits", "resumed,clean"], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=400)
+    assert log.returncode == 0, log.stdout[-3000:] + log.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "error" not in report, report["error"]
+    resumed, clean = report["fits"]["resumed"], report["fits"]["clean"]
+    assert resumed["info"]["resumed_from_epoch"] == killed_at
+    assert {w["resumed_at"]["epoch"] for w in resumed["info"]["workers"]} == {killed_at + 1}
+    assert [h["epoch"] for h in resumed["history"]] == list(range(1, EPOCHS + 1))
+    acc_clean = clean["history"][-1]["val_accuracy"]
+    assert acc_clean > 0.9
+    assert abs(resumed["history"][-1]["val_accuracy"] - acc_clean) <= 0.01
+
+
 MEMORY_JOB = ROOT / "tests" / "cluster" / "memory_job.py"
 # RLIMIT_AS of each Python worker. A worker's address space is about 2 GB before the model
 # (torch, gloo's threads and their malloc arenas); partitions=1 then needs about 1.9 GB more

@@ -206,7 +206,12 @@ def test_mnist_job_with_the_allreduce_strategy(spark, tmp_path):
     assert (tmp_path / "cnn-sgd-allreduce" / "checkpoint.pt").exists()
 
 
-def test_char_lstm_job_with_the_allreduce_strategy(spark, tmp_path):
+@pytest.mark.parametrize("strategy,partitions,seq_len", [("allreduce", 1, 25),
+                                                       ("allreduce", 1, 100),
+                                                       ("downpour", 1, 100),
+                                                       ("downpour", 2, 100)])
+def test_char_lstm_job_on_spark_carries_the_state_across_windows(spark, tmp_path, strategy,
+                                                                 partitions, seq_len):
     from spark_dl.config import load_toml
     from spark_dl.recipes.charlm import CharConfig, train_char
 
@@ -214,14 +219,48 @@ def test_char_lstm_job_with_the_allreduce_strategy(spark, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text((ROOT / "data/text/tinyshakespeare.txt").read_text()[:30000])
     cfg = load_toml(CharConfig, ROOT / "conf/jobs/char_lstm.toml", {
-        "corpus": str(corpus), "hidden": 32, "layers": 1, "seq_len": 25, "tbptt": 25,
-        "batch_size": 16, "updates": 120, "sample_len": 40, "strategy": "allreduce",
+        "corpus": str(corpus), "hidden": 32, "layers": 1, "seq_len": seq_len, "tbptt": 25,
+        "batch_size": 16, "updates": 120, "sample_len": 40, "strategy": strategy,
+        "partitions": partitions, "optimizer": "rmsprop",
         "run.out_dir": str(tmp_path / "out"), "run.device": "cpu"})
     r = train_char(cfg, log=lambda s: None, spark=spark)
-    # 27,000 training characters -> 1,079 windows of 25 -> 34 steps of 2 x 16 per epoch
-    assert r["replicas"] == 2 and r["epochs"] == 4 and r["updates"] == 136
+    # 27,000 training characters over 2 tasks, each read as 16 / F streams of 25-character
+    # windows: 33 steps per epoch (F = 1), 67 (F = 2), cut to whole sequences of
+    # seq_len / 25 windows
+    carry = seq_len // 25
+    steps = 33 if partitions == 1 else 67
+    steps -= steps % carry
+    assert r["carried_windows"] == carry and r["updates"] == steps * r["epochs"] >= 120
+    assert r["replicas"] == 2 // partitions and r["batch_size"] == 16
     assert r["history"][-1]["loss"] < r["history"][0]["loss"] < np.log(r["vocab"])
     assert r["val_loss"] < np.log(r["vocab"]) and len(r["sample"]) == 7 + 40
+
+
+def test_char_windows_come_in_stream_order(spark):
+    """Row j of step s is window s of stream j: each window continues the one a step before."""
+    from spark_dl.data import CharVocab
+    from spark_dl.recipes.charlm import _window_frame
+
+    from ..conftest import ROOT
+    path = ROOT / "data/text/tinyshakespeare.txt"
+    text = path.read_text()
+    vocab = CharVocab.from_text(text)
+    ids = vocab.encode(text)[:5000]
+    df = _window_frame(spark, str(path), vocab.to_json(), 0, 5000, 10, 2, 4, 3)
+    parts = df.rdd.glom().collect()
+    assert len(parts) == 2
+    for p, part in enumerate(parts):
+        x = np.array([r.features for r in part])
+        y = np.array([r.label for r in part])
+        assert len(x) % (4 * 3) == 0                      # whole sequences of 3 windows
+        steps = x.reshape(-1, 4, 10)                       # (step, stream, T)
+        # stream j of partition p starts at p * 2500 + j * L, L = 2499 // 4 characters
+        np.testing.assert_array_equal(steps[0], [ids[p * 2500 + j * 624:][:10]
+                                                 for j in range(4)])
+        np.testing.assert_array_equal(y[:, :-1], x[:, 1:])  # targets shifted by one
+        for s in range(1, len(steps)):
+            # the next window of a stream starts with the previous window's last target
+            np.testing.assert_array_equal(steps[s, :, 0], y.reshape(-1, 4, 10)[s - 1, :, -1])
 
 
 def test_bf16_autocast_keeps_float32_master_weights(spark, tmp_path):

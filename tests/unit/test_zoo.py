@@ -244,3 +244,29 @@ def test_fit_history_checkpoint_and_determinism(mnist, tmp_path):
     for p, q in zip(m1.parameters(), fresh.parameters()):
         assert torch.equal(p, q)
     assert not list(tmp_path.glob(".*tmp*"))                  # atomic write left nothing
+
+
+def test_charlm_carries_the_state_over_a_sequence_of_windows():
+    """carry=2: the second batch starts from the first's final state (detached), the third
+    from zero again; a batch of another size, or eval mode, starts from zero."""
+    from spark_dl.models import CharLM
+    torch.manual_seed(0)
+    lm = CharLM(7, hidden=5, layers=1, kind="lstm", carry=2)
+    g = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randint(0, 7, (3, 4), generator=g) for _ in range(3))
+    rnn = lm.rnn
+    with torch.no_grad():
+        ref_a, state = rnn(a)
+        ref_b, _ = rnn(b, state)
+        ref_c, _ = rnn(c)
+        out = [lm(a), lm(b), lm(c)]
+    assert torch.allclose(out[0], ref_a) and torch.allclose(out[1], ref_b)
+    assert torch.allclose(out[2], ref_c)                   # a new sequence: reset
+    assert not torch.allclose(out[1], rnn(b)[0])           # the carried state mattered
+    with torch.no_grad():
+        lm(a)                                               # batch 4 starts a sequence
+        assert torch.allclose(lm(b[:2]), rnn(b[:2])[0])     # another batch size: reset
+        lm.eval()
+        assert torch.allclose(lm(c), ref_c)                 # eval: always from zero
+    with pytest.raises(ValueError, match="carry must be >= 1"):
+        CharLM(7, carry=0)
