@@ -110,7 +110,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
         ps_shards: int | None = None, wire_dtype: str = "float32",
         max_staleness: int | None = None, overlap: bool = False,
-        partitions: int | str = 1, data: str = "auto",
+        partitions: int | str = 1, model_parallel: str = "collective", data: str = "auto",
         shuffle_buffer: int | str = "256MB", transform: Callable | None = None,
         track=None) -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
@@ -132,7 +132,11 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       and each push and fetch their own slice: Downpour over model-parallel replicas, in a
       barrier stage of replicas x F tasks; modes async and sequential; "auto": the cost
       model's planner picks F and R for an FC net, with the link measured by a probe job and
-      the memory of a task from spark.executor.pyspark.memory).
+      the memory of a task from spark.executor.pyspark.memory), model_parallel (with
+      partitions > 1: "collective", each layer's all-gather and all-reduce, any supported
+      model; "thesis", the thesis's master algorithm of §3.2 for FC nets with cross-entropy:
+      the master holds the batch, hypercube all-to-all of activations, δ contributions
+      summed on the master).
     lr_decay: the learning rate is multiplied by it after every epoch.
     batch_size: per replica and micro-batch; ``accumulate`` micro-batches make one step, so the
       global batch is replicas x accumulate x batch_size.
@@ -210,6 +214,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
             raise ConfigError("partitions > 1 runs modes 'async' and 'sequential' without "
                               "max_staleness (each partition is its own parameter-server "
                               "shard, pushed by the replicas' tasks of that partition)")
+        if model_parallel not in ("collective", "thesis"):
+            raise ConfigError(f"model_parallel must be 'collective' or 'thesis', got "
+                              f"{model_parallel!r}")
         if overlap and mode != "async":
             raise ConfigError(f"overlap=True needs mode='async' (got {mode!r}): sync and "
                               f"sequential rounds wait for the server by design")
@@ -244,6 +251,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         vx = vx.reshape(len(vx), *shape) if len(shape) else vx
         validation = (vx.astype(np.float64 if dtype == "float64" else np.float32), vy)
     model_fn = _model_factory(model)
+    if strategy == "downpour" and model_parallel == "thesis":
+        _check_thesis(model_fn, loss_name, partitions)
     tracker = Tracker(track)
 
     spark = df.sparkSession
@@ -293,7 +302,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
                 n_push=1 if mode == "sync" else n_push, mode=mode, shuffle=shuffle, seed=seed,
                 dtype=dtype, wire_dtype=wire_dtype, device=device, threads=threads,
                 timeout_s=timeout_s, overlap=bool(overlap), data=data,
-                shuffle_buffer=shuffle_buffer, transform=transform, resume=resume),
+                shuffle_buffer=shuffle_buffer, transform=transform, resume=resume,
+                model_parallel=model_parallel),
             server_optimizer or _server_optimizer(optimizer, momentum), lr, momentum,
             ps_shards, max_staleness, lr_decay, partitions)
     if parts != replicas or _narrow_merges(df):
@@ -478,6 +488,31 @@ class _Layout:
             torch.nn.utils.vector_to_parameters(
                 flat[a:b], [q for q in part.parameters() if q.requires_grad])
         self.net.load_state_dict(merge_partitions(self.net, self.parts))
+
+
+def _check_thesis(model_fn, loss_name: str, partitions) -> None:
+    """model_parallel='thesis' runs FC nets with softmax cross-entropy, every layer split."""
+    if partitions == 1:
+        raise ConfigError("model_parallel='thesis' is how partitions > 1 split the model; "
+                          "give partitions=F (or leave model_parallel alone)")
+    from .parallel import cost_model
+    from .parallel.model_parallel import fc_activation
+    with torch.device("meta"):
+        net = model_fn()
+    sizes = cost_model.fc_sizes(net)
+    if sizes is None:
+        raise ConfigError("model_parallel='thesis' runs FC nets (a chain of Linear layers); "
+                          "use model_parallel='collective' for this model")
+    try:
+        fc_activation(net)
+    except ValueError as e:
+        raise ConfigError(f"model_parallel='thesis': {e}") from None
+    if loss_name != "cross_entropy":
+        raise ConfigError(f"model_parallel='thesis' trains with softmax cross-entropy, not "
+                          f"{loss_name!r}")
+    if isinstance(partitions, int) and min(sizes[1:]) < partitions:
+        raise ConfigError(f"model_parallel='thesis' splits every layer: a layer of "
+                          f"{min(sizes[1:])} units cannot go over partitions={partitions}")
 
 
 def _completed_epochs(history: list[dict]) -> int:
@@ -673,7 +708,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
             "wall_seconds": time.perf_counter() - t_start,
             "rejected_messages": channel.rejected}
     if partitions > 1:
-        info["model_parallel"] = layout.describe()
+        info["model_parallel"] = {**layout.describe(), "algorithm": cfg.model_parallel}
     info["resumed_from_epoch"] = resumed["epoch"] if resumed is not None else None
     history.sort(key=lambda h: h["epoch"])
     write_history(run_path / "history.csv", history)

@@ -35,6 +35,7 @@ class DownpourConfig(StageConfig):
     wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
     overlap: bool = False              # async: a push travels while the next step computes
     resume: bool = True                # a run_dir with a server checkpoint goes on from it
+    model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "thesis"
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -139,12 +140,16 @@ def _out_of_memory(comm, slice_bytes: int | None = None):
           f"to let the planner choose) or give the Python workers more memory") from None
 
 
-def _partitioned_model(model_fn: Callable, comm, dtype) -> torch.nn.Module:
+def _partitioned_model(model_fn: Callable, comm, dtype, algorithm: str = "collective"
+                       ) -> torch.nn.Module:
     """This task's slice of the model, without materialising the whole model: built on the
-    meta device and cut; _flatten allocates the slice (its values come from the server)."""
-    from spark_dl.parallel.model_parallel import partition_model
+    meta device and cut; _flatten allocates the slice (its values come from the server).
+    ``algorithm`` "thesis": the FC net as ThesisFC (the thesis's master algorithm)."""
+    from spark_dl.parallel.model_parallel import ThesisFC, fc_activation, partition_model
     with torch.device("meta"):
         full = model_fn().to(dtype)
+    if algorithm == "thesis":
+        return ThesisFC(full, comm, fc_activation(full))
     return partition_model(full, comm)
 
 
@@ -191,7 +196,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         if comm is None:
             model = model_fn().to(device=device, dtype=dtype)
         else:
-            model = _partitioned_model(model_fn, comm, dtype)
+            model = _partitioned_model(model_fn, comm, dtype, cfg.model_parallel)
     except (MemoryError, RuntimeError) as e:
         if not _is_out_of_memory(e):
             raise
@@ -240,6 +245,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     staleness: Counter = Counter()
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
+    thesis = comm is not None and cfg.model_parallel == "thesis"
     rows_total = len(shard) if comm is None else None
     for epoch in range(resume_epoch, cfg.epochs):
         first = resume_step if epoch == resume_epoch else 0
@@ -263,8 +269,14 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 y = y.to(device=device)
                 if y.is_floating_point():
                     y = y.to(dtype)
-                loss = loss_fn(model(x), y)
-                (loss * len(x)).backward()        # grad += the per-sample gradient sum
+                if thesis:                        # the master holds the batch (§3.2)
+                    master = part == 0
+                    loss = model.step(x if master else None, y if master else None, len(x),
+                                      grad_scale=len(x))
+                    loss = torch.tensor(loss if master else 0.0)
+                else:
+                    loss = loss_fn(model(x), y)
+                    (loss * len(x)).backward()    # grad += the per-sample gradient sum
                 acc_samples += len(x)
                 loss_sum += float(loss.detach()) * len(x)
                 samples += len(x)

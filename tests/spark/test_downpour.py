@@ -85,14 +85,18 @@ def test_overlapped_push_is_sgd_delayed_by_one_step(spark, tmp_path):
     assert res.info["staleness_histogram"] == {0: 1, 1: 11}
 
 
+@pytest.mark.parametrize("algorithm", ["collective", "thesis"])
 def test_model_parallel_replica_is_single_process_sgd_on_the_union_of_its_batches(spark,
-                                                                                   tmp_path):
-    # one replica split over 2 tasks by columns; step s trains on both tasks' batch s
+                                                                                   tmp_path,
+                                                                                   algorithm):
+    # one replica split over 2 tasks by columns; step s trains on both tasks' batch s, with
+    # the all-gather layers or with the thesis's master algorithm
     x, y = data(40, seed=12)
     res = fit(frame(spark, x, y, [24, 16]), small_fc, strategy="downpour", partitions=2,
               replicas=1, batch_size=8, epochs=2, lr=0.5, lr_decay=0.5, momentum=0.9,
               shuffle=False, dtype="float64", wire_dtype="float64", run_dir=tmp_path / "run",
-              log=None)
+              log=None, model_parallel=algorithm)
+    assert res.info["model_parallel"]["algorithm"] == algorithm
     assert_same_weights(res.model, reference_epochs(x, y, [24, 16], 8, 2, 0.5, 0.9, 0.5))
     assert res.info["server"]["shards"] == 2 and res.info["server"]["versions"] == [6, 6]
     tasks = res.info["workers"]
@@ -193,6 +197,29 @@ def test_sequential_mode_applies_every_push_in_turn(spark, tmp_path):
     # each worker: 8 mini-batches, pushed 2 at a time
     assert [w["pushes"] for w in res.info["workers"]] == [4, 4]
     assert res.info["server"]["versions"] == [8]
+
+
+def test_thesis_algorithm_refuses_what_it_cannot_run(spark):
+    x, y = data(16)
+    df = frame(spark, x, y, [8, 8])
+    kw = dict(strategy="downpour", partitions=2, model_parallel="thesis", log=None)
+    with pytest.raises(ConfigError, match="runs FC nets"):
+        fit(df, narrow_fc_conv, **kw)
+    with pytest.raises(ConfigError, match="a layer of 1 units cannot go over partitions=2"):
+        fit(df, lambda: FCNet((12, 1, 3)), **kw)
+    with pytest.raises(ConfigError, match="needs one hidden activation"):
+        fit(df, narrow_fc, **kw)
+    with pytest.raises(ConfigError, match="softmax cross-entropy"):
+        fit(df, small_fc, loss=first_three_ce, **kw)
+    with pytest.raises(ConfigError, match="give partitions=F"):
+        fit(df, small_fc, **{**kw, "partitions": 1})
+    with pytest.raises(ConfigError, match="model_parallel must be 'collective' or 'thesis'"):
+        fit(df, small_fc, **{**kw, "model_parallel": "megatron"})
+
+
+def narrow_fc_conv():
+    return torch.nn.Sequential(torch.nn.Unflatten(1, (1, 12)), torch.nn.Conv1d(1, 2, 3),
+                               torch.nn.Flatten(), torch.nn.Linear(20, 3))
 
 
 def test_downpour_argument_errors(spark):

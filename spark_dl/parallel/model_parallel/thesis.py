@@ -34,10 +34,40 @@ from torch import nn
 
 from .comm import Comm, split_sizes
 
-__all__ = ["ThesisFC"]
+__all__ = ["ThesisFC", "fc_activation"]
 
 _DERIVATIVE = {"sigmoid": lambda a: a * (1 - a), "tanh": lambda a: 1 - a * a,
                "relu": lambda a: (a > 0).to(a.dtype)}
+
+
+class _Columns(nn.Module):
+    """One layer's columns: weight (b_i/F, b_i-1) then bias, the parameter order of the
+    all-gather layers (ColumnLinear), so that both share one parameter-server layout."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(weight), nn.Parameter(bias)
+
+
+_ACTIVATIONS = {nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.ReLU: "relu"}
+
+
+def fc_activation(net: nn.Module) -> str:
+    """The hidden activation of an FC net (one of sigmoid, tanh, relu), or a ValueError
+    naming what the thesis algorithm cannot run."""
+    found = set()
+    for name, m in net.named_modules():
+        if isinstance(m, nn.Linear) or not m._parameters and list(m.children()):
+            continue
+        if type(m) in _ACTIVATIONS:
+            found.add(_ACTIVATIONS[type(m)])
+        elif name:
+            raise ValueError(f"layer {name} ({type(m).__name__}): the thesis algorithm runs FC "
+                             f"nets of Linear layers with sigmoid, tanh or relu between them")
+    if len(found) > 1:
+        raise ValueError(f"the thesis algorithm needs one hidden activation, the net has "
+                         f"{sorted(found)}")
+    return found.pop() if found else "sigmoid"
 
 
 class ThesisFC(nn.Module):
@@ -54,11 +84,26 @@ class ThesisFC(nn.Module):
         self.comm, self.act, self.d_act = comm, getattr(torch, act), _DERIVATIVE[act]
         self.widths = [linears[0].in_features] + [m.out_features for m in linears]
         self.splits = [None] + [split_sizes(b, comm.size) for b in self.widths[1:]]
-        self.weight, self.bias = nn.ParameterList(), nn.ParameterList()
+        self.layers = nn.ModuleList()
         for i, m in enumerate(linears, start=1):
             cols = self._cols(i, comm.rank)
-            self.weight.append(nn.Parameter(m.weight.detach()[cols].clone()))   # (b_i/F, b_i-1)
-            self.bias.append(nn.Parameter(m.bias.detach()[cols].clone()))
+            self.layers.append(_Columns(m.weight.detach()[cols].clone(),      # (b_i/F, b_i-1)
+                                        m.bias.detach()[cols].clone()))
+
+    @property
+    def weight(self) -> list[nn.Parameter]:
+        return [m.weight for m in self.layers]
+
+    @property
+    def bias(self) -> list[nn.Parameter]:
+        return [m.bias for m in self.layers]
+
+    @staticmethod
+    def _set_grad(p: nn.Parameter, g: torch.Tensor, scale: float | None) -> None:
+        if scale is None or p.grad is None:
+            p.grad = g if scale is None else g * scale
+        else:
+            p.grad.add_(g, alpha=scale)
 
     def _cols(self, layer: int, rank: int) -> slice:
         sizes = self.splits[layer]
@@ -74,11 +119,13 @@ class ThesisFC(nn.Module):
             c.all_gather(chunks, a_p, "forward_ring")
         return torch.cat(chunks, 1)                           # (B, b_i)
 
-    def step(self, x: torch.Tensor | None, y: torch.Tensor | None, batch: int) -> float | None:
+    def step(self, x: torch.Tensor | None, y: torch.Tensor | None, batch: int,
+             grad_scale: float | None = None) -> float | None:
         """Forward and backward of one mini-batch: fills the ``.grad`` of this rank's slices
-        (replacing them) and returns the mean cross-entropy on the master (None elsewhere).
-        ``x`` (B, b_0) and ``y`` (B,) class ids are given on the master; other ranks pass
-        None and the batch size. Collective: every rank calls it."""
+        (replacing them; with ``grad_scale`` s, adding s x the mean gradient to them, as
+        ``(loss * s).backward()`` would) and returns the mean cross-entropy on the master
+        (None elsewhere). ``x`` (B, b_0) and ``y`` (B,) class ids are given on the master;
+        other ranks pass None and the batch size. Collective: every rank calls it."""
         c, n_layers = self.comm, len(self.weight)
         master, dtype = c.rank == 0, self.weight[0].dtype
         B, b0, out_sizes = batch, self.widths[0], self.splits[-1]
@@ -119,8 +166,8 @@ class ThesisFC(nn.Module):
             delta = ((z_p - log_z[:, None]).exp() - y_p) / B                # (B, b_out/F)
             # backward, top down
             for i in range(n_layers - 1, -1, -1):
-                self.weight[i].grad = delta.T @ acts[i]       # (b_i+1/F, b_i)
-                self.bias[i].grad = delta.sum(0)
+                self._set_grad(self.weight[i], delta.T @ acts[i], grad_scale)  # (b_i+1/F, b_i)
+                self._set_grad(self.bias[i], delta.sum(0), grad_scale)
                 if i == 0:
                     break
                 contrib = delta @ self.weight[i]              # (B, b_i): W_p δ_p
