@@ -422,9 +422,12 @@ def _plan_partitions(spark, model_fn, batch_size, slots, dtype, log) -> tuple[in
     if sizes is None:
         raise ConfigError("partitions='auto' plans FC nets (a chain of Linear layers); give "
                           "partitions=F for this model")
-    link = cost_model.probe_cluster(spark) if slots >= 2 else cost_model.Link(0.0, 0.0)
+    if slots >= 2:
+        link, flops = cost_model.probe_cluster(spark, with_flops=True)
+    else:
+        link, flops = cost_model.Link(0.0, 0.0), cost_model.probe_flops()
     memory = _task_memory(spark)
-    plan = cost_model.plan(sizes, batch_size, cost_model.Cluster(slots, memory, link),
+    plan = cost_model.plan(sizes, batch_size, cost_model.Cluster(slots, memory, link, flops),
                            itemsize=8 if dtype == "float64" else 4)
     if log is not None:
         log(f"partitions='auto': {plan.explanation} (link: {link.t_lat * 1e6:.0f} us per "

@@ -10,8 +10,12 @@ gives the exact messages and bytes of one step of the implementation
 (model_parallel/thesis.py, which documents where and why it departs from the printed
 counts); ``collective_counts`` those of the all-gather / all-reduce layers
 (model_parallel/layers.py) for a chain of Linear layers. ``probe`` measures T_lat and T_data
-on the running process group; ``plan`` recommends F (partitions per model) and R (replicas)
-for a model and a cluster, and explains the prediction.
+on the running process group, ``probe_flops`` a task's matmul rate; ``plan`` recommends F
+(partitions per model) and R (replicas) for a model and a cluster, and explains the
+prediction: compute, the layers' collectives, each replica's parameter-server traffic, and a
+task's memory (its slice of the parameters, gradients and optimizer state plus the
+activations a step keeps for backward, seed 002 §3.2: every layer's output feature maps,
+held from the forward pass until the gradients are computed).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from .model_parallel.comm import Comm, split_sizes
 
 __all__ = ["thesis_published", "thesis_counts", "collective_counts", "predict_seconds",
-           "probe", "Link", "Cluster", "plan", "Plan"]
+           "probe", "probe_flops", "Link", "Cluster", "plan", "Plan", "activation_bytes"]
 
 
 def thesis_published(sizes: list[int], F: int, M: int, unit: int = 1) -> dict:
@@ -120,13 +124,39 @@ def probe(comm: Comm, small: int = 8, large: int = 1 << 22, repeats: int = 20) -
     return Link(float(link[0]), float(link[1]))
 
 
+def probe_flops(n: int = 512, batch: int = 256, repeats: int = 5) -> float:
+    """This process's dense matmul rate in flop/s (the median of ``repeats`` products of a
+    (batch, n) by an (n, n) float32 matrix, with torch's current thread count)."""
+    import torch
+    a, w = torch.randn(batch, n), torch.randn(n, n)
+    a @ w                                                      # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ w
+        times.append(time.perf_counter() - t0)
+    return 2 * batch * n * n / max(sorted(times)[len(times) // 2], 1e-9)
+
+
+def activation_bytes(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> int:
+    """What one step of a column-partitioned FC net keeps for backward on a task (seed 002
+    §3.2's per-layer estimate: each layer's output, held from forward until its gradient is
+    computed): the replicated input and gathered outputs of every layer, plus this task's
+    slices before the activation, and their gradients while backward runs."""
+    gathered = sum(sizes)                                   # a^0 .. a^n, replicated
+    slices = sum(-(-b // F) for b in sizes[1:])             # z_p of every layer
+    return batch * itemsize * (2 * gathered + slices)
+
+
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """What the planner needs to know: task slots and their memory, and the link."""
+    """What the planner needs to know: task slots and their memory, the link, and one task's
+    compute rate (``probe_flops``; measured by fit(partitions="auto") on the cluster)."""
     slots: int                         # executors x cores / spark.task.cpus
     memory_bytes: int                  # per task (e.g. spark.executor.pyspark.memory / cores)
     link: Link
-    flops_per_s: float = 2e10          # one task's dense matmul rate (measure with probe_flops)
+    flops_per_s: float = 2e10          # one task's dense matmul rate (probe_flops)
+    server_link: Link | None = None    # tasks <-> the driver's parameter server (default: link)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,46 +169,60 @@ class Plan:
 
 
 def plan(sizes: list[int], batch: int, cluster: Cluster, optimizer_slots: int = 1,
-         itemsize: int = 4, candidates: list[int] | None = None) -> Plan:
+         itemsize: int = 4, candidates: list[int] | None = None,
+         parameter_server: bool = True) -> Plan:
     """Choose F (and R = slots // F) for an FC net of layer widths ``sizes`` trained with the
     all-gather / all-reduce layers: the F with the least predicted time per sample among those
-    whose slice (parameters, gradients, ``optimizer_slots`` optimizer states) fits a task's
-    memory. Prediction per step: compute 6 B P / F flops at ``flops_per_s`` plus the counted
-    communication on the link."""
+    whose task memory (slice of parameters, gradients and ``optimizer_slots`` optimizer
+    states, plus ``activation_bytes``) fits. Prediction per step: compute 6 B P / F flops at
+    ``flops_per_s``, the counted collectives on the link, and (``parameter_server``: Downpour
+    pushing and fetching every step) each replica's push and fetch of its P parameters, the
+    R replicas sharing the server's link."""
     params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
     candidates = candidates or [f for f in (1, 2, 3, 4, 6, 8, 12, 16) if f <= cluster.slots]
+    server = cluster.server_link or cluster.link
     rows, best = [], None
     for F in candidates:
         state = params * itemsize * (2 + optimizer_slots) / F
+        acts = activation_bytes(sizes, F, batch, itemsize)
         comp = 6 * batch * params / F / cluster.flops_per_s
         comm = predict_seconds(collective_counts(sizes, F, batch, itemsize), cluster.link)
-        step = comp + comm
         R = max(cluster.slots // F, 1)
+        # push + fetch: the F tasks send their slices at once, the R replicas share the link
+        ps = 2 * (server.t_lat + R * params * itemsize * server.t_data) \
+            if parameter_server else 0.0
+        step = comp + comm + ps
         per_sample = step / (batch * R)
-        fits = state <= cluster.memory_bytes
-        rows.append({"F": F, "R": R, "state_bytes_per_task": int(state), "fits": fits,
-                     "compute_s": comp, "comm_s": comm, "step_s": step,
+        fits = state + acts <= cluster.memory_bytes
+        rows.append({"F": F, "R": R, "state_bytes_per_task": int(state),
+                     "activation_bytes_per_task": int(acts), "fits": fits,
+                     "compute_s": comp, "comm_s": comm, "ps_s": ps, "step_s": step,
                      "samples_per_s": batch * R / step})
         if fits and (best is None or per_sample < best[0]):
             best = (per_sample, F, R, step)
     if best is None:
         need = params * itemsize * (2 + optimizer_slots)
         raise ValueError(f"no partitioning in {candidates} fits: the model needs {need} bytes of "
-                         f"parameters, gradients and optimizer state, a task has "
+                         f"parameters, gradients and optimizer state (and "
+                         f"{activation_bytes(sizes, candidates[-1], batch, itemsize)} of "
+                         f"activations at F={candidates[-1]}), a task has "
                          f"{cluster.memory_bytes}; add executors or memory")
     _, F, R, step = best
     row = next(r for r in rows if r["F"] == F)
     why = (f"F={F}, R={R}: a task holds {row['state_bytes_per_task'] / 2**20:.1f} MiB of the "
-           f"model's state (limit {cluster.memory_bytes / 2**20:.0f} MiB); predicted step "
-           f"{step * 1e3:.2f} ms = compute {row['compute_s'] * 1e3:.2f} ms + communication "
-           f"{row['comm_s'] * 1e3:.2f} ms, {row['samples_per_s']:.0f} samples/s over {R} "
-           f"replica(s)")
+           f"model's state and {row['activation_bytes_per_task'] / 2**20:.1f} MiB of "
+           f"activations (limit {cluster.memory_bytes / 2**20:.0f} MiB); predicted step "
+           f"{step * 1e3:.2f} ms = compute {row['compute_s'] * 1e3:.2f} ms (at "
+           f"{cluster.flops_per_s / 1e9:.1f} Gflop/s) + layers' communication "
+           f"{row['comm_s'] * 1e3:.2f} ms + parameter server {row['ps_s'] * 1e3:.2f} ms, "
+           f"{row['samples_per_s']:.0f} samples/s over {R} replica(s)")
     return Plan(F, R, step, rows, why)
 
 
-def probe_cluster(spark, timeout_s: float = 120.0) -> Link:
+def probe_cluster(spark, timeout_s: float = 120.0, with_flops: bool = False):
     """T_lat and T_data between two tasks of the running cluster: a 2-task barrier stage
-    rendezvous (gloo) and runs ``probe``. A few seconds; needs two free task slots."""
+    rendezvous (gloo) and runs ``probe``. A few seconds; needs two free task slots. With
+    ``with_flops``: (Link, a task's matmul rate in flop/s from ``probe_flops``)."""
     import json as _json
     import secrets as _secrets
 
@@ -190,13 +234,18 @@ def probe_cluster(spark, timeout_s: float = 120.0) -> Link:
         from spark_dl.parallel.model_parallel import Comm
         from spark_dl.parallel.rendezvous import process_group
         ctx = BarrierTaskContext.get()
+        import torch
+        torch.set_num_threads(int(ctx.cpus() or 1))
+        flops = probe_flops()
         with process_group(ctx, "gloo", secret, {"error": None}, timeout_s) as (rank, _, _s):
             link = probe(Comm())
         if rank == 0:
-            yield _json.dumps({"t_lat": link.t_lat, "t_data": link.t_data})
+            yield _json.dumps({"t_lat": link.t_lat, "t_data": link.t_data, "flops": flops})
 
     out = spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(task).collect()
-    return Link(**_json.loads(out[0]))
+    got = _json.loads(out[0])
+    flops = got.pop("flops")
+    return (Link(**got), flops) if with_flops else Link(**got)
 
 
 def fc_sizes(model) -> list[int] | None:

@@ -192,6 +192,29 @@ def test_split_sizes_and_the_planner():
         cost_model.plan(wide, 16, cost_model.Cluster(slots=2, memory_bytes=100 << 20, link=link))
 
 
+def test_the_planner_prices_the_server_the_activations_and_a_measured_rate():
+    sizes = [784, 480, 160, 10]
+    P = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    link = cost_model.Link(t_lat=50e-6, t_data=1e-9)
+    flops = cost_model.probe_flops()
+    assert 1e8 < flops < 1e14                       # a real measurement, of a real CPU
+    cluster = cost_model.Cluster(slots=4, memory_bytes=2 << 30, link=link, flops_per_s=flops)
+    p = cost_model.plan(sizes, 16, cluster)
+    for row in p.table:                             # push + fetch, R replicas share the link
+        assert row["ps_s"] == pytest.approx(2 * (50e-6 + row["R"] * P * 4 * 1e-9))
+        assert row["step_s"] == pytest.approx(row["compute_s"] + row["comm_s"] + row["ps_s"])
+        # seed 002 §3.2: every layer's output kept for backward (and its gradient)
+        F = row["F"]
+        assert row["activation_bytes_per_task"] == 16 * 4 * (
+            2 * sum(sizes) + sum(-(-b // F) for b in sizes[1:]))
+    assert "parameter server" in p.explanation and "activations" in p.explanation
+    no_ps = cost_model.plan(sizes, 16, cluster, parameter_server=False)
+    assert all(r["ps_s"] == 0 for r in no_ps.table)
+    # activations alone can rule a split out: a huge batch does not fit any F
+    with pytest.raises(ValueError, match="of activations at F="):
+        cost_model.plan(sizes, 200_000, cost_model.Cluster(4, 1 << 30, link, flops))
+
+
 @pytest.mark.parametrize("F", [1, 2, 3])
 def test_cut_and_merge_give_back_the_model(F):
     # the driver cuts a model into the partitions' slices (Comm.layout) and merges the
