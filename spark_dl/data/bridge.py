@@ -123,6 +123,20 @@ def _join(chunks: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(chunks)
 
 
+def _row_length(lengths: np.ndarray, shape, name: str, where: str, row0: int, unit: str,
+                fix: str) -> int:
+    """The length every row must have (from ``shape``, else the first row's); a DataError
+    naming the first row that differs."""
+    want = int(np.prod(shape)) if len(shape) else (int(lengths[0]) if len(lengths) else 0)
+    bad = np.flatnonzero(lengths != want)
+    if len(bad):
+        r = int(bad[0])
+        raise DataError(f"column '{name}': row {row0 + r} of the {where} has "
+                        f"{int(lengths[r])} {unit}, expected {want} (shape "
+                        f"{tuple(shape) or (want,)}); {fix}")
+    return want
+
+
 def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0: int,
                 dtype: np.dtype | None = None) -> np.ndarray:
     """One Arrow chunk -> a (possibly read-only) numpy view, validated; rows numbered from row0."""
@@ -142,14 +156,9 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
                                     else np.int32)[col.offset:col.offset + n + 1]
             lengths, first = np.diff(offsets), int(offsets[0])
             data = np.frombuffer(col.buffers()[2], np.uint8)
-        want = int(np.prod(shape)) if len(shape) else (int(lengths[0]) if n else 0)
-        bad = np.flatnonzero(lengths != want)
-        if len(bad):
-            r = int(bad[0])
-            raise DataError(f"column '{name}': row {row0 + r} of the {where} has "
-                            f"{int(lengths[r])} bytes, expected {want} (shape "
-                            f"{tuple(shape) or (want,)}); every row must hold one image of the "
-                            f"same size; fix or filter the odd rows")
+        want = _row_length(lengths, shape, name, where, row0, "bytes",
+                           "every row must hold one image of the same size; fix or filter the "
+                           "odd rows")
         arr = data[first:first + n * want].reshape((n, *shape) if len(shape) else (n, want))
         dtype = dtype or np.uint8
     elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -157,14 +166,8 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
             lengths = np.full(n, t.list_size)
         else:
             lengths = np.diff(col.offsets.to_numpy())
-        want = int(np.prod(shape)) if len(shape) else (int(lengths[0]) if n else 0)
-        bad = np.flatnonzero(lengths != want)
-        if len(bad):
-            r = int(bad[0])
-            raise DataError(f"column '{name}': row {row0 + r} of the {where} has "
-                            f"{int(lengths[r])} values, expected {want} (shape "
-                            f"{tuple(shape) or (want,)}); rows must all have the same length; "
-                            f"fix or filter the ragged rows")
+        want = _row_length(lengths, shape, name, where, row0, "values",
+                           "rows must all have the same length; fix or filter the ragged rows")
         values = col.flatten()
         if values.null_count:
             raise DataError(f"column '{name}' holds null elements inside its arrays in the "
