@@ -249,8 +249,9 @@ def test_model_parallel_replica_killed_mid_fit_resumes_where_the_server_is(venv_
 
 def test_downpour_driver_killed_after_epoch_two_resumes_from_its_checkpoint(venv_bin, tmp_path):
     """SIGKILL the whole spark-submit (driver, parameter server, executors) once the server's
-    checkpoint holds epoch 2; the same job again with the same run directory starts at epoch
-    3 and ends within a point of an uninterrupted fit."""
+    checkpoint holds epoch 2; the same job again with the same run directory starts at the
+    next epoch and ends within a point of an uninterrupted fit (one replica, so that the
+    asynchrony's run-to-run spread does not hide what the resume changes)."""
     import signal
     import time
 
@@ -260,7 +261,7 @@ def test_downpour_driver_killed_after_epoch_two_resumes_from_its_checkpoint(venv
     args = [str(venv_bin / "spark-submit"), "--properties-file",
             str(ROOT / "conf/spark/local-cluster.conf"), str(ALLREDUCE_JOB), str(out),
             str(runs), "--strategy", "downpour", "--model", "fc", "--batch-size", "32",
-            "--epochs", str(EPOCHS)]
+            "--epochs", str(EPOCHS), "--replicas", "1"]      # one order of pushes: no spread
     ckpt = runs / "resumed" / "checkpoint.pt"
     proc = subprocess.Popen(args + ["--fits", "resumed"], cwd=ROOT, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
