@@ -89,7 +89,7 @@ def test_downpour_and_model_parallel_replicas_train_from_streamed_shards(spark, 
     replicas = 2 // partitions
     res = fit(pixel_frame(spark, x, y, 2), net, strategy="downpour", partitions=partitions,
               replicas=replicas, mode="sequential" if partitions > 1 else "async",
-              optimizer="adam", lr=1e-2, epochs=3, batch_size=20, data="stream",
+              optimizer="adam", lr=1e-2, epochs=6, batch_size=20, data="stream",
               shuffle_buffer=120, progress=False, log=None, run_dir=tmp_path / "dp",
               validation=(x[:200].astype(np.float32) / 255, y[:200]))
     assert {w["data"] for w in res.info["workers"]} == {"stream"}
