@@ -649,8 +649,9 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
     channel = MessageServer(host, secret, on_message)
     task = downpour.make_task(cfg, model_fn, loss_fn, secret, ps.address, channel.address,
                               str(run_path), partitions)
-    if log is not None and partitions > 1 and layout.describe()["kept_whole"]:
-        log(f"partitions={partitions}: layers {', '.join(layout.describe()['kept_whole'])} are "
+    described = layout.describe() if partitions > 1 else None
+    if log is not None and described and described["kept_whole"]:
+        log(f"partitions={partitions}: layers {', '.join(described['kept_whole'])} are "
             f"narrower than {partitions} units and kept whole (trained by partition 0)")
     if log is not None:
         log(f"downpour ({cfg.mode}, n_fetch={cfg.n_fetch}, n_push={cfg.n_push}): {replicas} "
@@ -711,7 +712,7 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
             "wall_seconds": time.perf_counter() - t_start,
             "rejected_messages": channel.rejected}
     if partitions > 1:
-        info["model_parallel"] = {**layout.describe(), "algorithm": cfg.model_parallel}
+        info["model_parallel"] = {**described, "algorithm": cfg.model_parallel}
     info["resumed_from_epoch"] = resumed["epoch"] if resumed is not None else None
     history.sort(key=lambda h: h["epoch"])
     write_history(run_path / "history.csv", history)

@@ -85,9 +85,14 @@ def column_chunks(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: st
             views.append(_chunk_view(chunk, name, shape, where, row0, dtype))
         row0 += len(chunk)
     if len({v.shape[1:] for v in views}) > 1:
-        raise DataError(f"column '{name}': rows of the {where} have different lengths "
-                        f"{sorted({v.shape[1] for v in views})}; give shape= or fix the ragged rows")
+        raise ragged_rows(name, where, {v.shape[1] for v in views})
     return views
+
+
+def ragged_rows(name: str, where: str, lengths) -> DataError:
+    """The error for a column whose chunks hold rows of different lengths."""
+    return DataError(f"column '{name}': rows of the {where} have different lengths "
+                     f"{sorted(lengths)}; give shape= or fix the ragged rows")
 
 
 def column_to_numpy(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: str,

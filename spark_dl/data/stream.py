@@ -34,8 +34,8 @@ import pyarrow as pa
 import torch
 
 from ..errors import ConfigError, DataError, ResourceError
-from .bridge import ShardData, as_batch, check_labels, check_columns, storage_dtype, \
-    _chunk_view
+from .bridge import ShardData, as_batch, check_labels, check_columns, ragged_rows, \
+    storage_dtype, _chunk_view
 
 __all__ = ["StreamShard", "open_shard", "parse_buffer", "spill_directory", "DATA_MODES"]
 
@@ -79,12 +79,16 @@ def address_headroom() -> int | None:
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     if limit in (resource.RLIM_INFINITY, -1):
         return None
+    return max(limit - (proc_status_kib("VmSize") or 0) * 1024, 0)
+
+
+def proc_status_kib(field: str) -> int | None:
+    """A kB field of /proc/self/status (VmSize, VmPeak, ...), or None where there is none."""
     try:
         with open("/proc/self/status") as f:
-            vm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize"))
+            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
     except (OSError, StopIteration):
-        vm = 0
-    return max(limit - vm, 0)
+        return None
 
 
 def _memory_headroom() -> int:
@@ -398,7 +402,7 @@ def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
     budget = 0 if data == "stream" else \
         memory_budget if memory_budget is not None else int(AUTO_FRACTION * _memory_headroom())
     held: list[tuple[np.ndarray, np.ndarray | None]] = []
-    held_bytes, row0, stream, dtypes = 0, 0, None, None
+    held_bytes, row0, stream, dtypes, first_shape = 0, 0, None, None, None
     try:
         for b in batches:
             if not b.num_rows:
@@ -411,11 +415,11 @@ def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
             if label:
                 y = _chunk_view(b.column(label), label, label_shape, where, row0)
                 check_labels(y, label, num_classes, where, row0)
-            if held and (x.shape[1:] != held[0][0].shape[1:] or
-                         (y is not None and y.dtype != held[0][1].dtype)):
-                raise DataError(f"column '{features}': rows of the {where} have different "
-                                f"lengths {sorted({held[0][0].shape[1], x.shape[1]})}; give "
-                                f"shape= or fix the ragged rows")
+            if first_shape is None:
+                first_shape = x.shape[1:]
+            elif x.shape[1:] != first_shape or \
+                    (held and y is not None and y.dtype != held[0][1].dtype):
+                raise ragged_rows(features, where, {first_shape[0], x.shape[1]})
             row0 += len(x)
             if stream is None:
                 held.append((x, y))
@@ -431,10 +435,6 @@ def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
                     stream.append(hx, hy)
                 held = []
             else:
-                if x.shape[1:] != stream.feature_shape:
-                    raise DataError(f"column '{features}': rows of the {where} have different "
-                                    f"lengths {sorted({stream.feature_shape[0], x.shape[1]})}; "
-                                    f"give shape= or fix the ragged rows")
                 stream.append(x, y)
     except BaseException as e:
         if stream is not None:

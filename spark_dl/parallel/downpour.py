@@ -246,6 +246,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
     thesis = comm is not None and cfg.model_parallel == "thesis"
+    master = part == 0                            # the thesis algorithm's master
     rows_total = len(shard) if comm is None else None
     for epoch in range(resume_epoch, cfg.epochs):
         first = resume_step if epoch == resume_epoch else 0
@@ -270,7 +271,6 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 if y.is_floating_point():
                     y = y.to(dtype)
                 if thesis:                        # the master holds the batch (§3.2)
-                    master = part == 0
                     loss = model.step(x if master else None, y if master else None, len(x),
                                       grad_scale=len(x))
                     loss = torch.tensor(loss if master else 0.0)

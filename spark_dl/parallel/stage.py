@@ -50,13 +50,12 @@ def peak_memory_mb() -> dict:
     spark.executor.pyspark.memory caps) so far, in MiB: over its whole life, as Spark reuses
     workers across tasks."""
     import resource
+
+    from ..data.stream import proc_status_kib
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    try:
-        with open("/proc/self/status") as f:
-            out["peak_vm_mb"] = next(int(line.split()[1]) / 1024 for line in f
-                                     if line.startswith("VmPeak"))
-    except (OSError, StopIteration):
-        pass
+    vm_peak = proc_status_kib("VmPeak")
+    if vm_peak is not None:
+        out["peak_vm_mb"] = vm_peak / 1024
     return out
 
 
