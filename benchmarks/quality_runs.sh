@@ -4,7 +4,10 @@
 # allreduce (the thesis CNN single-process vs the all-reduce engine, same global batch),
 # downpour (the thesis CNN with asynchronous Downpour SGD on local[*] and local-cluster),
 # hybrid (the widened FC net: one process vs 2 replicas x 2 column partitions),
-# text-2cores (the char LSTM for 20 minutes on 2 CPU cores).
+# text-2cores (the char LSTM for 20 minutes on 2 CPU cores),
+# model-parallel (2 replicas x 2 column partitions on local-cluster against one process: the
+# thesis CNN, the FC net with the thesis's algorithm, the char LSTM; the SSDA split in two;
+# the thesis's Fig. 4.3 drawn from the split runs).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,4 +92,48 @@ if [ "$group" = hybrid ]; then
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named fc-wide-hybrid-local-cluster --properties-file conf/spark/local-cluster.conf \
       --master "local-cluster[2,2,1024]" "${HYBRID[@]}"
+fi
+if [ "$group" = model-parallel ]; then
+  # Every replica split over F = 2 tasks, 2 replicas, on local-cluster[2,2,1024] (two executor
+  # JVMs of 2 cores: the 4 tasks of one barrier stage), against one process with 2 threads on
+  # the same data. A replica's step is the single run's batch (each task draws half), each
+  # push one server step; server momentum 0.8 where the single run has 0.9 (two asynchronous
+  # replicas add momentum of their own). The digits: 100,000 distorted + 8,000 real (half
+  # the mnist group's, to fit the session).
+  BIN="$(cd "$(dirname "$PY")" && pwd)"
+  SUBMIT=(--properties-file conf/spark/local-cluster.conf --master "local-cluster[2,2,1024]")
+  MP=(--set train.strategy=downpour --set train.partitions=2 --set train.replicas=2)
+  run_named cnn-mp-single jobs/train_mnist.py --config conf/jobs/cnn.toml \
+      --set data.extended_samples=100000 --set run.threads=2
+  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+      run_named cnn-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/cnn.toml \
+      --set data.extended_samples=100000 "${MP[@]}" --set train.batch_size=8 \
+      --set train.momentum=0.8
+  FC=(--set data.extended_samples=100000 --set train.optimizer=sgd --set train.lr=0.1)
+  run_named fc-mp-single jobs/train_mnist.py --config conf/jobs/fc.toml "${FC[@]}" \
+      --set train.batch_size=32 --set run.threads=2
+  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+      run_named fc-thesis-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/fc.toml \
+      "${FC[@]}" "${MP[@]}" --set train.model_parallel=thesis --set train.batch_size=16 \
+      --set train.momentum=0.8 --set train.lr=0.15
+  # char LSTM: 3,000 server updates each (single: 3,000 steps of 32 sequences; 2 x 2: each
+  # replica 1,500 steps of 2 tasks x 16 streams, 150 steps an epoch, 10 epochs)
+  run_named char-mp-single jobs/train_char.py --config conf/jobs/char_lstm.toml \
+      --set updates=3000 --set run.threads=2
+  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+      run_named char-lstm-2x2 "${SUBMIT[@]}" jobs/train_char.py \
+      --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=2 \
+      --set replicas=2 --set updates=1500
+  SPARK_LOCAL_IP=127.0.0.1 "$PY" benchmarks/quality_ssda_partitions.py \
+      --out "$DEST/ssda-partitions.json" 2>&1 | tee "$DEST/ssda-partitions.log"
+  "$PY" - "$DEST" <<'PLOT'
+import json, sys
+from pathlib import Path
+from spark_dl.runs import plot_convergence
+dest = Path(sys.argv[1])
+for name, title in (("fc-thesis-2x2", "FC 784-480-160-10, thesis algorithm, R = 2 x F = 2"),
+                    ("cnn-2x2", "thesis CNN, R = 2 x F = 2")):
+    h = json.loads((dest / f"{name}.json").read_text())["history"]
+    plot_convergence(dest / f"fig4.3-{name}.png", {name: h}, f"Fig. 4.3: {title}")
+PLOT
 fi

@@ -64,6 +64,7 @@ class TrainConfig:
     overlap: bool = False           # downpour async: pushes travel while the next step computes
     partitions: int | str = 1       # downpour: split every replica's model over this many
                                     # tasks; "auto": the cost model's planner chooses
+    model_parallel: str = "collective"  # partitions > 1: "collective" layers or "thesis" (FC)
     fc_hidden: tuple = (480, 160)   # the FC net's hidden widths (the thesis: 480, 160)
 
     def __post_init__(self):
@@ -74,6 +75,9 @@ class TrainConfig:
         _check(self.partitions == "auto" or (isinstance(self.partitions, int)
                                               and self.partitions >= 1),
                "train.partitions", self.partitions, "must be an integer >= 1 or 'auto'")
+        _check(self.model_parallel in ("collective", "thesis"), "train.model_parallel",
+               self.model_parallel, "must be 'collective' or 'thesis' (the thesis's master "
+               "algorithm, FC nets only)")
         _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
         _check(self.strategy in ("single", "allreduce", "downpour"), "train.strategy",
                self.strategy, "must be 'single', 'allreduce' or 'downpour'")

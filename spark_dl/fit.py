@@ -131,9 +131,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       columns over F tasks, which train it together on the union of their micro-batches
       and each push and fetch their own slice: Downpour over model-parallel replicas, in a
       barrier stage of replicas x F tasks; modes async and sequential; "auto": the cost
-      model's planner picks F and R for an FC net, with the link measured by a probe job and
-      the memory of a task from spark.executor.pyspark.memory), model_parallel (with
-      partitions > 1: "collective", each layer's all-gather and all-reduce, any supported
+      model's planner picks F and R for any model it splits, with the link measured by a
+      probe job and the memory of a task from spark.executor.pyspark.memory), model_parallel
+      (with partitions > 1: "collective", each layer's all-gather and all-reduce, any supported
       model; "thesis", the thesis's master algorithm of §3.2 for FC nets with cross-entropy:
       the master holds the batch, hypercube all-to-all of activations, δ contributions
       summed on the master).
@@ -266,7 +266,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
     if strategy != "downpour" and partitions != 1:
         raise ConfigError("partitions > 1 (model parallelism) runs with strategy='downpour'")
     if partitions == "auto":
-        partitions, planned = _plan_partitions(spark, model_fn, batch_size, slots, dtype, log)
+        partitions, planned = _plan_partitions(spark, model_fn, shape, batch_size, slots, dtype,
+                                               log)
         replicas = replicas or planned
     barrier = strategy == "allreduce" or partitions > 1
     if barrier and spark.conf.get("spark.dynamicAllocation.enabled", "false") == "true":
@@ -414,21 +415,29 @@ def _raise_task_error(e: Exception) -> None:
         raise cls(m.group(2)) from e
 
 
-def _plan_partitions(spark, model_fn, batch_size, slots, dtype, log) -> tuple[int, int]:
-    """partitions="auto": F and R from cost_model.plan, with the link probed on the cluster."""
+def _plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log) -> tuple[int, int]:
+    """partitions="auto": F and R from cost_model.plan (a step of the model priced on the meta
+    device, inputs of ``shape``, or the first layer's width for flat features), with the link
+    probed on the cluster."""
     from .parallel import cost_model
     with torch.device("meta"):
-        sizes = cost_model.fc_sizes(model_fn())
-    if sizes is None:
-        raise ConfigError("partitions='auto' plans FC nets (a chain of Linear layers); give "
-                          "partitions=F for this model")
+        shape = tuple(shape) or cost_model.flat_input_shape(model_fn())
+    if not shape:
+        raise ConfigError("partitions='auto' prices a step of the model on inputs of its shape, "
+                          "which its first layer does not give: pass shape= (one sample's, "
+                          "e.g. shape=(1, 28, 28))")
+    try:                       # a model it cannot run or split fails here, before the probe
+        cost_model.step_cost(model_fn, shape, 1, batch_size, getattr(torch, dtype))
+    except (ValueError, RuntimeError) as e:
+        raise ConfigError(f"partitions='auto' cannot price this model on inputs of shape "
+                          f"{shape}: {e}") from e
     if slots >= 2:
         link, flops = cost_model.probe_cluster(spark, with_flops=True)
     else:
         link, flops = cost_model.Link(0.0, 0.0), cost_model.probe_flops()
     memory = _task_memory(spark)
-    plan = cost_model.plan(sizes, batch_size, cost_model.Cluster(slots, memory, link, flops),
-                           itemsize=8 if dtype == "float64" else 4)
+    plan = cost_model.plan(model_fn, batch_size, cost_model.Cluster(slots, memory, link, flops),
+                           itemsize=8 if dtype == "float64" else 4, input_shape=shape)
     if log is not None:
         log(f"partitions='auto': {plan.explanation} (link: {link.t_lat * 1e6:.0f} us per "
             f"message, {link.t_data * 1e9:.2f} ns per byte)")
@@ -611,7 +620,8 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
                "samples": n, "seconds": max(r["seconds"] for r in rows),
                "since_start_s": time.perf_counter() - t_start,
                "samples_per_s": sum(r["samples_per_s"] for r in rows),
-               "server_versions": ps.versions}
+               "server_versions": ps.versions,
+               "grad_mean_abs": ps.take_gradient_mean_abs()}
         if val is not None:
             layout.load(ps.parameters().to(dtype))
             row.update(allreduce._evaluate(net, val, loss_fn, loss_name == "cross_entropy"))

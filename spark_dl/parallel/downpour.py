@@ -211,7 +211,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         if client.done_steps and steps:   # a retried task: go on where the server is
             resume_epoch, resume_step = divmod(client.done_steps, steps)
     else:             # the server counts an epoch's steps once per replica (lr_decay)
-        client.hello(replica_steps * cfg.batch_size if part == 0 else 0, cfg.batch_size)
+        client.hello(replica_steps * cfg.batch_size if part == 0 else 0, cfg.batch_size,
+                     shards=[part])
         steps, shards = replica_steps, [part]
         # a retried stage or a resumed fit: the replica goes on at the first epoch its
         # partition 0 has not finished (shard 0 counts that task's steps); its tasks agree

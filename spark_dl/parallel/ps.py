@@ -164,21 +164,28 @@ class _Shard:
         self.opt = opts[optimizer]()
         self.lr, self.lr_decay = lr, lr_decay
         self.steps = 0                  # mini-batch steps applied (a push of k counts k)
+        self.done: Counter = Counter()  # worker -> its mini-batch steps applied (sync: taken)
         self.lock = threading.Condition()
         self.version = 0
         # sync mode: the round being collected
         self.round_sum: torch.Tensor | None = None       # allocated by the first sync push
         self.round_count = 0.0
         self.round_workers: set[int] = set()
+        # sum over applied steps of the mean gradient's |g| summed over the shard (Fig. 4.3b)
+        self.abs_sum, self.abs_steps = 0.0, 0
 
     def apply(self, grad: torch.Tensor, scale: float = 1.0, steps: int = 1,
-              epoch_steps: int = 0) -> None:
+              epoch_steps: int = 0, summed: int = 1) -> None:
+        """One optimizer step on ``grad * scale``, the sum of ``summed`` mini-batch mean
+        gradients, counted as ``steps`` mini-batch steps."""
         if self.lr_decay != 1.0 and epoch_steps > 0:    # lr * decay^(epochs applied so far)
             self.opt.param_groups[0]["lr"] = self.lr * self.lr_decay ** (self.steps //
                                                                          epoch_steps)
         self.param.grad.copy_(grad)
         if scale != 1.0:
             self.param.grad.mul_(scale)
+        self.abs_sum += float(self.param.grad.abs().sum()) / summed
+        self.abs_steps += 1
         self.opt.step()
         self.steps += steps
         self.version += 1
@@ -225,7 +232,6 @@ class ParameterServer:
         self._stats_lock = threading.Lock()
         self._hello = threading.Condition()
         self._registered: dict[int, tuple[int, int]] = {}      # worker -> (rows, batch)
-        self._done: Counter = Counter()     # worker -> mini-batch steps applied (shard 0)
         self.start_epoch = 0                # restored from a checkpoint: epochs done before
         self._stop = threading.Event()
         self._sock = socket.create_server((host, 0))
@@ -274,6 +280,19 @@ class ParameterServer:
                 s.opt.load_state_dict(opt)
                 s.version, s.steps = int(version), int(steps)
         self.start_epoch = start_epoch
+
+    def take_gradient_mean_abs(self) -> float | None:
+        """The mean |gradient| per coordinate of the updates applied since the last call (each
+        shard's steps averaged, weighted by its size), then reset: the thesis's Fig. 4.3b
+        statistic, one value per epoch. None when nothing was applied."""
+        total, seen = 0.0, False
+        for s in self.shards:
+            with s.lock:
+                if s.abs_steps:
+                    total += s.abs_sum / s.abs_steps
+                    seen = True
+                s.abs_sum, s.abs_steps = 0.0, 0
+        return total / self.numel if seen else None
 
     def stats(self) -> dict:
         return {"mode": self.mode, "shards": len(self.shards), "versions": self.versions,
@@ -412,8 +431,8 @@ class ParameterServer:
                 steps = max(-(-r // b) for r, b in self._registered.values())
             else:
                 steps = -(-rows // max(batch, 1))
-            done = self._done[worker] + self.start_epoch * steps
-        conn.send(OPS["ok"], np.array(self.bounds + [steps, done], np.int64),
+            done = [s.done[worker] + self.start_epoch * steps for s in self.shards]
+        conn.send(OPS["ok"], np.array(self.bounds + done + [steps], np.int64),
                   count=self.numel, version=sum(self.versions))
         return True
 
@@ -447,16 +466,14 @@ class ParameterServer:
             if self.mode != "sync":
                 self.staleness[staleness] += 1
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
-                s.apply(grad, steps / max(samples, 1), steps, self.epoch_steps)
-                if s is self.shards[0]:
-                    self._done[worker] += steps
+                s.apply(grad, steps / max(samples, 1), steps, self.epoch_steps, summed=steps)
+                s.done[worker] += steps
                 return s.version, staleness, s.param.detach().clone() if pull else None
             if staleness > 0:                     # computed on an older round: dropped
                 self.dropped += 1
                 return s.version, staleness, s.param.detach().clone() if pull else None
             self.staleness[0] += 1
-            if s is self.shards[0]:               # in the round: done, whoever completes it
-                self._done[worker] += steps
+            s.done[worker] += steps               # in the round: done, whoever completes it
             if s.round_sum is None:
                 s.round_sum = torch.zeros_like(s.param)
             s.round_sum += grad
@@ -491,6 +508,8 @@ class PSClient:
         self.bounds: list[int] = []
         self.versions: list[int] = []
         self.done_steps = 0                       # set by hello
+        self.shard_done: list[int] = []           # set by hello: per shard
+        self._skip: list[int] = []                # steps whose push a shard already has
         self.push_seconds = self.pull_seconds = 0.0
 
     def _reply(self, max_payload: int, into=None):
@@ -500,18 +519,27 @@ class PSClient:
             raise PSError("parameter server: " + bytes(payload).decode(errors="replace"))
         return code, shard, version, count, payload
 
-    def hello(self, rows: int, batch_size: int) -> int:
+    def hello(self, rows: int, batch_size: int, shards: list[int] | None = None) -> int:
         """Register; returns the steps per epoch (sync: those of the largest shard). Sets
-        ``done_steps``: the mini-batch steps of this worker id the server has already applied
-        (a retried task's earlier attempts), where a retried worker goes on from."""
+        ``shard_done``: per shard, the mini-batch steps of this worker id the server already
+        has (a retried task's earlier attempts), and ``done_steps``, the least of them over
+        the ``shards`` this worker pushes to (default: all), where a retried worker goes on
+        from. A task killed between the shards of one push left that step on some shards
+        only: the push that redoes it skips those shards, so that no shard counts a step
+        twice and, in sync mode, the round the dead task left open is closed."""
         self.conn.send(OPS["hello"], np.array([rows, batch_size], np.int64), worker=self.worker)
-        _, _, _, n, payload = self._reply(1 << 20)
+        _, _, _, numel, payload = self._reply(1 << 20)
         info = np.frombuffer(payload, np.int64)
-        self.bounds, steps = [int(b) for b in info[:-2]], int(info[-2])
-        self.done_steps = int(info[-1])
-        self.versions = [0] * (len(self.bounds) - 1)
-        self.numel = n
-        return steps
+        k = (len(info) - 2) // 2                       # bounds (k + 1), done (k), steps
+        self.bounds = [int(b) for b in info[:k + 1]]
+        self.shard_done = [int(d) for d in info[k + 1:2 * k + 1]]
+        mine = range(k) if shards is None else shards
+        self.done_steps = min(self.shard_done[i] for i in mine)
+        self._skip = [self.shard_done[i] - self.done_steps if i in mine else 0
+                      for i in range(k)]
+        self.versions = [0] * k
+        self.numel = numel
+        return int(info[-1])
 
     def _layout(self, shards, n: int) -> list[tuple[int, int, int]]:
         """(shard, its size, its offset in the caller's buffer) for ``shards`` (None: all),
@@ -565,8 +593,12 @@ class PSClient:
         t0 = time.perf_counter()
         rows = self._layout(shards, grad_sum.numel())
         op = OPS["push"] if pull_into is None else OPS["pushpull"]
-        stale = []
+        stale, skipped = [], []
         for i, size, off in rows:
+            if self._skip[i] > 0:            # this shard has the step already (see hello)
+                self._skip[i] = max(self._skip[i] - steps, 0)
+                skipped.append((i, size, off))
+                continue
             g = grad_sum[off:off + size]
             self.conn.send(op, g if g.dtype == self.dtype else g.to(self.dtype),
                            worker=self.worker, shard=i,
@@ -574,8 +606,14 @@ class PSClient:
             if pull_into is not None:    # large replies: one shard at a time, so that the
                 stale.append(self._read_values(i, pull_into[off:off + size]))  # peers never
         if pull_into is None:            # both block writing; small replies: all pushes
-            for _ in rows:               # went out, now read them
+            for _ in range(len(rows) - len(skipped)):        # went out, now read them
                 stale.append(self._reply(0)[3])
+        for i, size, off in skipped:
+            stale.insert([r[0] for r in rows].index(i), 0)
+            if pull_into is not None:
+                self.conn.send(OPS["pull"], worker=self.worker, shard=i,
+                               code=DTYPE_CODES[pull_into.dtype])
+                self._read_values(i, pull_into[off:off + size])
         self.push_seconds += time.perf_counter() - t0
         return stale
 

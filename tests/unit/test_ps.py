@@ -6,6 +6,7 @@ import os
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -156,6 +157,70 @@ def test_sync_mode_takes_the_sample_weighted_mean_once_per_round(server):
     assert ps.versions == [1]
     # (7 + 9) / (7 + 3) = 1.6 per value, one SGD step with lr 1
     assert torch.allclose(ps.parameters(), torch.linspace(-1, 1, 4, dtype=torch.float64) - 1.6)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_worker_killed_between_shards_of_a_push_has_its_step_redone_once(server, mode):
+    """Sync mode, two shards: worker 1 dies after its push of step 1 reached shard 0 only, so
+    shard 1's round 1 waits for it. The retried task is told the step is done on shard 0 and
+    not on shard 1; its redo pushes to shard 1 only, which closes the round, and the run ends
+    where an undisturbed one does (async: no shard applies the step twice)."""
+    ps = server(n=4, shards=2, optimizer="sgd", lr=1.0, mode=mode, workers=2)
+    start = ps.parameters()
+    g = torch.randn(2, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    errors, told = [], {}
+
+    def steps(client, w, first):
+        out = torch.empty(4, dtype=torch.float64)
+        for k in range(first, 3):
+            client.pull(out)
+            client.push(g[w, k], samples=1)
+
+    def worker0():
+        try:
+            c = PSClient(ps.address, SECRET, 0, dtype=torch.float64, timeout_s=20)
+            c.hello(rows=3, batch_size=1)
+            steps(c, 0, 0)
+            c.close()
+        except Exception as e:                      # pragma: no cover - reported below
+            errors.append(e)
+
+    def worker1():
+        try:
+            c = PSClient(ps.address, SECRET, 1, dtype=torch.float64, timeout_s=20)
+            c.hello(rows=3, batch_size=1)
+            out = torch.empty(4, dtype=torch.float64)
+            c.pull(out)
+            c.push(g[1, 0], samples=1)                         # step 0, whole
+            c.pull(out)
+            c.conn.send(OPS["push"], g[1, 1][:2], worker=1, shard=0,   # step 1: shard 0 only
+                        version=c.versions[0], count=1, steps=1)
+            c.conn.sock.close()                                # killed
+            deadline = time.monotonic() + 10
+            while ps.shards[0].done[1] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)                               # (Spark retries in seconds)
+            again = PSClient(ps.address, SECRET, 1, dtype=torch.float64, timeout_s=20)
+            again.hello(rows=3, batch_size=1)
+            told.update(done=again.done_steps, shards=list(again.shard_done))
+            steps(again, 1, again.done_steps)
+            again.close()
+        except Exception as e:                      # pragma: no cover - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=worker0), threading.Thread(target=worker1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert told == {"done": 1, "shards": [2, 1]}
+    assert [s.done[1] for s in ps.shards] == [3, 3] and ps.dropped == 0
+    if mode == "sync":                # every round: the mean of the two workers' gradients
+        expected = start - g.mean(0).sum(0)
+        assert ps.versions == [3, 3]
+    else:                             # every push applied once, in whatever order
+        expected = start - g.sum((0, 1))
+        assert ps.versions == [6, 6]
+    assert torch.allclose(ps.parameters(), expected, atol=1e-12)
 
 
 def _raw(ps):
