@@ -1,16 +1,28 @@
-"""Step time of wide FC nets split by columns over F processes, against the cost model.
+"""Step time of nets split by columns over F processes, against the cost model's planner.
 
-For each net (784-4096-4096-10 and 784-8192-8192-10, float32, batch 64) and each F, F
-processes (1 thread each, gloo on 127.0.0.1) train it for a few steps: the all-gather /
-all-reduce layers (model_parallel/layers.py, "collective") and the thesis's master algorithm
-(model_parallel/thesis.py, "thesis"). Plain single-process PyTorch with 1 and with F threads on
-the same cores is the calibration. Systems run interleaved (A B A B ...), medians of --repeats.
+Nets: wide FC nets (784-4096-4096-10 and 784-8192-8192-10, cross-entropy), "cnn" (the thesis
+CNN on 1x28x28 inputs, cross-entropy) and "ssda" (the SSDA 256-1280-1280-256 on 256 inputs,
+MSE against the input); float32, batch 64. For each net and each F, F processes (1 thread
+each, gloo on 127.0.0.1) train it for a few steps: the all-gather / all-reduce layers
+(model_parallel/layers.py, "collective") and, for FC nets, the thesis's master algorithm
+(model_parallel/thesis.py, "thesis"). Plain single-process PyTorch with 1 and with F threads
+on the same cores is the calibration. Systems run interleaved (A B A B ...), medians of
+--repeats.
 
-The prediction beside each measurement: compute = (plain 1-thread step) / F, plus the
-communication the cost model counts for that algorithm (cost_model.collective_counts /
-thesis_counts), priced with T_lat and T_data measured by cost_model.probe in the same run.
+The prediction beside each measurement: the messages and bytes the planner counts for that
+algorithm (cost_model.step_cost, one run on the meta device, for "collective";
+cost_model.thesis_counts for "thesis"), priced with T_lat and T_data measured by
+cost_model.probe in the same run, plus the compute, two ways:
+
+    predicted_ms          (plain 1-thread step) / F: the compute the split leaves each process
+    predicted_planner_ms  the busiest process's flops (step_cost of the collective layers,
+                          for both algorithms) at the matmul rate cost_model.probe_flops
+                          measured in that process (1 thread), as fit(partitions="auto")
+                          prices it; FlopCounterMode counts matmuls and convolutions only,
+                          all at the rate of one large matmul
 
     .venv/bin/python benchmarks/bench_model_parallel.py [--repeats 5] [--parts 1,2]
+        [--nets 784-4096-4096-10,784-8192-8192-10,cnn,ssda]
 """
 
 from __future__ import annotations
@@ -38,11 +50,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank, world, port, sizes, algorithm, out):
+def _net(name):
+    """(model factory, one sample's shape, number of classes or None for the SSDA's
+    reconstruction) of a --nets entry."""
+    from spark_dl.models import FCNet, ThesisCNN
+    from spark_dl.models.ssda import SSDA, THESIS_SSDA_LAYERS
+    if name == "cnn":
+        return ThesisCNN, (1, 28, 28), 10
+    if name == "ssda":
+        return lambda: SSDA(256, THESIS_SSDA_LAYERS), (256,), None
+    sizes = [int(w) for w in name.split("-")]
+    return lambda: FCNet(sizes), (sizes[0],), sizes[-1]
+
+
+def _batch(name):
+    """The net's fixed batch x, y and its loss(output): cross-entropy on random labels, or
+    the SSDA's MSE against its input (in [0, 1], as its sigmoid outputs; y None)."""
+    import torch
+    _, shape, classes = _net(name)
+    g = torch.Generator().manual_seed(0)
+    if classes is None:
+        x = torch.rand(BATCH, *shape, generator=g)
+        return x, None, lambda out: torch.nn.functional.mse_loss(out, x)
+    x = torch.randn(BATCH, *shape, generator=g)
+    y = torch.randint(0, classes, (BATCH,), generator=g)
+    return x, y, lambda out: torch.nn.functional.cross_entropy(out, y)
+
+
+def _rank(rank, world, port, net, algorithm, out):
     import torch
     import torch.distributed as dist
 
-    from spark_dl.models import FCNet
     from spark_dl.parallel import cost_model
     from spark_dl.parallel.model_parallel import Comm, ThesisFC, partition_model
     torch.set_num_threads(1)
@@ -50,11 +88,10 @@ def _rank(rank, world, port, sizes, algorithm, out):
                             world_size=world)
     comm = Comm()
     link = cost_model.probe(comm) if world > 1 else None
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(BATCH, sizes[0], generator=g)
-    y = torch.randint(0, sizes[-1], (BATCH,), generator=g)
+    flops = cost_model.probe_flops()
+    x, y, loss = _batch(net)
     with torch.device("meta"):
-        full = FCNet(sizes)
+        full = _net(net)[0]()
     if algorithm == "thesis":
         model = ThesisFC(full.to_empty(device="cpu"), comm)
     else:
@@ -72,7 +109,7 @@ def _rank(rank, world, port, sizes, algorithm, out):
         if algorithm == "thesis":
             model.step(x if rank == 0 else None, y if rank == 0 else None, BATCH)
         else:
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            loss(model(x)).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
     counts = torch.tensor([comm.total_messages, comm.total_bytes], dtype=torch.float64)
@@ -82,35 +119,31 @@ def _rank(rank, world, port, sizes, algorithm, out):
     if rank == 0:
         Path(out).write_text(json.dumps({
             "step_s": float(step_s), "messages_per_step": float(counts[0]) / STEPS,
-            "bytes_per_step": float(counts[1]) / STEPS,
+            "bytes_per_step": float(counts[1]) / STEPS, "flops_per_s": flops,
             "link": None if link is None else {"t_lat": link.t_lat, "t_data": link.t_data}}))
     dist.destroy_process_group()
 
 
-def distributed(sizes, F, algorithm):
+def distributed(net, F, algorithm):
     import torch.multiprocessing as mp
     out = Path(tempfile.mkdtemp()) / "r.json"
-    mp.start_processes(_rank, args=(F, _free_port(), sizes, algorithm, str(out)), nprocs=F,
+    mp.start_processes(_rank, args=(F, _free_port(), net, algorithm, str(out)), nprocs=F,
                        join=True, start_method="spawn")
     return json.loads(out.read_text())
 
 
-def plain(sizes, threads):
+def plain(net, threads):
     import torch
-
-    from spark_dl.models import FCNet
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = FCNet(sizes)
+    model = _net(net)[0]()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(BATCH, sizes[0], generator=g)
-    y = torch.randint(0, sizes[-1], (BATCH,), generator=g)
+    x, _, loss = _batch(net)
     times = []
     for step in range(WARMUP + STEPS):
         t0 = time.perf_counter()
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        loss(model(x)).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
     return {"step_s": statistics.median(times[WARMUP:])}
@@ -120,7 +153,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--parts", default="2", help="comma-separated F > 1 to run")
-    ap.add_argument("--nets", default="784-4096-4096-10,784-8192-8192-10")
+    ap.add_argument("--nets", default="784-4096-4096-10,784-8192-8192-10,cnn,ssda")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/model_parallel.json"))
     args = ap.parse_args(argv)
     import torch
@@ -131,12 +164,13 @@ def main(argv=None):
               "cpus": os.cpu_count(), "torch": torch.__version__, "batch": BATCH,
               "steps": STEPS, "repeats": args.repeats, "nets": {}}
     for net in args.nets.split(","):
-        sizes = [int(w) for w in net.split("-")]
-        systems = {"plain-1t": lambda: plain(sizes, 1)}
+        model_fn, shape, _ = _net(net)
+        fc = net not in ("cnn", "ssda")
+        systems = {"plain-1t": lambda: plain(net, 1)}
         for F in parts:
-            systems[f"plain-{F}t"] = lambda F=F: plain(sizes, F)
-            for alg in ("collective", "thesis"):
-                systems[f"{alg}-F{F}"] = lambda F=F, alg=alg: distributed(sizes, F, alg)
+            systems[f"plain-{F}t"] = lambda F=F: plain(net, F)
+            for alg in ("collective", "thesis") if fc else ("collective",):
+                systems[f"{alg}-F{F}"] = lambda F=F, alg=alg: distributed(net, F, alg)
         raw = {k: [] for k in systems}
         for _ in range(args.repeats):
             for k, fn in systems.items():                   # interleaved
@@ -149,9 +183,12 @@ def main(argv=None):
             if "-F" in k:
                 alg, F = k.split("-F")[0], int(k.split("-F")[1])
                 link = cost_model.Link(**runs[-1]["link"])
-                counts = (cost_model.collective_counts if alg == "collective"
-                          else cost_model.thesis_counts)(sizes, F, BATCH, 4)
+                cost = cost_model.step_cost(model_fn, shape, F, BATCH)
+                counts = {"messages": cost.messages, "bytes": cost.bytes} \
+                    if alg == "collective" else cost_model.thesis_counts(
+                        [int(w) for w in net.split("-")], F, BATCH, 4)
                 comm_s = cost_model.predict_seconds(counts, link)
+                rate = statistics.median(r["flops_per_s"] for r in runs)
                 row.update(messages_per_step=runs[-1]["messages_per_step"],
                            messages_predicted=counts["messages"],
                            bytes_per_step=runs[-1]["bytes_per_step"],
@@ -159,7 +196,10 @@ def main(argv=None):
                            t_lat_us=round(link.t_lat * 1e6, 1),
                            t_data_ns_per_byte=round(link.t_data * 1e9, 3),
                            predicted_ms=round((base / F + comm_s) * 1e3, 2),
-                           predicted_comm_ms=round(comm_s * 1e3, 2))
+                           predicted_comm_ms=round(comm_s * 1e3, 2),
+                           predicted_planner_ms=round((cost.flops / rate + comm_s) * 1e3, 2),
+                           flops_per_step=cost.flops,
+                           flop_rate_gflops=round(rate / 1e9, 2))
             rows[k] = row
             print(net, k, json.dumps(row), flush=True)
         result["nets"][net] = {"summary": rows, "raw": raw}

@@ -9,7 +9,11 @@ T_lat the latency of one message, T_data the time of one unit (here: one byte).
 gives the exact messages and bytes of one step of the implementation
 (model_parallel/thesis.py, which documents where and why it departs from the printed
 counts); ``collective_counts`` those of the all-gather / all-reduce layers
-(model_parallel/layers.py) for a chain of Linear layers. ``probe`` measures T_lat and T_data
+(model_parallel/layers.py) for a chain of Linear layers. ``step_cost`` prices a step of any
+model that ``partition_model`` splits by running it once, in one process, on the meta device:
+the partitioned layers talk to a ``CountingComm`` (exact messages and bytes of every rank),
+``FlopCounterMode`` counts the flops, autograd's saved-tensor hooks the activations;
+``fc_step_cost`` gives the same by formula for an FC net. ``probe`` measures T_lat and T_data
 on the running process group, ``probe_flops`` a task's matmul rate; ``plan`` recommends F
 (partitions per model) and R (replicas) for a model and a cluster, and explains the
 prediction: compute, the layers' collectives, each replica's parameter-server traffic, and a
@@ -27,7 +31,8 @@ import time
 from .model_parallel.comm import Comm, split_sizes
 
 __all__ = ["thesis_published", "thesis_counts", "collective_counts", "predict_seconds",
-           "probe", "probe_flops", "Link", "Cluster", "plan", "Plan", "activation_bytes"]
+           "probe", "probe_flops", "Link", "Cluster", "plan", "Plan", "activation_bytes",
+           "StepCost", "step_cost", "fc_step_cost", "flat_input_shape"]
 
 
 def thesis_published(sizes: list[int], F: int, M: int, unit: int = 1) -> dict:
@@ -149,6 +154,82 @@ def activation_bytes(sizes: list[int], F: int, batch: int, itemsize: int = 4) ->
 
 
 @dataclasses.dataclass(frozen=True)
+class StepCost:
+    """One training step of a model split over F tasks, on one batch: what the busiest task
+    (rank 0: it holds the remainder columns and trains the kept-whole layers) computes and
+    holds, and what the group sends (all ranks, as ``collective_counts``)."""
+    partitions: int
+    flops: float                       # forward + backward of the busiest task
+    messages: int                      # the group's, per step
+    bytes: int
+    parameters: int | float            # numbers the busiest task holds (P / F by formula)
+    activation_bytes: int              # what a task keeps for backward
+    model_parameters: int              # the whole model's P (what a replica pushes, fetches)
+
+
+def fc_step_cost(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> StepCost:
+    """The step of an FC net of widths ``sizes`` by formula: 6 B P / F flops (forward 2 B P,
+    backward 4 B P), ``collective_counts``, P / F parameters, ``activation_bytes``."""
+    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    counts = collective_counts(sizes, F, batch, itemsize)
+    return StepCost(F, 6 * batch * params / F, counts["messages"], counts["bytes"], params / F,
+                    activation_bytes(sizes, F, batch, itemsize), params)
+
+
+def step_cost(model_fn, input_shape: tuple, F: int, batch: int, dtype=None,
+              input_dtype=None) -> StepCost:
+    """Run one step of ``model_fn()`` partitioned F ways, as rank 0, on a batch of ``batch``
+    inputs of shape ``input_shape`` (one sample's; ``input_dtype``, default ``dtype``, e.g.
+    torch.long for token ids), on the meta device (no memory, no arithmetic):
+
+    messages, bytes   counted by a CountingComm: exactly what the F ranks' Comms count
+    flops             FlopCounterMode (matmuls and convolutions) of rank 0's forward and
+                      backward: the whole model's / F when the columns split evenly, plus the
+                      kept-whole layers every rank computes
+    activations       FC nets: ``activation_bytes``; other models: twice the distinct tensors
+                      autograd saves in rank 0's forward pass other than parameters (each held
+                      until backward, then its gradient beside it), an upper bound since
+                      backward frees them layer by layer
+
+    The loss runs replicated on the gathered output and does not change the communication: a
+    sum of squares stands in for it. ValueError (naming the layer) for a model partition_model
+    cannot split F ways."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .model_parallel import CountingComm, partition_model
+    dtype = dtype or torch.float32
+    with torch.device("meta"):
+        full = model_fn().to(dtype)
+    comm = CountingComm(F)
+    part = partition_model(full, comm)
+    x = torch.zeros(batch, *input_shape, dtype=input_dtype or dtype, device="meta")
+    # a storage's identity: _cdata (meta storages have no address)
+    params = {p.untyped_storage()._cdata for p in part.parameters()}
+    saved: dict[int, int] = {}                     # storage -> bytes
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage._cdata not in params:
+            saved[storage._cdata] = storage.nbytes()
+        return t
+
+    with FlopCounterMode(display=False) as counter:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = part(x)
+            out = out[0] if isinstance(out, tuple) else out
+            loss = out.pow(2).sum()
+        loss.backward()
+    counts = comm.group_counts()
+    sizes = fc_sizes(full)
+    acts = activation_bytes(sizes, F, batch, dtype.itemsize) if sizes \
+        else 2 * sum(saved.values())
+    return StepCost(F, counter.get_total_flops(), counts["total_messages"],
+                    counts["total_bytes"], sum(p.numel() for p in part.parameters()), acts,
+                    sum(p.numel() for p in full.parameters()))
+
+
+@dataclasses.dataclass(frozen=True)
 class Cluster:
     """What the planner needs to know: task slots and their memory, the link, and one task's
     compute rate (``probe_flops``; measured by fit(partitions="auto") on the cluster)."""
@@ -168,45 +249,49 @@ class Plan:
     explanation: str
 
 
-def plan(sizes: list[int], batch: int, cluster: Cluster, optimizer_slots: int = 1,
-         itemsize: int = 4, candidates: list[int] | None = None,
-         parameter_server: bool = True) -> Plan:
-    """Choose F (and R = slots // F) for an FC net of layer widths ``sizes`` trained with the
-    all-gather / all-reduce layers: the F with the least predicted time per sample among those
-    whose task memory (slice of parameters, gradients and ``optimizer_slots`` optimizer
-    states, plus ``activation_bytes``) fits. Prediction per step: compute 6 B P / F flops at
+def plan(model, batch: int, cluster: Cluster, optimizer_slots: int = 1, itemsize: int = 4,
+         candidates: list[int] | None = None, parameter_server: bool = True,
+         input_shape: tuple | None = None) -> Plan:
+    """Choose F (and R = slots // F) for ``model`` trained with the all-gather / all-reduce
+    layers: the F with the least predicted time per sample among those whose task memory
+    (slice of parameters, gradients and ``optimizer_slots`` optimizer states, plus the
+    activations) fits. ``model``: an FC net's layer widths (priced by ``fc_step_cost``), or a
+    zero-argument factory of any model ``partition_model`` splits, with ``input_shape`` (one
+    sample's; priced by ``step_cost``, in float32 or float64 by ``itemsize``; candidates the
+    model is too narrow for are left out). Prediction per step: the busiest task's flops at
     ``flops_per_s``, the counted collectives on the link, and (``parameter_server``: Downpour
     pushing and fetching every step) each replica's push and fetch of its P parameters, the
     R replicas sharing the server's link."""
-    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
     candidates = candidates or [f for f in (1, 2, 3, 4, 6, 8, 12, 16) if f <= cluster.slots]
+    costs = _step_costs(model, batch, itemsize, candidates, input_shape)
     server = cluster.server_link or cluster.link
     rows, best = [], None
-    for F in candidates:
-        state = params * itemsize * (2 + optimizer_slots) / F
-        acts = activation_bytes(sizes, F, batch, itemsize)
-        comp = 6 * batch * params / F / cluster.flops_per_s
-        comm = predict_seconds(collective_counts(sizes, F, batch, itemsize), cluster.link)
+    for cost in costs:
+        F, params = cost.partitions, cost.model_parameters
+        state = cost.parameters * itemsize * (2 + optimizer_slots)
+        comp = cost.flops / cluster.flops_per_s
+        comm = predict_seconds({"messages": cost.messages, "bytes": cost.bytes}, cluster.link)
         R = max(cluster.slots // F, 1)
         # push + fetch: the F tasks send their slices at once, the R replicas share the link
         ps = 2 * (server.t_lat + R * params * itemsize * server.t_data) \
             if parameter_server else 0.0
         step = comp + comm + ps
         per_sample = step / (batch * R)
-        fits = state + acts <= cluster.memory_bytes
+        fits = state + cost.activation_bytes <= cluster.memory_bytes
         rows.append({"F": F, "R": R, "state_bytes_per_task": int(state),
-                     "activation_bytes_per_task": int(acts), "fits": fits,
+                     "activation_bytes_per_task": int(cost.activation_bytes), "fits": fits,
                      "compute_s": comp, "comm_s": comm, "ps_s": ps, "step_s": step,
                      "samples_per_s": batch * R / step})
         if fits and (best is None or per_sample < best[0]):
             best = (per_sample, F, R, step)
     if best is None:
-        need = params * itemsize * (2 + optimizer_slots)
-        raise ValueError(f"no partitioning in {candidates} fits: the model needs {need} bytes of "
-                         f"parameters, gradients and optimizer state (and "
-                         f"{activation_bytes(sizes, candidates[-1], batch, itemsize)} of "
-                         f"activations at F={candidates[-1]}), a task has "
-                         f"{cluster.memory_bytes}; add executors or memory")
+        last = costs[-1]
+        need = last.model_parameters * itemsize * (2 + optimizer_slots)
+        raise ValueError(f"no partitioning in {[c.partitions for c in costs]} fits: the model "
+                         f"needs {need} bytes of parameters, gradients and optimizer state "
+                         f"(and {last.activation_bytes} of activations at "
+                         f"F={last.partitions}), a task has {cluster.memory_bytes}; add "
+                         f"executors or memory")
     _, F, R, step = best
     row = next(r for r in rows if r["F"] == F)
     why = (f"F={F}, R={R}: a task holds {row['state_bytes_per_task'] / 2**20:.1f} MiB of the "
@@ -217,6 +302,29 @@ def plan(sizes: list[int], batch: int, cluster: Cluster, optimizer_slots: int = 
            f"{row['comm_s'] * 1e3:.2f} ms + parameter server {row['ps_s'] * 1e3:.2f} ms, "
            f"{row['samples_per_s']:.0f} samples/s over {R} replica(s)")
     return Plan(F, R, step, rows, why)
+
+
+def _step_costs(model, batch: int, itemsize: int, candidates: list[int],
+                input_shape: tuple | None) -> list[StepCost]:
+    """StepCost of every candidate F: by formula for FC widths, else measured; an F the model
+    is too narrow for is skipped, once a smaller one has shown the model splits at all."""
+    if not callable(model):
+        return [fc_step_cost(list(model), F, batch, itemsize) for F in candidates]
+    import torch
+    dtypes = {4: torch.float32, 8: torch.float64}
+    if itemsize not in dtypes:
+        raise ValueError(f"itemsize must be 4 (float32) or 8 (float64), got {itemsize}")
+    if input_shape is None:
+        raise ValueError("plan(model_fn, ...) needs input_shape, one sample's shape "
+                         "(e.g. (1, 28, 28))")
+    costs = []
+    for F in candidates:
+        try:
+            costs.append(step_cost(model, tuple(input_shape), F, batch, dtypes[itemsize]))
+        except ValueError:
+            if not costs:
+                raise
+    return costs
 
 
 def probe_cluster(spark, timeout_s: float = 120.0, with_flops: bool = False):
@@ -246,6 +354,20 @@ def probe_cluster(spark, timeout_s: float = 120.0, with_flops: bool = False):
     got = _json.loads(out[0])
     flops = got.pop("flops")
     return (Link(**got), flops) if with_flops else Link(**got)
+
+
+def flat_input_shape(model) -> tuple[int] | None:
+    """(n,) when the first layer with parameters reads n flat features (a Linear layer or an
+    SSDA's DenoisingLayer), else None."""
+    from torch import nn
+
+    from ..models.ssda import DenoisingLayer
+    first = next((m for m in model.modules() if len(list(m.parameters(recurse=False)))), None)
+    if isinstance(first, nn.Linear):
+        return (first.in_features,)
+    if isinstance(first, DenoisingLayer):
+        return (first.weight.shape[1],)
+    return None
 
 
 def fc_sizes(model) -> list[int] | None:

@@ -237,8 +237,8 @@ def test_downpour_argument_errors(spark):
         fit(df, small_fc, strategy="downpour", mode="sync", partitions=2)
     with pytest.raises(ResourceError, match="replicas=2 x partitions=2 = 4 tasks"):
         fit(df, small_fc, strategy="downpour", replicas=2, partitions=2)
-    with pytest.raises(ConfigError, match="partitions='auto' plans FC nets"):
-        fit(df, "cnn", strategy="downpour", partitions="auto", shape=(1, 28, 28))
+    with pytest.raises(ConfigError, match=r"layer 1 \(Conv1d\) has no column-partitioned"):
+        fit(df, narrow_fc_conv, strategy="downpour", partitions="auto", shape=(12,))
     with pytest.raises(ConfigError, match="partitions > 1 .* runs with strategy='downpour'"):
         fit(df, small_fc, partitions=2)
     with pytest.raises(ConfigError, match="wire_dtype must be"):

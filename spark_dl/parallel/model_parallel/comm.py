@@ -25,7 +25,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-__all__ = ["Comm", "split_sizes"]
+__all__ = ["Comm", "CountingComm", "split_sizes"]
 
 
 def split_sizes(n: int, parts: int) -> list[int]:
@@ -132,8 +132,7 @@ class Comm:
                 if p == self.rank:
                     c.copy_(mine)
                 dist.broadcast(c, self._global(p), group=self.group)
-        F, p = self.size, self.rank
-        self._count(kind, F - 1, sum(_nbytes(chunks[(p - s) % F]) for s in range(F - 1)))
+        self._count(kind, *_ring_all_gather_cost(chunks, self.size, self.rank))
         return chunks
 
     def all_reduce(self, t: torch.Tensor, kind: str = "all_reduce") -> torch.Tensor:
@@ -143,11 +142,7 @@ class Comm:
         if self.size == 1:
             return t
         dist.all_reduce(t, group=self.group)
-        F, p = self.size, self.rank
-        sizes = [t.numel() // F + (1 if q < t.numel() % F else 0) for q in range(F)]
-        chunk = [n * t.element_size() for n in sizes]
-        self._count(kind, 2 * (F - 1), sum(chunk[(p - s) % F] + chunk[(p + 1 - s) % F]
-                                           for s in range(F - 1)))
+        self._count(kind, *_ring_all_reduce_cost(t, self.size, self.rank))
         return t
 
     def hypercube_all_gather(self, chunks: list[torch.Tensor], mine: torch.Tensor,
@@ -182,5 +177,83 @@ class Comm:
         return chunks
 
 
+class CountingComm(Comm):
+    """Rank ``rank`` of an F-way group run alone, to count a step in one process (on the meta
+    device, or on small real tensors): its collectives move nothing (a gathered tensor holds
+    this rank's slice and uninitialised peers' slices; a reduced one this rank's values) and
+    count, for every rank p of the group, what ``Comm`` counts on rank p. Every rank runs the
+    same collectives on tensors of the same shapes, so one rank's run gives all ranks' counts:
+    ``per_rank[p]`` holds rank p's counters, the inherited counters this rank's.
+    Point-to-point messages, whose pattern depends on the peers' programme (ThesisFC), are not
+    simulated: ``cost_model.thesis_counts`` counts those."""
+
+    def __init__(self, size: int, rank: int = 0):
+        if not 0 <= rank < size:
+            raise ValueError(f"rank must be in [0, {size}), got {rank}")
+        self.ranks, self.size, self.rank, self.group = list(range(size)), size, rank, None
+        self.initialized = True           # "communicates": kept-whole layers broadcast
+        self.per_rank = [Comm.layout(p, size) for p in range(size)]
+        self._init_counters()
+
+    def reset(self) -> None:
+        super().reset()
+        for c in self.per_rank:
+            c.reset()
+
+    def group_counts(self) -> dict:
+        """``counts()`` of the whole group: every kind's messages and bytes summed over the
+        ranks."""
+        kinds = {k for c in self.per_rank for k in c.messages}
+        return {"messages": {k: sum(c.messages[k] for c in self.per_rank) for k in kinds},
+                "bytes": {k: sum(c.bytes[k] for c in self.per_rank) for k in kinds},
+                "total_messages": sum(c.total_messages for c in self.per_rank),
+                "total_bytes": sum(c.total_bytes for c in self.per_rank)}
+
+    def _count_all(self, kind: str, cost, ranks=None) -> None:
+        """``cost(p)``: (messages, bytes) rank p of ``ranks`` (default: all) sends."""
+        for c in self.per_rank if ranks is None else [self.per_rank[p] for p in ranks]:
+            c._count(kind, *cost(c.rank))
+            if c.rank == self.rank:
+                self._count(kind, *cost(c.rank))
+
+    def broadcast(self, t: torch.Tensor, root: int = 0, kind: str = "broadcast") -> torch.Tensor:
+        if self.size > 1:
+            n = self.size - 1
+            self._count_all(kind, lambda p: (n, n * _nbytes(t)), [root])
+        return t
+
+    def all_gather(self, chunks: list[torch.Tensor], mine: torch.Tensor,
+                   kind: str = "all_gather") -> list[torch.Tensor]:
+        chunks[self.rank].copy_(mine)
+        if self.size > 1:
+            self._count_all(kind, lambda p: _ring_all_gather_cost(chunks, self.size, p))
+        return chunks
+
+    def all_reduce(self, t: torch.Tensor, kind: str = "all_reduce") -> torch.Tensor:
+        if self.size > 1:
+            self._count_all(kind, lambda p: _ring_all_reduce_cost(t, self.size, p))
+        return t
+
+    def _point_to_point(self, *args, **kwargs):
+        raise NotImplementedError("CountingComm counts collectives; point-to-point messages "
+                                  "(the thesis algorithm) are counted by "
+                                  "cost_model.thesis_counts")
+
+    send = recv = hypercube_all_gather = _point_to_point
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _ring_all_gather_cost(chunks: list[torch.Tensor], F: int, p: int) -> tuple[int, int]:
+    """Messages and bytes rank p sends in a ring all-gather: at step s the slice of p - s."""
+    return F - 1, sum(_nbytes(chunks[(p - s) % F]) for s in range(F - 1))
+
+
+def _ring_all_reduce_cost(t: torch.Tensor, F: int, p: int) -> tuple[int, int]:
+    """Messages and bytes rank p sends in a ring all-reduce of ``t`` cut into F chunks: at
+    step s of the reduce-scatter chunk p - s, at step s of the all-gather chunk p + 1 - s."""
+    n = t.numel()
+    chunk = [(n // F + (1 if q < n % F else 0)) * t.element_size() for q in range(F)]
+    return 2 * (F - 1), sum(chunk[(p - s) % F] + chunk[(p + 1 - s) % F] for s in range(F - 1))

@@ -230,7 +230,7 @@ def _keep_whole(module: nn.Module, comm: Comm) -> nn.Module:
         for name, p in list(mod._parameters.items()):
             if p is None:
                 continue
-            if p.is_meta:                 # built on the meta device: give it memory
+            if p.is_meta and not p.requires_grad:   # ranks > 0, built on meta: give it memory
                 p = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=False)
                 mod._parameters[name] = p
             with torch.no_grad():
