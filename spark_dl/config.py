@@ -62,6 +62,7 @@ class TrainConfig:
     n_push: int = 1                 # downpour: push accumulated gradients every n_push steps
     mode: str = "async"             # downpour: "async", "sync" or "sequential"
     overlap: bool = False           # downpour async: pushes travel while the next step computes
+    staleness: str = "momentum"     # downpour async: "momentum", "lr", "lr+momentum", "none"
     partitions: int | str = 1       # downpour: split every replica's model over this many
                                     # tasks; "auto": the cost model's planner chooses
     model_parallel: str = "collective"  # partitions > 1: "collective" layers or "thesis" (FC)
@@ -75,6 +76,8 @@ class TrainConfig:
         _check(self.partitions == "auto" or (isinstance(self.partitions, int)
                                               and self.partitions >= 1),
                "train.partitions", self.partitions, "must be an integer >= 1 or 'auto'")
+        _check(self.staleness in ("none", "lr", "momentum", "lr+momentum"), "train.staleness",
+               self.staleness, "must be 'momentum', 'lr', 'lr+momentum' or 'none'")
         _check(self.model_parallel in ("collective", "thesis"), "train.model_parallel",
                self.model_parallel, "must be 'collective' or 'thesis' (the thesis's master "
                "algorithm, FC nets only)")

@@ -109,7 +109,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         timeout_s: float = 300.0, transport: str = "auto", n_fetch: int = 1,
         n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
         ps_shards: int | None = None, wire_dtype: str = "float32",
-        max_staleness: int | None = None, overlap: bool = False,
+        max_staleness: int | None = None, overlap: bool = False, staleness: str = "momentum",
         partitions: int | str = 1, model_parallel: str = "collective", data: str = "auto",
         shuffle_buffer: int | str = "256MB", transform: Callable | None = None,
         track=None) -> FitResult:
@@ -127,7 +127,11 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       "float64"), max_staleness (a worker more than this many pushes ahead of the slowest
       waits; None: unbounded), overlap (async: a push and its reply travel while the worker
       computes the next step, on parameters that miss that push: one more step of staleness,
-      no waiting for the round trip), partitions (F > 1: every replica's model is split by
+      no waiting for the round trip), staleness (async: how the server allows for stale
+      pushes; "momentum" (default): the server's momentum is ``momentum`` lowered by the
+      momentum that asynchrony adds of itself, 1 - 1/replicas, so that the single-process
+      settings carry over; "lr": a push computed tau >= 2 server versions ago steps lr / tau;
+      "lr+momentum": both; "none": every push a plain step), partitions (F > 1: every replica's model is split by
       columns over F tasks, which train it together on the union of their micro-batches
       and each push and fetch their own slice: Downpour over model-parallel replicas, in a
       barrier stage of replicas x F tasks; modes async and sequential; "auto": the cost
@@ -217,6 +221,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         if model_parallel not in ("collective", "thesis"):
             raise ConfigError(f"model_parallel must be 'collective' or 'thesis', got "
                               f"{model_parallel!r}")
+        if staleness not in STALENESS_RULES:
+            raise ConfigError(f"staleness must be one of {', '.join(STALENESS_RULES)}, got "
+                              f"{staleness!r}")
         if overlap and mode != "async":
             raise ConfigError(f"overlap=True needs mode='async' (got {mode!r}): sync and "
                               f"sequential rounds wait for the server by design")
@@ -279,6 +286,14 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         replicas = max(min(parts, slots) // partitions, 1)
     if not isinstance(replicas, int) or replicas < 1:
         raise ConfigError(f"replicas must be an integer >= 1, got {replicas!r}")
+    if strategy == "downpour" and overlap and staleness in ("none", "lr") and replicas > 1 \
+            and momentum > 0 and (server_optimizer or _server_optimizer(optimizer, momentum)) \
+            == "momentum":
+        raise ConfigError(f"overlap=True with staleness={staleness!r} and server momentum "
+                          f"{momentum} over {replicas} replicas diverges (in 2 of 3 benchmark "
+                          f"runs to chance): every push is one step more stale, and the "
+                          f"server's momentum adds to the momentum the asynchrony makes; use "
+                          f"staleness='momentum' (the default) or 'lr+momentum'")
     if partitions > 1 and replicas * partitions > slots:
         raise ResourceError(
             f"replicas={replicas} x partitions={partitions} = {replicas * partitions} tasks, but "
@@ -306,7 +321,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
                 shuffle_buffer=shuffle_buffer, transform=transform, resume=resume,
                 model_parallel=model_parallel),
             server_optimizer or _server_optimizer(optimizer, momentum), lr, momentum,
-            ps_shards, max_staleness, lr_decay, partitions)
+            ps_shards, max_staleness, lr_decay, partitions, staleness)
     if parts != replicas or _narrow_merges(df):
         # A barrier stage may not read through union()/coalesce() (Spark refuses the RDD
         # chain), so a shuffle gives it exactly ``replicas`` plain partitions.
@@ -401,6 +416,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         tracker.epoch(h)
     tracker.close()
     return FitResult(net, history, info, run_path)
+
+
+STALENESS_RULES = ("none", "lr", "momentum", "lr+momentum")
 
 
 def _raise_task_error(e: Exception) -> None:
@@ -536,6 +554,16 @@ def _completed_epochs(history: list[dict]) -> int:
     return k
 
 
+def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str) -> float:
+    """The server's momentum: ``momentum``, or (rule "momentum", async) lowered by the
+    momentum that asynchrony adds of itself, 1 - 1/replicas (Mitliagkas et al., 2016:
+    asynchronous SGD on R workers behaves in expectation as momentum SGD with
+    mu = 1 - 1/R), not below 0."""
+    if mode != "async" or "momentum" not in staleness.split("+"):
+        return momentum
+    return max(0.0, momentum - (1.0 - 1.0 / max(replicas, 1)))
+
+
 def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
                          partitions: int) -> None:
     """The server after an epoch every replica finished, written atomically (the previous
@@ -571,16 +599,18 @@ def _resume_downpour(path: Path, ps, replicas: int, partitions: int, log) -> dic
 
 def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation, run_dir,
                   progress, log, tracker, cfg, server_optimizer, lr, momentum, ps_shards,
-                  max_staleness, lr_decay, partitions=1) -> FitResult:
+                  max_staleness, lr_decay, partitions=1, staleness="none") -> FitResult:
     """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
     from .parallel.ps import ParameterServer
     spark = df.sparkSession
     run_path = Path(run_dir).resolve() if run_dir is not None else \
         new_run_dir("runs", "downpour")
     run_path.mkdir(parents=True, exist_ok=True)
+    server_momentum = _server_momentum(momentum, replicas, cfg.mode, staleness)
     config = {"strategy": "downpour", "replicas": replicas,
               "server_optimizer": server_optimizer, "lr": lr, "lr_decay": lr_decay,
-              "partitions": partitions, "momentum": momentum, "ps_shards": ps_shards or "auto",
+              "partitions": partitions, "momentum": momentum, "staleness": staleness,
+              "server_momentum": server_momentum, "ps_shards": ps_shards or "auto",
               "model": model if isinstance(model, str) else
               getattr(model, "__name__", repr(model)), **dataclasses.asdict(cfg)}
     write_json(run_path / "config.json", config)
@@ -597,9 +627,10 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
         ps_shards = partitions                    # shard p: partition p's slices
     ps = ParameterServer(layout.flatten(), secret, host, bounds=layout.bounds,
                          shards=ps_shards, optimizer=server_optimizer, lr=lr,
-                         momentum=momentum, mode=cfg.mode, workers=replicas * partitions,
-                         max_staleness=max_staleness, timeout_s=cfg.timeout_s,
-                         lr_decay=lr_decay)
+                         momentum=server_momentum, mode=cfg.mode,
+                         workers=replicas * partitions, max_staleness=max_staleness,
+                         timeout_s=cfg.timeout_s, lr_decay=lr_decay,
+                         staleness_lr=cfg.mode == "async" and "lr" in staleness.split("+"))
     val = None
     if validation is not None:
         val = (torch.as_tensor(validation[0], dtype=dtype), torch.as_tensor(validation[1]))
@@ -708,11 +739,12 @@ def _fit_downpour(df, model, model_fn, loss_fn, loss_name, replicas, validation,
                 metrics.write(json.dumps({"type": "server_epoch", **row}) + "\n")
     metrics.close()
     layout.load(ps.parameters().to(dtype))
-    staleness: Counter = Counter()
+    stale: Counter = Counter()
     for r in tasks:
-        staleness.update({int(k): v for k, v in r["staleness"].items()})
+        stale.update({int(k): v for k, v in r["staleness"].items()})
     info = {"world": replicas, "mode": cfg.mode, "n_fetch": cfg.n_fetch, "n_push": cfg.n_push,
-            "server": ps.stats(), "staleness_histogram": dict(sorted(staleness.items())),
+            "staleness": staleness, "server_momentum": server_momentum,
+            "server": ps.stats(), "staleness_histogram": dict(sorted(stale.items())),
             "rows_per_replica": [sum(t["rows"] for t in tasks if t["worker"] == r["worker"])
                                  for r in reports],
             "devices": [r["device"] for r in reports], "workers": tasks,

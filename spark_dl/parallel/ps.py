@@ -24,7 +24,9 @@ The server-side learning rate decays per epoch (lr_decay): an epoch is the mini-
 all workers' shards (sync: of the largest), counted as the pushes carry them.
 
 Modes:
-  async       Downpour: every push is applied on arrival (one optimizer step per push).
+  async       Downpour: every push is applied on arrival (one optimizer step per push);
+              with staleness_lr, a push computed tau >= 2 versions ago takes a step of
+              lr / tau (staleness-aware async SGD, Zhang et al., IJCAI 2016).
   sync        the server waits for all workers' pushes of a step, takes their sample-weighted
               mean, applies it once; pushes computed on older versions are dropped.
   (any mode) max_staleness=S: stale-synchronous bound, a worker more than S pushes ahead of
@@ -198,7 +200,8 @@ class ParameterServer:
                  shards: int = 1, optimizer: str = "sgd", lr: float = 0.01,
                  momentum: float = 0.9, mode: str = "async", workers: int = 1,
                  max_staleness: int | None = None, timeout_s: float = 300.0,
-                 lr_decay: float = 1.0, bounds: list[int] | None = None):
+                 lr_decay: float = 1.0, bounds: list[int] | None = None,
+                 staleness_lr: bool = False):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -214,6 +217,7 @@ class ParameterServer:
             raise ValueError(f"shards must be in 1..{n} (the parameter count), got {shards}")
         self.secret, self.mode, self.workers = secret, mode, workers
         self.timeout_s, self.max_staleness = timeout_s, max_staleness
+        self.staleness_lr = staleness_lr
         self._clocks: dict[int, int] = {}         # worker -> pushes so far (bounded staleness)
         self._clock_cv = threading.Condition()
         self.waits = 0                            # pushes held back by the staleness bound
@@ -466,7 +470,10 @@ class ParameterServer:
             if self.mode != "sync":
                 self.staleness[staleness] += 1
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
-                s.apply(grad, steps / max(samples, 1), steps, self.epoch_steps, summed=steps)
+                scale = steps / max(samples, 1)
+                if self.staleness_lr and staleness > 1:
+                    scale /= staleness
+                s.apply(grad, scale, steps, self.epoch_steps, summed=steps)
                 s.done[worker] += steps
                 return s.version, staleness, s.param.detach().clone() if pull else None
             if staleness > 0:                     # computed on an older round: dropped

@@ -243,6 +243,28 @@ def test_downpour_argument_errors(spark):
         fit(df, small_fc, partitions=2)
     with pytest.raises(ConfigError, match="wire_dtype must be"):
         fit(df, small_fc, strategy="downpour", wire_dtype="int8")
+    with pytest.raises(ConfigError, match="staleness must be one of none, lr, momentum"):
+        fit(df, small_fc, strategy="downpour", staleness="tau")
+    with pytest.raises(ConfigError, match="overlap=True with staleness='none' and server "
+                                          "momentum 0.9 over 2 replicas diverges"):
+        fit(df, small_fc, strategy="downpour", replicas=2, momentum=0.9, overlap=True,
+            staleness="none")
+
+
+def test_staleness_rule_lowers_the_server_momentum_by_the_asynchronys_own(spark, tmp_path):
+    """Two async replicas with momentum 0.9: the server runs 0.9 - (1 - 1/2) = 0.4 by default
+    (staleness="momentum"), 0.9 with staleness="none"; sync rounds keep 0.9."""
+    x, y = data(32, seed=12)
+    df = frame(spark, x, y, [16, 16])
+    kw = dict(strategy="downpour", replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9,
+              log=None)
+    default = fit(df, small_fc, run_dir=tmp_path / "a", **kw)
+    assert default.info["staleness"] == "momentum"
+    assert default.info["server_momentum"] == pytest.approx(0.4)
+    plain = fit(df, small_fc, staleness="none", run_dir=tmp_path / "b", **kw)
+    assert plain.info["server_momentum"] == 0.9
+    sync = fit(df, small_fc, mode="sync", run_dir=tmp_path / "c", **kw)
+    assert sync.info["server_momentum"] == 0.9
 
 
 def test_auto_partitions_plan_with_a_probed_link(spark, tmp_path):

@@ -223,6 +223,24 @@ def test_a_worker_killed_between_shards_of_a_push_has_its_step_redone_once(serve
     assert torch.allclose(ps.parameters(), expected, atol=1e-12)
 
 
+@pytest.mark.parametrize("staleness_lr", [True, False])
+def test_staleness_aware_server_steps_lr_over_tau(server, staleness_lr):
+    """Pushes computed 0, 1, 0 and 3 versions ago: with staleness_lr the last one takes a
+    step of lr / 3 (tau <= 1 a full step); without, every push a full step."""
+    ps = server(n=4, optimizer="sgd", lr=0.5, staleness_lr=staleness_lr)
+    start = ps.parameters()
+    g = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=4, batch_size=1)
+    for grad, base, tau in zip(g, (0, 0, 2, 0), (0, 1, 0, 3)):
+        assert c.push(grad, samples=1, versions=[base]) == [tau]
+    c.close()
+    last = 1 / 3 if staleness_lr else 1.0
+    assert torch.allclose(ps.parameters(), start - 0.5 * (g[0] + g[1] + g[2] + last * g[3]),
+                          atol=1e-12)
+    assert dict(ps.staleness) == {0: 2, 1: 1, 3: 1}
+
+
 def _raw(ps):
     s = socket.create_connection(ps.address, timeout=5)
     nonce = s.recv(16)
