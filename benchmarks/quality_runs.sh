@@ -63,15 +63,16 @@ fi
 if [ "$group" = downpour ]; then
   # Asynchronous Downpour SGD, 2 replicas x batch 16 against the parameter server, the same
   # data, lr and decay as cnn-sgd-single (allreduce group); momentum 0.8 on the server, as two
-  # asynchronous replicas add momentum of their own. On local[*], then on local-cluster (two
+  # asynchronous replicas add momentum of their own (the plain rule, staleness=none: these
+  # runs were recorded before the staleness rules). On local[*], then on local-cluster (two
   # executor JVMs) through spark-submit.
   run_named cnn-sgd-downpour jobs/train_mnist.py --config conf/jobs/cnn.toml \
-      --set train.strategy=downpour --set train.momentum=0.8
+      --set train.strategy=downpour --set train.momentum=0.8 --set train.staleness=none
   BIN="$(cd "$(dirname "$PY")" && pwd)"
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named cnn-sgd-downpour-local-cluster --properties-file conf/spark/local-cluster.conf \
       jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.strategy=downpour \
-      --set train.momentum=0.8
+      --set train.momentum=0.8 --set train.staleness=none
 fi
 if [ "$group" = hybrid ]; then
   # The widened FC net in one process (2 threads), then Downpour over 2 replicas, each split
@@ -86,7 +87,7 @@ if [ "$group" = hybrid ]; then
   BIN="$(cd "$(dirname "$PY")" && pwd)"
   HYBRID=(jobs/train_mnist.py --config conf/jobs/fc_hybrid.toml --set train.strategy=downpour
           --set train.partitions=2 --set train.replicas=2 --set train.batch_size=16
-          --set train.momentum=0.8 --set train.lr=0.15)
+          --set train.momentum=0.8 --set train.lr=0.15 --set train.staleness=none)
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named fc-wide-hybrid-local4 --master "local[4]" "${HYBRID[@]}"
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
@@ -95,35 +96,34 @@ if [ "$group" = hybrid ]; then
 fi
 if [ "$group" = model-parallel ]; then
   # Every replica split over F = 2 tasks, 2 replicas, on local-cluster[2,2,1024] (two executor
-  # JVMs of 2 cores: the 4 tasks of one barrier stage), against one process with 2 threads on
+  # JVMs of 2 cores: the 4 tasks of one barrier stage), against one process with 1 thread on
   # the same data. A replica's step is the single run's batch (each task draws half), each
-  # push one server step; server momentum 0.8 where the single run has 0.9 (two asynchronous
-  # replicas add momentum of their own). The digits: 100,000 distorted + 8,000 real (half
-  # the mnist group's, to fit the session).
+  # push one server step; the single run's lr and momentum 0.9, which the default staleness
+  # rule lowers to 0.4 on the server (two asynchronous replicas add momentum of their own).
+  # The digits: 100,000 distorted + 8,000 real (half the mnist group's, to fit the session).
   BIN="$(cd "$(dirname "$PY")" && pwd)"
   SUBMIT=(--properties-file conf/spark/local-cluster.conf --master "local-cluster[2,2,1024]")
   MP=(--set train.strategy=downpour --set train.partitions=2 --set train.replicas=2)
   run_named cnn-mp-single jobs/train_mnist.py --config conf/jobs/cnn.toml \
-      --set data.extended_samples=100000 --set run.threads=2
+      --set data.extended_samples=100000 --set run.threads=1
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named cnn-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/cnn.toml \
-      --set data.extended_samples=100000 "${MP[@]}" --set train.batch_size=8 \
-      --set train.momentum=0.8
+      --set data.extended_samples=100000 "${MP[@]}" --set train.batch_size=8
   FC=(--set data.extended_samples=100000 --set train.optimizer=sgd --set train.lr=0.1)
   run_named fc-mp-single jobs/train_mnist.py --config conf/jobs/fc.toml "${FC[@]}" \
-      --set train.batch_size=32 --set run.threads=2
+      --set train.batch_size=32 --set run.threads=1
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named fc-thesis-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/fc.toml \
-      "${FC[@]}" "${MP[@]}" --set train.model_parallel=thesis --set train.batch_size=16 \
-      --set train.momentum=0.8 --set train.lr=0.15
-  # char LSTM: 3,000 server updates each (single: 3,000 steps of 32 sequences; 2 x 2: each
-  # replica 1,500 steps of 2 tasks x 16 streams, 150 steps an epoch, 10 epochs)
+      "${FC[@]}" "${MP[@]}" --set train.model_parallel=thesis --set train.batch_size=16
+  # char LSTM: 900 server updates each (single: 900 steps of 32 sequences; 2 x 2: each
+  # replica 450 steps of 2 tasks x 16 streams, 150 steps an epoch, 3 epochs; a split step
+  # takes about a second on 2 cores: every time step of both layers gathers the hidden units)
   run_named char-mp-single jobs/train_char.py --config conf/jobs/char_lstm.toml \
-      --set updates=3000 --set run.threads=2
+      --set updates=900 --set eval_every=300 --set run.threads=1
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named char-lstm-2x2 "${SUBMIT[@]}" jobs/train_char.py \
       --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=2 \
-      --set replicas=2 --set updates=1500
+      --set replicas=2 --set updates=450
   SPARK_LOCAL_IP=127.0.0.1 "$PY" benchmarks/quality_ssda_partitions.py \
       --out "$DEST/ssda-partitions.json" 2>&1 | tee "$DEST/ssda-partitions.log"
   "$PY" - "$DEST" <<'PLOT'
