@@ -53,6 +53,9 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64,
                     help="rows per replica step (each of its F tasks draws batch / F)")
     ap.add_argument("--sigma", type=float, default=20.0)
+    ap.add_argument("--shuffle-rows", action="store_true",
+                    help="shuffle the pairs across partitions (default: as prepare_patches "
+                         "wrote them, the patches of an image together)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/quality/ssda-partitions.json"))
     args = ap.parse_args(argv)
     import numpy as np
@@ -73,11 +76,15 @@ def main(argv=None):
     prep = prepare_patches(spark, str(ROOT / "data/sr/T91"), str(scratch / "patches"),
                            degradation=Degradation("gaussian", args.sigma), augment=False)
     df = spark.read.parquet(prep.path)
+    if args.shuffle_rows:              # every task a random sample of all images' patches
+        from pyspark.sql import functions as fn
+        df = df.orderBy(fn.rand(seed=0))
     tests = _set5(args.sigma)
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "master": args.master,
               "torch": torch.__version__, "layers": widths, "sigma": args.sigma,
               "pretrain_epochs": args.pretrain_epochs, "finetune_epochs": args.finetune_epochs,
               "batch_per_replica_step": args.batch, "pairs": prep.patches,
+              "shuffled_rows": args.shuffle_rows,
               "psnr_noisy": {n: psnr(noisy, clean) for n, clean, noisy in tests}, "runs": {}}
     for config in args.configs.split(","):
         R, F = (int(v) for v in config.split("x"))
