@@ -124,6 +124,12 @@ if [ "$group" = model-parallel ]; then
       run_named char-lstm-2x2 "${SUBMIT[@]}" jobs/train_char.py \
       --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=2 \
       --set replicas=2 --set updates=450
+  # ... and one task on Spark reading the same stream-ordered windows (the single job draws
+  # random 1,000-character windows, each from a zero state): the reference for the split
+  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+      run_named char-lstm-1x1 "${SUBMIT[@]}" jobs/train_char.py \
+      --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=1 \
+      --set replicas=1 --set updates=900
   SPARK_LOCAL_IP=127.0.0.1 "$PY" benchmarks/quality_ssda_partitions.py \
       --out "$DEST/ssda-partitions.json" 2>&1 | tee "$DEST/ssda-partitions.log"
   "$PY" - "$DEST" <<'PLOT'
