@@ -76,7 +76,7 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     import torch
 
     from ..runs import new_run_dir
-    from ..models.ssda import LayerSpec
+    from ..models.ssda import app_b_layers
     from ..session import get_session
     from ..superres.evaluate import evaluate_folder
     from ..superres.cascade import Cascade
@@ -102,9 +102,9 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     if loaded:
         conventional, start = loaded["conventional"], loaded[cfg.init_cascade]
     else:
-        # App. B: the hidden layers sparse, the last one (the code) without sparsity
-        specs = tuple(LayerSpec(w, 0.01, 0.05, 1e-4) for w in cfg.ssda_layers[:-1]) + \
-            (LayerSpec(cfg.ssda_layers[-1], 0.0, 1.0, 1e-4),)
+        # App. B: the hidden layers sparse, the last one without sparsity; a last layer as
+        # wide as the LR patch (the thesis's 256) is the output layer
+        specs = app_b_layers(cfg.ssda_layers, lr_size * lr_size)
         t = time.perf_counter()
         ssda, histories["ssda"] = train_ssda(df, lr_size, specs, cfg.pretrain_epochs,
                                              cfg.finetune_epochs, cfg.ssda_lr, run_dir=fits,

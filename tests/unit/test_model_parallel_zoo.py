@@ -93,6 +93,13 @@ def _rank_main(rank, world, port, out_dir):
             codes = ssda.encode(noisy, 1), ssda.encode(clean, 1)
         check("ssda_pretrain_2", ssda, lambda m: m.layers[1].loss(*codes))
         check("ssda_finetune", ssda, lambda m: m.finetune_loss(noisy, clean))
+        # App. B's shape: the last layer, as wide as the input, is the output (no decoders)
+        torch.manual_seed(0)
+        out_stack = SSDA(12, (LayerSpec(7, beta=0.1, rho=0.1, weight_decay=1e-2, init_gain=4.0),
+                              LayerSpec(12, 0.0, 1.0, 1e-3, output=True))).double()
+        check("ssda_output_pretrain_2", out_stack, lambda m: m.layers[1].loss(
+            *(m.encode(t, 1).detach() for t in (noisy, clean))))
+        check("ssda_output_finetune", out_stack, lambda m: m.finetune_loss(noisy, clean))
 
         # Elman RNN (tanh), 2 layers of 11 units
         torch.manual_seed(0)

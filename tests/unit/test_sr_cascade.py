@@ -35,8 +35,12 @@ def test_cascade_maps_noisy_lr_to_hr_and_trains_end_to_end():
     assert out.shape == (4, 1, 32, 32)
     assert model.denoise(lr).shape == (4, 1, 16, 16)
     torch.nn.functional.mse_loss(out, hr).backward()
-    # fine-tuning reaches the denoiser through the bicubic layer
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.ssda.parameters())
+    # fine-tuning reaches the denoiser through the bicubic layer; the default SSDA's last
+    # layer is the output (App. B), so its tied decoders' biases take no part after pretraining
+    grads = {n: p.grad for n, p in model.ssda.named_parameters()}
+    assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items()
+               if not n.endswith("bias_out"))
+    assert all(g is None for n, g in grads.items() if n.endswith("bias_out"))
     assert model.up.a_h.grad is None                 # the resize itself is fixed
     with pytest.raises(ValueError, match="the SSDA takes 64 inputs, the LR patch has 256"):
         from spark_dl.models.ssda import SSDA
@@ -96,7 +100,8 @@ def test_noisy_skip_feeds_the_cnn_the_noisy_input_beside_the_denoised():
     torch.nn.functional.mse_loss(model(lr), torch.rand(3, 1, 32, 32)).backward()
     first = cnn.body[0].weight.grad
     assert first[:, 0].abs().sum() > 0 and first[:, 1].abs().sum() > 0
-    assert all(p.grad.abs().sum() > 0 for p in model.ssda.parameters())
+    assert all(p.grad.abs().sum() > 0 for n, p in model.ssda.named_parameters()
+               if not n.endswith("bias_out"))         # the output stack decodes nothing
     with pytest.raises(ValueError, match="SRCNN expects images \\(B, 2, H, W\\)"):
         cnn(torch.rand(1, 1, 8, 8))
     with pytest.raises(ValueError, match="inputs = 3"):

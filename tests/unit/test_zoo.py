@@ -79,6 +79,31 @@ def test_pretraining_then_finetuning_denoises_real_digits(mnist):
 def test_layer_spec_validation():
     with pytest.raises(ValueError, match="rho must be in"):
         LayerSpec(10, rho=0)
+    with pytest.raises(ValueError, match="init_gain must be > 0"):
+        LayerSpec(10, init_gain=0)
+
+
+def test_the_thesis_stack_ends_in_its_output_layer():
+    """App. B's third layer (256 units, no sparsity) is the denoised patch: 256-1280-1280-256,
+    no decoders, the sigmoid init below the output; a single layer keeps its tied decoder."""
+    from spark_dl.models.ssda import THESIS_SSDA_LAYERS, app_b_layers
+    assert [(s.hidden, s.beta, s.rho, s.init_gain, s.output) for s in THESIS_SSDA_LAYERS] == \
+        [(1280, 0.01, 0.05, 4.0, False), (1280, 0.01, 0.05, 4.0, False),
+         (256, 0.0, 1.0, 1.0, True)]
+    torch.manual_seed(0)
+    model = SSDA(16, app_b_layers((12, 16), 16))
+    x = torch.rand(3, 16)
+    assert torch.equal(model(x), model.encode(x))
+    assert model.layers[0].weight.abs().max() > (6 / 28) ** 0.5        # bound 4 * sqrt(6/28)
+    assert SSDA(64).layers[-1].spec.output and SSDA(64)(torch.rand(2, 64)).shape == (2, 64)
+    one = SSDA(16, app_b_layers((12,), 16))
+    assert not one.layers[0].spec.output and one.layers[0].spec.init_gain == 1.0
+    h = one.layers[0].encode(x)
+    assert torch.equal(one(x), one.layers[0].decode(h))
+    with pytest.raises(ValueError, match="must be as wide as the input \\(16\\).*width 12"):
+        SSDA(16, (LayerSpec(12, output=True),))
+    with pytest.raises(ValueError, match="output=True on layer 1 of 2"):
+        SSDA(16, (LayerSpec(16, output=True), LayerSpec(16)))
 
 
 # ---- char RNN / LSTM -----------------------------------------------------------------------
