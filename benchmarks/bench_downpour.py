@@ -7,8 +7,12 @@ of --repeats runs:
 
   plain-1t            single-process loop, 1 thread (the calibration)
   allreduce           spark_dl.fit(strategy="allreduce")
-  downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.8 (two
-                      asynchronous replicas add momentum of their own: at 0.9 it diverges)
+  downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.9 as the
+                      others, the default staleness rule "momentum" (the server runs
+                      0.9 - (1 - 1/2) = 0.4: two asynchronous replicas add momentum of their own)
+  downpour-1-1-plain  the plain rule (staleness="none") with server momentum 0.8, the best
+                      plain setting before the rule (at 0.9 it diverges)
+  downpour-1-1-lrmom  staleness="lr+momentum": also lr / tau for pushes tau >= 2 versions old
   downpour-1-1-ovl    as downpour-1-1 with overlap=True: the push of step t travels while step
                       t+1 computes (one more step of staleness, no waiting)
   downpour-4-4        async, n_fetch = n_push = 4, lr / 4
@@ -18,12 +22,13 @@ of --repeats runs:
                       (--elephas; needs benchmarks/setup_elephas.sh; runs in .venv-elephas;
                       a fit of 1 epoch and one of EPOCHS, samples/s from their difference)
 
-Reported: steady samples/s (median over epochs 2..), samples/s of the whole fit call (job
+Reported: the final accuracy of every run (median and spread, max - min), steady samples/s (median over epochs 2..), samples/s of the whole fit call (job
 start-up included, Spark session excluded: the figure Elephas gets, which reports no epochs),
 the accuracy after each epoch, and the training time to 97% validation accuracy (sum of epoch
 times until the first epoch at or above 97%; evaluation and start-up excluded).
 
     .venv/bin/python benchmarks/bench_downpour.py [--repeats 5] [--elephas] [--out ...]
+        [--systems downpour-1-1,downpour-1-1-ovl]   (a subset; allreduce and plain-1t always run)
 """
 
 from __future__ import annotations
@@ -138,6 +143,9 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--elephas", action="store_true",
                     help="add Elephas 7.3 (benchmarks/setup_elephas.sh installs it)")
+    ap.add_argument("--systems", default=None,
+                    help="comma-separated subset of the systems (allreduce and plain-1t are "
+                         "always run: the ratios need them)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/downpour.json"))
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -151,8 +159,12 @@ def main(argv=None):
     systems = {
         "plain-1t": lambda: (plain(R, E), {}),
         "allreduce": lambda: engine(spark, R, E, runs),
-        "downpour-1-1": lambda: engine(spark, R, E, runs, momentum=0.8, strategy="downpour"),
-        "downpour-1-1-ovl": lambda: engine(spark, R, E, runs, momentum=0.8, overlap=True,
+        "downpour-1-1": lambda: engine(spark, R, E, runs, strategy="downpour"),
+        "downpour-1-1-plain": lambda: engine(spark, R, E, runs, momentum=0.8,
+                                             strategy="downpour", staleness="none"),
+        "downpour-1-1-lrmom": lambda: engine(spark, R, E, runs, strategy="downpour",
+                                             staleness="lr+momentum"),
+        "downpour-1-1-ovl": lambda: engine(spark, R, E, runs, overlap=True,
                                            strategy="downpour"),
         # a push of 4 accumulated steps is 4 steps' worth of gradient: lr / 4 keeps the step
         # size of one 64-sample batch (at lr 0.05 it diverges)
@@ -160,6 +172,12 @@ def main(argv=None):
                                        n_push=4, lr=LR / 4),
         "downpour-sync": lambda: engine(spark, R, E, runs, strategy="downpour", mode="sync"),
     }
+    if args.systems:
+        wanted = {"allreduce", "plain-1t", *args.systems.split(",")}
+        unknown = wanted - set(systems)
+        if unknown:
+            ap.error(f"unknown systems {sorted(unknown)}; known: {', '.join(systems)}")
+        systems = {k: v for k, v in systems.items() if k in wanted}
     if args.elephas:
         import numpy as np
         data = runs / "digits.npz"
@@ -189,6 +207,11 @@ def main(argv=None):
                 for i, h in enumerate(runs_k[0]["history"])},
             "val_accuracy_final": sorted(round(r["history"][-1]["val_accuracy"], 4)
                                          for r in runs_k),
+            "val_accuracy_final_median": round(statistics.median(
+                r["history"][-1]["val_accuracy"] for r in runs_k), 4),
+            "val_accuracy_final_spread": round(
+                max(r["history"][-1]["val_accuracy"] for r in runs_k)
+                - min(r["history"][-1]["val_accuracy"] for r in runs_k), 4),
             "time_to_97_s_median": round(statistics.median(reached), 2) if reached else None,
             "runs_reaching_97": f"{len(reached)}/{len(runs_k)}"}
         if "fit_wall_s" in runs_k[0]:
