@@ -1,0 +1,125 @@
+"""RD-PSGD: randomized decentralized parallel SGD (seed 003, Algorithm 2), the gossip round.
+
+Every replica i keeps its own parameters x_i (one flat vector). Round k, before the local SGD
+step on the gradient g_i computed at x_k,i:
+
+    a_k      a Bernoulli(α) mask over the N coordinates, the same on every replica (drawn from
+             the fit's seed and k, so nobody has to send it)
+    x_k+½,i(s) = Σ_j W_ji x_k,j(s)   for s with a_k(s) = 1   (eq. 5-6: only these are sent)
+    x_k+½,i(s) = x_k,i(s)            otherwise
+    x_k+1,i  = x_k+½,i − γ g_i(x_k,i)   (the optimizer's step: momentum, weight decay)
+
+W is symmetric and doubly stochastic, so a round leaves the replicas' average unchanged on
+every coordinate; α = 1 is D-PSGD (Algorithm 1). A replica sends α·N values to each
+neighbour instead of N. On a ring of n ≥ 3 replicas W gives 1/3 to itself and 1/3 to each
+neighbour; with n = 2 both ring edges join the same pair: 1/3 itself, 2/3 the other.
+
+The mask is drawn as its gaps (eq. 22): the distance between consecutive selected
+coordinates is Geometric(α), so a round draws about α·N random numbers instead of N, and the
+values go out by one index_select and come back by one index_copy_ (no loop over
+coordinates). Point-to-point messages over torch.distributed (gloo isend/irecv on CPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["mask_indices", "ring_peers", "Gossip", "consensus_distance", "average"]
+
+_ROUND_STRIDE = 1_000_003            # seed, round -> one generator seed (a prime stride)
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (isinstance(alpha, (int, float)) and 0 < alpha <= 1):
+        raise ValueError(f"alpha (the fraction of coordinates a gossip round averages) must be "
+                         f"in (0, 1], got {alpha!r}; 1 is D-PSGD, the paper's 0.1 sends a "
+                         f"tenth of the bytes")
+
+
+def mask_indices(numel: int, alpha: float, seed: int, round_: int) -> torch.Tensor:
+    """The sorted coordinates (int64) that round ``round_`` averages: each one selected with
+    probability ``alpha``, the same on every replica for the same (seed, round)."""
+    _check_alpha(alpha)
+    if alpha == 1:
+        return torch.arange(numel)
+    g = torch.Generator().manual_seed((seed * _ROUND_STRIDE + round_) % (1 << 63))
+    log_q = math.log1p(-alpha)
+    gaps, covered = [], 0
+    while covered < numel:                  # usually once: 10% more gaps than expected
+        n = int(1.1 * alpha * (numel - covered)) + 16
+        u = torch.rand(n, generator=g, dtype=torch.float64)
+        # P(gap = m) = (1 - α)^(m-1) α on m = 1, 2, ...: the inverse of its distribution
+        gap = (torch.log1p(-u) / log_q).floor_().clamp_(max=numel) + 1
+        gaps.append(gap.to(torch.int64))
+        covered += int(gaps[-1].sum())
+    idx = torch.cat(gaps).cumsum_(0) - 1
+    return idx[:int(torch.searchsorted(idx, numel))]
+
+
+def ring_peers(rank: int, world: int) -> tuple[list[tuple[int, float]], float]:
+    """([(neighbour, its weight W_ji)], own weight W_ii) of ``rank`` on a ring of ``world``."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not in a ring of {world} replicas")
+    if world == 1:
+        return [], 1.0
+    if world == 2:
+        return [(1 - rank, 2 / 3)], 1 / 3
+    return [((rank - 1) % world, 1 / 3), ((rank + 1) % world, 1 / 3)], 1 / 3
+
+
+class Gossip:
+    """The gossip rounds of one replica over ``flat`` (its parameters, updated in place),
+    in the current torch.distributed group (or ``group``), ring topology."""
+
+    def __init__(self, flat: torch.Tensor, alpha: float, seed: int, rank: int | None = None,
+                 world: int | None = None, group=None):
+        _check_alpha(alpha)
+        if flat.dim() != 1:
+            raise ValueError(f"Gossip needs the parameters as one flat vector, got shape "
+                             f"{tuple(flat.shape)}")
+        self.flat, self.alpha, self.seed, self.group = flat, float(alpha), int(seed), group
+        self.rank = dist.get_rank(group) if rank is None else rank
+        self.world = dist.get_world_size(group) if world is None else world
+        self.peers, self.self_weight = ring_peers(self.rank, self.world)
+        self.bytes_sent = 0
+        self.rounds = 0
+
+    def round(self, k: int) -> torch.Tensor:
+        """Round ``k``: average the masked coordinates with the neighbours; returns the mask."""
+        idx = mask_indices(self.flat.numel(), self.alpha, self.seed, k).to(self.flat.device)
+        mine = self.flat.index_select(0, idx)
+        if self.peers:
+            theirs = [torch.empty_like(mine) for _ in self.peers]
+            reqs = [dist.irecv(buf, self._global(p), group=self.group)
+                    for (p, _), buf in zip(self.peers, theirs)]
+            reqs += [dist.isend(mine, self._global(p), group=self.group) for p, _ in self.peers]
+            for r in reqs:
+                r.wait()
+            mixed = mine * self.self_weight
+            for (_, w), buf in zip(self.peers, theirs):
+                mixed.add_(buf, alpha=w)
+            self.flat.index_copy_(0, idx, mixed)
+            self.bytes_sent += mine.numel() * mine.element_size() * len(self.peers)
+        self.rounds += 1
+        return idx
+
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+
+def average(flat: torch.Tensor, group=None) -> torch.Tensor:
+    """The replicas' mean of ``flat`` (one all-reduce), returned on every replica."""
+    out = flat.detach().clone()
+    dist.all_reduce(out, group=group)
+    return out.div_(dist.get_world_size(group))
+
+
+def consensus_distance(flat: torch.Tensor, group=None) -> float:
+    """Mean over the replicas of ‖x_i − x̄‖², the same value on every replica."""
+    d = torch.tensor([float(((flat.detach() - average(flat, group)) ** 2).sum())],
+                     dtype=torch.float64)
+    dist.all_reduce(d, group=group)
+    return float(d) / dist.get_world_size(group)

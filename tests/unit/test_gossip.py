@@ -1,0 +1,137 @@
+"""RD-PSGD's gossip round (parallel/gossip.py) on real processes (gloo on 127.0.0.1,
+float64): alpha = 1 is D-PSGD computed by hand, any alpha keeps the replicas' average, every
+replica draws the same mask, and a round sends alpha x the model to each neighbour."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from spark_dl.parallel.gossip import Gossip, consensus_distance, mask_indices, ring_peers
+
+from .test_model_parallel import _free_port
+
+N, ROUNDS, LR, SEED = 1000, 4, 0.1, 7
+
+
+def _data(rank):
+    """Replica ``rank``'s least-squares problem: A (16, N), b (16,)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    return (torch.randn(16, N, dtype=torch.float64, generator=g) / N ** 0.5,
+            torch.randn(16, dtype=torch.float64, generator=g))
+
+
+def _grad(x, rank):
+    a, b = _data(rank)
+    return a.t() @ (a @ x - b) / len(b)               # of 1/2 mean (a x - b)^2
+
+
+def _start(rank):
+    return torch.randn(N, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+
+
+def _rank_main(rank, world, port, alpha, out_dir):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        x = _start(rank)
+        gossip = Gossip(x, alpha, SEED)
+        report = {"masks": [], "mean_error": 0.0, "trajectory": []}
+        for k in range(ROUNDS):
+            g = _grad(x, rank)                          # at x_k, before the round (Alg. 2)
+            before = x.clone()
+            dist.all_reduce(before)
+            idx = gossip.round(k)
+            after = x.clone()
+            dist.all_reduce(after)
+            report["mean_error"] = max(report["mean_error"],
+                                       float((after - before).abs().max()) / world)
+            x.sub_(LR * g)                              # x_k+1 = x_k+1/2 - lr g(x_k)
+            report["masks"].append([len(idx), int(idx.sum()), int(idx[:5].sum())])
+            report["trajectory"].append(x.tolist())
+        report["bytes_sent"] = gossip.bytes_sent
+        report["consensus"] = consensus_distance(x)
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+def _run(world, alpha, tmp_path):
+    import torch.multiprocessing as mp
+    mp.start_processes(_rank_main, args=(world, _free_port(), alpha, str(tmp_path)),
+                       nprocs=world, join=True, start_method="spawn")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _w(world):
+    """The ring's mixing matrix, built from ring_peers."""
+    w = torch.zeros(world, world, dtype=torch.float64)
+    for i in range(world):
+        peers, own = ring_peers(i, world)
+        w[i, i] = own
+        for j, wj in peers:
+            w[i, j] += wj
+    return w
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_alpha_one_is_d_psgd_by_hand(world, tmp_path):
+    """x_k+1,i = sum_j W_ij x_k,j - lr g_i(x_k,i): the D-PSGD recursion, to 1e-9."""
+    reports = _run(world, 1.0, tmp_path)
+    w = _w(world)
+    assert torch.allclose(w, w.t()) and torch.allclose(w.sum(0), torch.ones(world, dtype=w.dtype))
+    x = torch.stack([_start(r) for r in range(world)])
+    for k in range(ROUNDS):
+        g = torch.stack([_grad(x[r], r) for r in range(world)])
+        x = w @ x - LR * g
+        for r in range(world):
+            got = torch.tensor(reports[r]["trajectory"][k], dtype=torch.float64)
+            assert float((got - x[r]).abs().max()) <= 1e-9, (world, k, r)
+    for r in reports:                                   # every coordinate, to each neighbour
+        assert r["bytes_sent"] == ROUNDS * N * 8 * (1 if world == 2 else 2)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.1])
+def test_any_alpha_keeps_the_average_with_one_mask_for_all(alpha, tmp_path):
+    reports = _run(3, alpha, tmp_path)
+    for r in reports:
+        assert r["mean_error"] <= 1e-12                 # a round leaves the average as it was
+        assert r["masks"] == reports[0]["masks"]        # the same mask on every replica
+        # alpha x N values to each of the 2 neighbours, every round
+        sent = sum(m[0] for m in r["masks"]) * 8 * 2
+        assert r["bytes_sent"] == sent
+    assert len({m[1] for m in reports[0]["masks"]}) == ROUNDS   # a new mask every round
+    assert reports[0]["consensus"] > 0                  # only some coordinates mixed
+
+
+def test_the_mask_selects_alpha_of_the_coordinates():
+    """About alpha x N coordinates (within 2% for a million), sorted and distinct, the same
+    for the same (seed, round), another for the next round; alpha = 1 takes them all."""
+    n = 1_000_000
+    for alpha in (0.5, 0.1, 0.05):
+        idx = mask_indices(n, alpha, seed=3, round_=0)
+        assert abs(len(idx) / (alpha * n) - 1) < 0.02, (alpha, len(idx))
+        assert idx.dtype == torch.int64 and int(idx[0]) >= 0 and int(idx[-1]) < n
+        assert bool((idx[1:] > idx[:-1]).all())
+        assert torch.equal(idx, mask_indices(n, alpha, seed=3, round_=0))
+        assert not torch.equal(idx[:100], mask_indices(n, alpha, seed=3, round_=1)[:100])
+        # each coordinate equally likely: the two halves hold half of the selection each
+        assert abs(int((idx < n // 2).sum()) / len(idx) - 0.5) < 0.01
+    assert torch.equal(mask_indices(10, 1.0, 0, 5), torch.arange(10))
+    assert len(mask_indices(3, 0.001, 0, 0)) <= 3
+
+
+def test_bad_alpha_and_rings():
+    for alpha in (0, -0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"alpha .* must be in \(0, 1\]"):
+            mask_indices(10, alpha, 0, 0)
+    with pytest.raises(ValueError, match="rank 3 is not in a ring of 3"):
+        ring_peers(3, 3)
+    assert ring_peers(0, 1) == ([], 1.0)
+    assert ring_peers(0, 5) == ([(4, 1 / 3), (1, 1 / 3)], 1 / 3)
