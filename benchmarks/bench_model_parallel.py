@@ -23,6 +23,8 @@ cost_model.probe in the same run, plus the compute, two ways:
 
     .venv/bin/python benchmarks/bench_model_parallel.py [--repeats 5] [--parts 1,2]
         [--nets 784-4096-4096-10,784-8192-8192-10,cnn,ssda]
+    .venv/bin/python benchmarks/bench_model_parallel.py --plan-from results.json   (add "plan":
+        what fit(partitions="auto") chooses on max(--parts) slots with that run's link and rate)
 """
 
 from __future__ import annotations
@@ -121,15 +123,42 @@ def _rank(rank, world, port, net, algorithm, out):
             "step_s": float(step_s), "messages_per_step": float(counts[0]) / STEPS,
             "bytes_per_step": float(counts[1]) / STEPS, "flops_per_s": flops,
             "link": None if link is None else {"t_lat": link.t_lat, "t_data": link.t_data}}))
+    dist.barrier()            # no rank tears gloo down while another still talks (SIGABRT)
     dist.destroy_process_group()
 
 
 def distributed(net, F, algorithm):
     import torch.multiprocessing as mp
     out = Path(tempfile.mkdtemp()) / "r.json"
-    mp.start_processes(_rank, args=(F, _free_port(), net, algorithm, str(out)), nprocs=F,
-                       join=True, start_method="spawn")
-    return json.loads(out.read_text())
+    for attempt in range(3):
+        try:
+            mp.start_processes(_rank, args=(F, _free_port(), net, algorithm, str(out)),
+                               nprocs=F, join=True, start_method="spawn")
+            break
+        except mp.ProcessExitedException as e:
+            # gloo sometimes aborts a rank in its teardown ("terminate called without an
+            # active exception") after a long series of runs; the run is repeated, and counted
+            print(f"{net} {algorithm}-F{F}: a rank died ({e}); run again", flush=True)
+    else:
+        raise RuntimeError(f"{net} {algorithm}-F{F}: a rank died in 3 attempts")
+    return {**json.loads(out.read_text()), "attempts": attempt + 1}
+
+
+def _plan(net, raw, parts):
+    """What fit(partitions="auto") would choose on max(parts) slots with this run's link and
+    matmul rate (Downpour's push and fetch included, memory no limit): F and the predicted
+    samples/s of every candidate."""
+    from spark_dl.parallel import cost_model
+    model_fn, shape, _ = _net(net)
+    F = max(parts)
+    runs = raw[f"collective-F{F}"]
+    cluster = cost_model.Cluster(F, 1 << 40, cost_model.Link(**runs[-1]["link"]),
+                                 statistics.median(r["flops_per_s"] for r in runs))
+    model = [int(w) for w in net.split("-")] if net not in ("cnn", "ssda") else model_fn
+    p = cost_model.plan(model, BATCH, cluster, input_shape=None if isinstance(model, list)
+                        else shape, candidates=[1, *parts])
+    return {"slots": F, "partitions": p.partitions, "replicas": p.replicas,
+            "samples_per_s": {r["F"]: round(r["samples_per_s"]) for r in p.table}}
 
 
 def plain(net, threads):
@@ -154,12 +183,21 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--parts", default="2", help="comma-separated F > 1 to run")
     ap.add_argument("--nets", default="784-4096-4096-10,784-8192-8192-10,cnn,ssda")
+    ap.add_argument("--plan-from", default=None, metavar="JSON",
+                    help="measure nothing: add the planner's choice to that run's results")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/model_parallel.json"))
     args = ap.parse_args(argv)
     import torch
 
     from spark_dl.parallel import cost_model
     parts = [int(f) for f in args.parts.split(",")]
+    if args.plan_from:
+        result = json.loads(Path(args.plan_from).read_text())
+        for net, entry in result["nets"].items():
+            entry["plan"] = _plan(net, entry["raw"], parts)
+            print(net, json.dumps(entry["plan"]))
+        Path(args.plan_from).write_text(json.dumps(result, indent=1))
+        return
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(),
               "cpus": os.cpu_count(), "torch": torch.__version__, "batch": BATCH,
               "steps": STEPS, "repeats": args.repeats, "nets": {}}
@@ -202,7 +240,7 @@ def main(argv=None):
                            flop_rate_gflops=round(rate / 1e9, 2))
             rows[k] = row
             print(net, k, json.dumps(row), flush=True)
-        result["nets"][net] = {"summary": rows, "raw": raw}
+        result["nets"][net] = {"summary": rows, "raw": raw, "plan": _plan(net, raw, parts)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
 
