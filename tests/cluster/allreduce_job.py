@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--model", default="cnn")
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--replicas", type=int, default=None)
+    ap.add_argument("--staleness", default=None, help="downpour: the server's staleness rule")
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
@@ -51,6 +52,8 @@ def main():
     try:
         for name in args.fits.split(","):
             extra = {} if args.partitions == 1 else {"partitions": args.partitions}
+            if args.staleness is not None:
+                extra["staleness"] = args.staleness
             res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), args.model,
                       strategy=args.strategy, shape=(1, 28, 28) if args.model == "cnn"
                       else (784,), num_classes=10, replicas=args.replicas, **extra,

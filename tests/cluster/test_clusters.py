@@ -195,11 +195,13 @@ def test_downpour_worker_killed_mid_fit_is_retried_by_spark(venv_bin, tmp_path):
     # fits settle. Even so the order of the pushes differs run to run (two clean fits of one
     # run ended 0.2-0.6 points apart); faulty fits landed 0.18, 0.40 and 0.33 points from the
     # mean of their two clean ones (docs/quality.md): the 0.5 points. The test holds
-    # a faulty fit to 1 point from that mean, which noise alone does not reach.
+    # a faulty fit to 1 point from that mean, which noise alone does not reach. Those runs
+    # had the plain server rule (momentum 0.8 as given); under the default rule (0.3 on the
+    # server) a clean fit ended at 96.55% (2026-11-25): the test keeps the measured setting.
     log, report = _fit_with_a_kill(
         venv_bin, tmp_path, ["--epochs", str(EPOCHS), "--strategy", "downpour", "--optimizer",
                              "sgd", "--lr", "0.03", "--momentum", "0.8", "--lr-decay", "0.85",
-                             "--batch-size", "16"],
+                             "--batch-size", "16", "--staleness", "none"],
         epoch_one_done, "worker-1.json", fits="clean,faulty,clean2")
     fits = report["fits"]
     clean, faulty = fits["clean"], fits["faulty"]
