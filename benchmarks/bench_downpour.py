@@ -8,10 +8,13 @@ of --repeats runs:
   plain-1t            single-process loop, 1 thread (the calibration)
   allreduce           spark_dl.fit(strategy="allreduce")
   downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.9 as the
-                      others, the default staleness rule "momentum" (the server runs
-                      0.9 - (1 - 1/2) = 0.4: two asynchronous replicas add momentum of their own)
-  downpour-1-1-plain  the plain rule (staleness="none") with server momentum 0.8, the best
-                      plain setting before the rule (at 0.9 it diverges)
+                      others, the defaults: staleness rule "momentum" (the server runs
+                      0.9 - (1 - 1/2) = 0.4: two asynchronous replicas add momentum of their
+                      own) and average=0.1 (the model returned and validated is the server's
+                      moving average over a tenth of an epoch)
+  downpour-1-1-last   the same with average=0: the server's last values
+  downpour-1-1-plain  the plain rule (staleness="none", average=0) with server momentum 0.8,
+                      the best plain setting before the rule (at 0.9 it diverges)
   downpour-1-1-lrmom  staleness="lr+momentum": also lr / tau for pushes tau >= 2 versions old
   downpour-1-1-ovl    as downpour-1-1 with overlap=True: the push of step t travels while step
                       t+1 computes (one more step of staleness, no waiting)
@@ -160,8 +163,10 @@ def main(argv=None):
         "plain-1t": lambda: (plain(R, E), {}),
         "allreduce": lambda: engine(spark, R, E, runs),
         "downpour-1-1": lambda: engine(spark, R, E, runs, strategy="downpour"),
+        "downpour-1-1-last": lambda: engine(spark, R, E, runs, strategy="downpour",
+                                            average=0),
         "downpour-1-1-plain": lambda: engine(spark, R, E, runs, momentum=0.8,
-                                             strategy="downpour", staleness="none"),
+                                             strategy="downpour", staleness="none", average=0),
         "downpour-1-1-lrmom": lambda: engine(spark, R, E, runs, strategy="downpour",
                                              staleness="lr+momentum"),
         "downpour-1-1-ovl": lambda: engine(spark, R, E, runs, overlap=True,

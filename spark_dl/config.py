@@ -63,6 +63,9 @@ class TrainConfig:
     mode: str = "async"             # downpour: "async", "sync" or "sequential"
     overlap: bool = False           # downpour async: pushes travel while the next step computes
     staleness: str = "momentum"     # downpour async: "momentum", "lr", "lr+momentum", "none"
+    average: float | None = None    # downpour async: the returned model averages the server's
+                                    # values over this fraction of an epoch (None: 0.1 with
+                                    # several replicas, else 0)
     partitions: int | str = 1       # downpour: split every replica's model over this many
                                     # tasks; "auto": the cost model's planner chooses
     model_parallel: str = "collective"  # partitions > 1: "collective" layers or "thesis" (FC)
@@ -76,6 +79,9 @@ class TrainConfig:
         _check(self.partitions == "auto" or (isinstance(self.partitions, int)
                                               and self.partitions >= 1),
                "train.partitions", self.partitions, "must be an integer >= 1 or 'auto'")
+        _check(self.average is None or (isinstance(self.average, (int, float))
+                                        and self.average >= 0), "train.average", self.average,
+               "must be a number >= 0 (a fraction of an epoch; 0: the last values)")
         _check(self.staleness in ("none", "lr", "momentum", "lr+momentum"), "train.staleness",
                self.staleness, "must be 'momentum', 'lr', 'lr+momentum' or 'none'")
         _check(self.model_parallel in ("collective", "thesis"), "train.model_parallel",

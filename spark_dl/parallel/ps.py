@@ -20,6 +20,12 @@ fetches right after pushing pays one round trip, not two. The server counts the 
 it applied per worker id; the hello reply says how many, so that a task Spark retries goes on
 from there instead of redoing its shard.
 
+Averaged parameters (``average`` = a > 0): besides its parameters x each shard keeps their
+exponential moving average over about a x (an epoch's pushes), x̄ <- x̄ + (x - x̄) / (a E)
+after every step (x̄ = x while a E <= 1). Workers always fetch x; ``parameters()`` (the model
+the driver validates and returns) is x̄: it damps the last iterates' noise, which asynchronous
+pushes add to (docs/benchmarks.md, "Downpour SGD").
+
 The server-side learning rate decays per epoch (lr_decay): an epoch is the mini-batch steps of
 all workers' shards (sync: of the largest), counted as the pushes carry them.
 
@@ -155,8 +161,10 @@ class _Growing:
 
 class _Shard:
     def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float,
-                 lr_decay: float = 1.0):
+                 lr_decay: float = 1.0, average: float = 0.0):
         self.param = torch.nn.Parameter(values.clone(), requires_grad=False)
+        self.average = average
+        self.avg = values.clone() if average > 0 else None     # x̄, see the module doc
         self.param.grad = torch.zeros_like(self.param)
         opts = {"sgd": lambda: torch.optim.SGD([self.param], lr=lr),
                 "momentum": lambda: torch.optim.SGD([self.param], lr=lr, momentum=momentum),
@@ -189,6 +197,12 @@ class _Shard:
         self.abs_sum += float(self.param.grad.abs().sum()) / summed
         self.abs_steps += 1
         self.opt.step()
+        if self.avg is not None:
+            span = self.average * epoch_steps
+            if span > 1:
+                self.avg.lerp_(self.param.detach(), 1.0 / span)
+            else:
+                self.avg.copy_(self.param.detach())
         self.steps += steps
         self.version += 1
 
@@ -201,7 +215,7 @@ class ParameterServer:
                  momentum: float = 0.9, mode: str = "async", workers: int = 1,
                  max_staleness: int | None = None, timeout_s: float = 300.0,
                  lr_decay: float = 1.0, bounds: list[int] | None = None,
-                 staleness_lr: bool = False):
+                 staleness_lr: bool = False, average: float = 0.0):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -226,7 +240,9 @@ class ParameterServer:
         self.bounds = list(bounds) if bounds is not None else \
             [n * i // shards for i in range(shards + 1)]
         self.epoch_steps = 0            # mini-batch steps of one epoch, from the workers' hellos
-        self.shards = [_Shard(flat[a:b], optimizer, lr, momentum, lr_decay)
+        if not average >= 0:
+            raise ValueError(f"average must be >= 0 (a fraction of an epoch), got {average}")
+        self.shards = [_Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
         self.max_payload = max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])) * 8
         self.staleness: Counter = Counter()     # staleness -> pushes
@@ -245,12 +261,14 @@ class ParameterServer:
         self._thread.start()
 
     # -- state ---------------------------------------------------------------------------
-    def parameters(self) -> torch.Tensor:
-        """A consistent-per-shard copy of the current flat parameters."""
+    def parameters(self, averaged: bool = True) -> torch.Tensor:
+        """A consistent-per-shard copy of the current flat parameters: their average where the
+        server keeps one and ``averaged``, else the values the workers fetch."""
         out = []
         for s in self.shards:
             with s.lock:
-                out.append(s.param.detach().clone())
+                v = s.avg if averaged and s.avg is not None else s.param
+                out.append(v.detach().clone())
         return torch.cat(out)
 
     @property
@@ -261,10 +279,11 @@ class ParameterServer:
         """Everything a restarted server needs: each shard's values, optimizer state, version
         and steps applied (each shard's under its lock)."""
         out = {"bounds": list(self.bounds), "values": [], "optimizer": [], "versions": [],
-               "steps": []}
+               "steps": [], "averages": []}
         for s in self.shards:
             with s.lock:
                 out["values"].append(s.param.detach().clone())
+                out["averages"].append(None if s.avg is None else s.avg.clone())
                 out["optimizer"].append(copy.deepcopy(s.opt.state_dict()))
                 out["versions"].append(s.version)
                 out["steps"].append(s.steps)
@@ -276,11 +295,14 @@ class ParameterServer:
         if list(state["bounds"]) != self.bounds:
             raise ValueError(f"the saved server has shards {state['bounds']}, this one "
                              f"{self.bounds}: a different model or partitioning")
-        for s, values, opt, version, steps in zip(self.shards, state["values"],
-                                                  state["optimizer"], state["versions"],
-                                                  state["steps"]):
+        averages = state.get("averages") or [None] * len(self.shards)  # older checkpoints
+        for s, values, opt, version, steps, saved in zip(
+                self.shards, state["values"], state["optimizer"], state["versions"],
+                state["steps"], averages):
             with s.lock:
                 s.param.data.copy_(values)
+                if s.avg is not None:          # none saved: the average starts at x
+                    s.avg.copy_(values if saved is None else saved)
                 s.opt.load_state_dict(opt)
                 s.version, s.steps = int(version), int(steps)
         self.start_epoch = start_epoch

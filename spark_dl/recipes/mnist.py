@@ -120,7 +120,7 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
         df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, PIXEL_SCHEMA))
     extra = {} if t.strategy == "allreduce" else \
         dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode, overlap=t.overlap,
-             staleness=t.staleness,
+             staleness=t.staleness, average=t.average,
              partitions=t.partitions, model_parallel=t.model_parallel)
     res = fit(df, _model_fn(t), strategy=t.strategy, shape=(1, 28, 28), num_classes=10,
               optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, momentum=t.momentum,

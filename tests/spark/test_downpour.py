@@ -243,6 +243,10 @@ def test_downpour_argument_errors(spark):
         fit(df, small_fc, partitions=2)
     with pytest.raises(ConfigError, match="wire_dtype must be"):
         fit(df, small_fc, strategy="downpour", wire_dtype="int8")
+    with pytest.raises(ConfigError, match="average must be a number >= 0"):
+        fit(df, small_fc, strategy="downpour", average=-0.1)
+    with pytest.raises(ConfigError, match="average=0.1 needs mode='async'"):
+        fit(df, small_fc, strategy="downpour", mode="sync", average=0.1)
     with pytest.raises(ConfigError, match="staleness must be one of none, lr, momentum"):
         fit(df, small_fc, strategy="downpour", staleness="tau")
     with pytest.raises(ConfigError, match="overlap=True with staleness='none' and server "
@@ -265,6 +269,10 @@ def test_staleness_rule_lowers_the_server_momentum_by_the_asynchronys_own(spark,
     assert plain.info["server_momentum"] == 0.9
     sync = fit(df, small_fc, mode="sync", run_dir=tmp_path / "c", **kw)
     assert sync.info["server_momentum"] == 0.9
+    # the returned model averages the server's values over 0.1 epoch by default with several
+    # asynchronous replicas, never in sync rounds (nor with one worker: plain SGD)
+    assert (default.info["average"], plain.info["average"], sync.info["average"]) == \
+        (0.1, 0.1, 0.0)
 
 
 def test_auto_partitions_plan_with_a_probed_link(spark, tmp_path):

@@ -334,3 +334,29 @@ def test_bounded_staleness_holds_a_worker_that_runs_ahead(server):
     fast.push(g, samples=1)
     fast.push(g, samples=1)
     assert ps.versions == [5]
+
+
+def test_the_server_averages_its_values_over_a_fraction_of_an_epoch(server):
+    """average=0.5 with 4 steps an epoch: x̄ <- x̄ + (x - x̄) / 2 after every step; parameters()
+    is x̄, the workers' values stay x, and a checkpoint brings x̄ back."""
+    ps = server(n=4, optimizer="sgd", lr=0.5, average=0.5)
+    x = ps.parameters()
+    avg = x.clone()
+    assert torch.equal(x, ps.parameters(averaged=False))
+    g = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=4, batch_size=1)                     # 4 steps an epoch: a span of 2 steps
+    for k, grad in enumerate(g):
+        assert c.push(grad, samples=1, versions=[k]) == [0]
+        x = x - 0.5 * grad
+        avg = avg + (x - avg) / 2
+    c.close()
+    assert torch.allclose(ps.parameters(averaged=False), x, atol=1e-12)
+    assert torch.allclose(ps.parameters(), avg, atol=1e-12)
+    state = ps.state_dict()
+    fresh = server(n=4, optimizer="sgd", lr=0.5, average=0.5)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.parameters(), ps.parameters())
+    assert torch.equal(fresh.parameters(averaged=False), ps.parameters(averaged=False))
+    with pytest.raises(ValueError, match="average must be >= 0"):
+        server(n=4, average=-1)
