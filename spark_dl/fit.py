@@ -110,7 +110,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
         n_push: int = 1, mode: str = "async", server_optimizer: str | None = None,
         ps_shards: int | None = None, wire_dtype: str = "float32",
         max_staleness: int | None = None, overlap: bool = False, staleness: str = "momentum",
-        average: float | None = None, partitions: int | str = 1, model_parallel: str = "collective", data: str = "auto",
+        average: float | None = None, partitions: int | str = 1,
+        model_parallel: str = "collective", data: str = "auto",
         shuffle_buffer: int | str = "256MB", transform: Callable | None = None,
         track=None) -> FitResult:
     """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
@@ -135,9 +136,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str = "allreduce"
       validated and returned is the server's moving average of its parameters over this
       fraction of an epoch's pushes, which damps the noise of the last asynchronous steps;
       default 0.1 with several replicas, 0 (the last values) with one, so that one worker is
-      plain SGD; the workers always fetch the last values), partitions (F > 1: every replica's model is split by
-      columns over F tasks, which train it together on the union of their micro-batches
-      and each push and fetch their own slice: Downpour over model-parallel replicas, in a
+      plain SGD; the workers always fetch the last values), partitions (F > 1: every
+      replica's model is split by columns over F tasks, which train it together on the
+      union of their micro-batches and each push and fetch their own slice: Downpour over model-parallel replicas, in a
       barrier stage of replicas x F tasks; modes async and sequential; "auto": the cost
       model's planner picks F and R for any model it splits, with the link measured by a
       probe job and the memory of a task from spark.executor.pyspark.memory), model_parallel
