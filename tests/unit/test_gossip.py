@@ -4,15 +4,12 @@ replica draws the same mask, and a round sends alpha x the model to each neighbo
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 
 from spark_dl.parallel.gossip import Gossip, consensus_distance, mask_indices, ring_peers
 
-from .test_model_parallel import _free_port
+from .ranks import run_on_ranks
 
 N, ROUNDS, LR, SEED = 1000, 4, 0.1, 7
 
@@ -33,40 +30,30 @@ def _start(rank):
     return torch.randn(N, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
 
 
-def _rank_main(rank, world, port, alpha, out_dir):
+def _rank_main(rank, world, alpha):
     import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        x = _start(rank)
-        gossip = Gossip(x, alpha, SEED)
-        report = {"masks": [], "mean_error": 0.0, "trajectory": []}
-        for k in range(ROUNDS):
-            g = _grad(x, rank)                          # at x_k, before the round (Alg. 2)
-            before = x.clone()
-            dist.all_reduce(before)
-            idx = gossip.round(k)
-            after = x.clone()
-            dist.all_reduce(after)
-            report["mean_error"] = max(report["mean_error"],
-                                       float((after - before).abs().max()) / world)
-            x.sub_(LR * g)                              # x_k+1 = x_k+1/2 - lr g(x_k)
-            report["masks"].append([len(idx), int(idx.sum()), int(idx[:5].sum())])
-            report["trajectory"].append(x.tolist())
-        report["bytes_sent"] = gossip.bytes_sent
-        report["consensus"] = consensus_distance(x)
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
+    x = _start(rank)
+    gossip = Gossip(x, alpha, SEED)
+    report = {"masks": [], "mean_error": 0.0, "trajectory": []}
+    for k in range(ROUNDS):
+        g = _grad(x, rank)                          # at x_k, before the round (Alg. 2)
+        before = x.clone()
+        dist.all_reduce(before)
+        idx = gossip.round(k)
+        after = x.clone()
+        dist.all_reduce(after)
+        report["mean_error"] = max(report["mean_error"],
+                                   float((after - before).abs().max()) / world)
+        x.sub_(LR * g)                              # x_k+1 = x_k+1/2 - lr g(x_k)
+        report["masks"].append([len(idx), int(idx.sum()), int(idx[:5].sum())])
+        report["trajectory"].append(x.tolist())
+    report["bytes_sent"] = gossip.bytes_sent
+    report["consensus"] = consensus_distance(x)
+    return report
 
 
 def _run(world, alpha, tmp_path):
-    import torch.multiprocessing as mp
-    mp.start_processes(_rank_main, args=(world, _free_port(), alpha, str(tmp_path)),
-                       nprocs=world, join=True, start_method="spawn")
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    return run_on_ranks(_rank_main, world, tmp_path, alpha)
 
 
 def _w(world):

@@ -4,103 +4,85 @@ and bytes are those of the cost model."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from spark_dl.parallel import cost_model
 from spark_dl.parallel.model_parallel import split_sizes
 
+from .ranks import run_on_ranks
+
 FC_SIZES = [20, 13, 7, 5]           # widths not divisible by 2, 3 or 4: uneven slices
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank, world, port, out_dir):
-    import torch.distributed as dist
-
+def _rank_main(rank, world):
     from spark_dl.models import FCNet, ThesisCNN
     from spark_dl.models.rnn import CharRNN
     from spark_dl.parallel.model_parallel import (Comm, ThesisFC, parameter_bytes,
                                                   partition_model)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
     report = {}
-    try:
-        comm = Comm()
+    comm = Comm()
 
-        def check(name, ref, inputs, loss_fn):
-            torch.manual_seed(0)
-            part = partition_model(ref, comm)
-            comm.reset()
-            ref.zero_grad()
-            out_ref = ref(*inputs)
-            out_ref = out_ref[0] if isinstance(out_ref, tuple) else out_ref
-            loss_fn(out_ref).backward()
-            out = part(*inputs)
-            out = out[0] if isinstance(out, tuple) else out
-            loss_fn(out).backward()
-            errs = [float((out - out_ref).abs().max())]
-            refs = dict(ref.named_parameters())
-            for pname, p in part.named_parameters():
-                errs.append(_slice_error(pname, p, refs, rank, world, ref))
-            report[name] = {"max_error": max(errs), "counts": comm.counts(),
-                            "param_bytes": parameter_bytes(part),
-                            "full_bytes": parameter_bytes(ref)}
-
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(6, FC_SIZES[0], dtype=torch.float64, generator=g)
-        y = torch.randint(0, FC_SIZES[-1], (6,), generator=g)
+    def check(name, ref, inputs, loss_fn):
         torch.manual_seed(0)
-        fc = FCNet(FC_SIZES).double()
-        check("fc", fc, (x,), lambda o: torch.nn.functional.cross_entropy(o, y))
-        torch.manual_seed(0)
-        cnn = ThesisCNN(widths=(5, 7, 6)).double()
-        xi = torch.randn(3, 1, 28, 28, dtype=torch.float64, generator=g)
-        yi = torch.randint(0, 10, (3,), generator=g)
-        check("cnn", cnn, (xi,), lambda o: torch.nn.functional.cross_entropy(o, yi))
-        torch.manual_seed(0)
-        lstm = CharRNN(vocab_size=9, hidden=11, layers=2, kind="lstm").double()
-        ids = torch.randint(0, 9, (2, 5), generator=g)
-        check("lstm", lstm, (ids,), lambda o: torch.nn.functional.cross_entropy(
-            o.reshape(-1, 9), ids.roll(-1, 1).reshape(-1)))
-
-        thesis_net = partition_model(FCNet((784, 480, 160, 10)), comm)
-        report["thesis_net_bytes"] = [parameter_bytes(thesis_net),
-                                      parameter_bytes(FCNet((784, 480, 160, 10)))]
-
-        # the thesis's master algorithm on the FC net
-        torch.manual_seed(0)
-        ref = FCNet(FC_SIZES).double()
-        ref.zero_grad()
-        ref_loss = torch.nn.functional.cross_entropy(ref(x), y)
-        ref_loss.backward()
-        thesis = ThesisFC(ref, comm)
+        part = partition_model(ref, comm)
         comm.reset()
-        loss = thesis.step(x if rank == 0 else None, y if rank == 0 else None, batch=len(x))
-        counts = comm.counts()
-        errs = [abs(loss - float(ref_loss)) if rank == 0 else 0.0]
-        linears = [m for m in ref.modules() if isinstance(m, torch.nn.Linear)]
-        for i, m in enumerate(linears):
-            cols = _cols(m.out_features, world, rank)
-            errs.append(float((thesis.weight[i].grad - m.weight.grad[cols]).abs().max()))
-            errs.append(float((thesis.bias[i].grad - m.bias.grad[cols]).abs().max()))
-        state = thesis.full_state()
-        errs.append(max(float((state[k] - v).abs().max()) for k, v in ref.state_dict().items()))
-        report["thesis_fc"] = {"max_error": max(errs), "counts": counts}
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
+        ref.zero_grad()
+        out_ref = ref(*inputs)
+        out_ref = out_ref[0] if isinstance(out_ref, tuple) else out_ref
+        loss_fn(out_ref).backward()
+        out = part(*inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        loss_fn(out).backward()
+        errs = [float((out - out_ref).abs().max())]
+        refs = dict(ref.named_parameters())
+        for pname, p in part.named_parameters():
+            errs.append(_slice_error(pname, p, refs, rank, world, ref))
+        report[name] = {"max_error": max(errs), "counts": comm.counts(),
+                        "param_bytes": parameter_bytes(part),
+                        "full_bytes": parameter_bytes(ref)}
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, FC_SIZES[0], dtype=torch.float64, generator=g)
+    y = torch.randint(0, FC_SIZES[-1], (6,), generator=g)
+    torch.manual_seed(0)
+    fc = FCNet(FC_SIZES).double()
+    check("fc", fc, (x,), lambda o: torch.nn.functional.cross_entropy(o, y))
+    torch.manual_seed(0)
+    cnn = ThesisCNN(widths=(5, 7, 6)).double()
+    xi = torch.randn(3, 1, 28, 28, dtype=torch.float64, generator=g)
+    yi = torch.randint(0, 10, (3,), generator=g)
+    check("cnn", cnn, (xi,), lambda o: torch.nn.functional.cross_entropy(o, yi))
+    torch.manual_seed(0)
+    lstm = CharRNN(vocab_size=9, hidden=11, layers=2, kind="lstm").double()
+    ids = torch.randint(0, 9, (2, 5), generator=g)
+    check("lstm", lstm, (ids,), lambda o: torch.nn.functional.cross_entropy(
+        o.reshape(-1, 9), ids.roll(-1, 1).reshape(-1)))
+
+    thesis_net = partition_model(FCNet((784, 480, 160, 10)), comm)
+    report["thesis_net_bytes"] = [parameter_bytes(thesis_net),
+                                  parameter_bytes(FCNet((784, 480, 160, 10)))]
+
+    # the thesis's master algorithm on the FC net
+    torch.manual_seed(0)
+    ref = FCNet(FC_SIZES).double()
+    ref.zero_grad()
+    ref_loss = torch.nn.functional.cross_entropy(ref(x), y)
+    ref_loss.backward()
+    thesis = ThesisFC(ref, comm)
+    comm.reset()
+    loss = thesis.step(x if rank == 0 else None, y if rank == 0 else None, batch=len(x))
+    counts = comm.counts()
+    errs = [abs(loss - float(ref_loss)) if rank == 0 else 0.0]
+    linears = [m for m in ref.modules() if isinstance(m, torch.nn.Linear)]
+    for i, m in enumerate(linears):
+        cols = _cols(m.out_features, world, rank)
+        errs.append(float((thesis.weight[i].grad - m.weight.grad[cols]).abs().max()))
+        errs.append(float((thesis.bias[i].grad - m.bias.grad[cols]).abs().max()))
+    state = thesis.full_state()
+    errs.append(max(float((state[k] - v).abs().max()) for k, v in ref.state_dict().items()))
+    report["thesis_fc"] = {"max_error": max(errs), "counts": counts}
+    return report
 
 
 def _cols(n, world, rank):
@@ -128,10 +110,7 @@ def _slice_error(pname, p, refs, rank, world, ref):
 
 
 def _run(world, tmp_path):
-    port = _free_port()
-    mp.start_processes(_rank_main, args=(world, port, str(tmp_path)), nprocs=world,
-                       join=True, start_method="spawn")
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    return run_on_ranks(_rank_main, world, tmp_path)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

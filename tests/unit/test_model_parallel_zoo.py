@@ -5,9 +5,6 @@ narrow to split (kept whole) compute the unpartitioned model's losses and gradie
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 from torch import nn
@@ -15,7 +12,7 @@ from torch import nn
 from spark_dl.parallel.model_parallel import Comm, merge_partitions, partition_model, \
     split_sizes
 
-from .test_model_parallel import _free_port
+from .ranks import run_on_ranks
 
 
 def narrow_fc():
@@ -56,84 +53,72 @@ def _grads_of(part, ref, world, rank) -> float:
     return err
 
 
-def _rank_main(rank, world, port, out_dir):
-    import torch.distributed as dist
-
+def _rank_main(rank, world):
     from spark_dl.models.rnn import CharRNN
     from spark_dl.models.ssda import SSDA, LayerSpec
     from spark_dl.parallel.model_parallel import kept_whole
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
     report = {}
-    try:
-        comm = Comm()
-        g = torch.Generator().manual_seed(1)
+    comm = Comm()
+    g = torch.Generator().manual_seed(1)
 
-        def check(name, ref, loss_fn):
-            part = partition_model(ref, comm)
-            ref.zero_grad()
-            ref_loss = loss_fn(ref)
-            ref_loss.backward()
-            loss = loss_fn(part)
-            loss.backward()
-            report[name] = {"loss_error": abs(loss.item() - ref_loss.item()),
-                            "grad_error": _grads_of(part, ref, world, rank),
-                            "kept_whole": kept_whole(part)}
-            return part
+    def check(name, ref, loss_fn):
+        part = partition_model(ref, comm)
+        ref.zero_grad()
+        ref_loss = loss_fn(ref)
+        ref_loss.backward()
+        loss = loss_fn(part)
+        loss.backward()
+        report[name] = {"loss_error": abs(loss.item() - ref_loss.item()),
+                        "grad_error": _grads_of(part, ref, world, rank),
+                        "kept_whole": kept_whole(part)}
+        return part
 
-        # SSDA: 12 inputs, layers 7 (sparse) and 5 (no sparsity), pretraining and fine-tuning
-        torch.manual_seed(0)
-        ssda = SSDA(12, (LayerSpec(7, beta=0.1, rho=0.1, weight_decay=1e-2),
-                         LayerSpec(5, beta=0.0, rho=1.0, weight_decay=1e-3))).double()
-        noisy = torch.rand(6, 12, dtype=torch.float64, generator=g)
-        clean = torch.rand(6, 12, dtype=torch.float64, generator=g)
-        check("ssda_pretrain_1", ssda, lambda m: m.layers[0].loss(noisy, clean))
-        with torch.no_grad():
-            codes = ssda.encode(noisy, 1), ssda.encode(clean, 1)
-        check("ssda_pretrain_2", ssda, lambda m: m.layers[1].loss(*codes))
-        check("ssda_finetune", ssda, lambda m: m.finetune_loss(noisy, clean))
-        # App. B's shape: the last layer, as wide as the input, is the output (no decoders)
-        torch.manual_seed(0)
-        out_stack = SSDA(12, (LayerSpec(7, beta=0.1, rho=0.1, weight_decay=1e-2, init_gain=4.0),
-                              LayerSpec(12, 0.0, 1.0, 1e-3, output=True))).double()
-        check("ssda_output_pretrain_2", out_stack, lambda m: m.layers[1].loss(
-            *(m.encode(t, 1).detach() for t in (noisy, clean))))
-        check("ssda_output_finetune", out_stack, lambda m: m.finetune_loss(noisy, clean))
+    # SSDA: 12 inputs, layers 7 (sparse) and 5 (no sparsity), pretraining and fine-tuning
+    torch.manual_seed(0)
+    ssda = SSDA(12, (LayerSpec(7, beta=0.1, rho=0.1, weight_decay=1e-2),
+                     LayerSpec(5, beta=0.0, rho=1.0, weight_decay=1e-3))).double()
+    noisy = torch.rand(6, 12, dtype=torch.float64, generator=g)
+    clean = torch.rand(6, 12, dtype=torch.float64, generator=g)
+    check("ssda_pretrain_1", ssda, lambda m: m.layers[0].loss(noisy, clean))
+    with torch.no_grad():
+        codes = ssda.encode(noisy, 1), ssda.encode(clean, 1)
+    check("ssda_pretrain_2", ssda, lambda m: m.layers[1].loss(*codes))
+    check("ssda_finetune", ssda, lambda m: m.finetune_loss(noisy, clean))
+    # App. B's shape: the last layer, as wide as the input, is the output (no decoders)
+    torch.manual_seed(0)
+    out_stack = SSDA(12, (LayerSpec(7, beta=0.1, rho=0.1, weight_decay=1e-2, init_gain=4.0),
+                          LayerSpec(12, 0.0, 1.0, 1e-3, output=True))).double()
+    check("ssda_output_pretrain_2", out_stack, lambda m: m.layers[1].loss(
+        *(m.encode(t, 1).detach() for t in (noisy, clean))))
+    check("ssda_output_finetune", out_stack, lambda m: m.finetune_loss(noisy, clean))
 
-        # Elman RNN (tanh), 2 layers of 11 units
-        torch.manual_seed(0)
-        rnn = CharRNN(vocab_size=9, hidden=11, layers=2, kind="rnn").double()
-        ids = torch.randint(0, 9, (2, 5), generator=g)
-        check("rnn", rnn, lambda m: nn.functional.cross_entropy(
-            m(ids)[0].reshape(-1, 9), ids.roll(-1, 1).reshape(-1)))
+    # Elman RNN (tanh), 2 layers of 11 units
+    torch.manual_seed(0)
+    rnn = CharRNN(vocab_size=9, hidden=11, layers=2, kind="rnn").double()
+    ids = torch.randint(0, 9, (2, 5), generator=g)
+    check("rnn", rnn, lambda m: nn.functional.cross_entropy(
+        m(ids)[0].reshape(-1, 9), ids.roll(-1, 1).reshape(-1)))
 
-        # a Linear layer narrower than F, kept whole
-        torch.manual_seed(0)
-        net = narrow_fc().double()
-        x = torch.randn(6, 12, dtype=torch.float64, generator=g)
-        y = torch.randint(0, 3, (6,), generator=g)
-        check("narrow_fc", net, lambda m: nn.functional.cross_entropy(m(x), y))
+    # a Linear layer narrower than F, kept whole
+    torch.manual_seed(0)
+    net = narrow_fc().double()
+    x = torch.randn(6, 12, dtype=torch.float64, generator=g)
+    y = torch.randint(0, 3, (6,), generator=g)
+    check("narrow_fc", net, lambda m: nn.functional.cross_entropy(m(x), y))
 
-        # SRCNN at F: its 1-channel output conv is kept whole
-        from spark_dl.models import SRCNN
-        torch.manual_seed(0)
-        sr = SRCNN(widths=(5, 4), kernels=(5, 1, 3)).double()
-        img = torch.rand(1, 1, 12, 12, dtype=torch.float64, generator=g)
-        target = torch.rand(1, 1, 12, 12, dtype=torch.float64, generator=g)
-        check("srcnn", sr, lambda m: nn.functional.mse_loss(m(img), target))
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
+    # SRCNN at F: its 1-channel output conv is kept whole
+    from spark_dl.models import SRCNN
+    torch.manual_seed(0)
+    sr = SRCNN(widths=(5, 4), kernels=(5, 1, 3)).double()
+    img = torch.rand(1, 1, 12, 12, dtype=torch.float64, generator=g)
+    target = torch.rand(1, 1, 12, 12, dtype=torch.float64, generator=g)
+    check("srcnn", sr, lambda m: nn.functional.mse_loss(m(img), target))
+    return report
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_ssda_rnn_and_kept_whole_layers_equal_the_unpartitioned_models(world, tmp_path):
-    import torch.multiprocessing as mp
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(tmp_path)), nprocs=world,
-                       join=True, start_method="spawn")
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    reports = run_on_ranks(_rank_main, world, tmp_path)
     for rep in reports:
         for name, r in rep.items():
             assert r["loss_error"] < 1e-10 and r["grad_error"] < 1e-10, (world, name, r)

@@ -4,12 +4,8 @@ real processes (gloo on 127.0.0.1), whatever the model; and plan() prices CNNs a
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from spark_dl.models import FCNet, ThesisCNN
@@ -17,15 +13,11 @@ from spark_dl.models.ssda import SSDA, THESIS_SSDA_LAYERS, LayerSpec
 from spark_dl.parallel import cost_model
 from spark_dl.parallel.model_parallel import CountingComm, partition_model
 
-from .test_model_parallel import FC_SIZES, _free_port
+from .ranks import run_on_ranks
+from .test_model_parallel import FC_SIZES
+from .test_model_parallel_zoo import narrow_fc     # Linear(8, 1) kept whole at F = 2
 
 BATCH = 5
-
-
-def narrow_fc():
-    """Linear(8, 1) is kept whole at F = 2: rank 0 broadcasts it every forward pass."""
-    return nn.Sequential(nn.Linear(12, 8), nn.Sigmoid(), nn.Linear(8, 1), nn.Tanh(),
-                         nn.Linear(1, 3))
 
 
 # name: (factory, one sample's shape, the loss a real run trains with)
@@ -38,27 +30,17 @@ MODELS = {
 }
 
 
-def _rank_main(rank, world, port, out_dir):
-    import torch.distributed as dist
-
+def _rank_main(rank, world):
     from spark_dl.parallel.model_parallel import Comm
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    report = {}
-    try:
-        comm = Comm()
-        for name, (model_fn, shape, loss_fn) in MODELS.items():
-            torch.manual_seed(0)
-            part = partition_model(model_fn(), comm)
-            x = torch.rand(BATCH, *shape, generator=torch.Generator().manual_seed(1))
-            comm.reset()
-            loss_fn(part(x), x).backward()
-            report[name] = comm.counts()
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
+    report, comm = {}, Comm()
+    for name, (model_fn, shape, loss_fn) in MODELS.items():
+        torch.manual_seed(0)
+        part = partition_model(model_fn(), comm)
+        x = torch.rand(BATCH, *shape, generator=torch.Generator().manual_seed(1))
+        comm.reset()
+        loss_fn(part(x), x).backward()
+        report[name] = comm.counts()
+    return report
 
 
 def _counted(model_fn, shape, F):
@@ -73,9 +55,7 @@ def _counted(model_fn, shape, F):
 
 def test_counted_step_equals_the_real_ranks_counts(tmp_path):
     world = 2
-    mp.start_processes(_rank_main, args=(world, _free_port(), str(tmp_path)), nprocs=world,
-                       join=True, start_method="spawn")
-    real = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    real = run_on_ranks(_rank_main, world, tmp_path)
     for name, (model_fn, shape, _) in MODELS.items():
         counted = _counted(model_fn, shape, world)
         for r in range(world):                     # rank by rank, kind by kind
