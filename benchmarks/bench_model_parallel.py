@@ -123,7 +123,6 @@ def _rank(rank, world, port, net, algorithm, out):
             "step_s": float(step_s), "messages_per_step": float(counts[0]) / STEPS,
             "bytes_per_step": float(counts[1]) / STEPS, "flops_per_s": flops,
             "link": None if link is None else {"t_lat": link.t_lat, "t_data": link.t_data}}))
-    dist.barrier()            # no rank tears gloo down while another still talks (SIGABRT)
     dist.destroy_process_group()
 
 
