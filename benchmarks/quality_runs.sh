@@ -67,12 +67,12 @@ if [ "$group" = downpour ]; then
   # runs were recorded before the staleness rules). On local[*], then on local-cluster (two
   # executor JVMs) through spark-submit.
   run_named cnn-sgd-downpour jobs/train_mnist.py --config conf/jobs/cnn.toml \
-      --set train.strategy=downpour --set train.momentum=0.8 --set train.staleness=none
+      --set train.strategy=downpour --set train.momentum=0.8 --set train.strategy.staleness=none
   BIN="$(cd "$(dirname "$PY")" && pwd)"
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named cnn-sgd-downpour-local-cluster --properties-file conf/spark/local-cluster.conf \
       jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.strategy=downpour \
-      --set train.momentum=0.8 --set train.staleness=none
+      --set train.momentum=0.8 --set train.strategy.staleness=none
 fi
 if [ "$group" = hybrid ]; then
   # The widened FC net in one process (2 threads), then Downpour over 2 replicas, each split
@@ -86,8 +86,8 @@ if [ "$group" = hybrid ]; then
       --set run.threads=2
   BIN="$(cd "$(dirname "$PY")" && pwd)"
   HYBRID=(jobs/train_mnist.py --config conf/jobs/fc_hybrid.toml --set train.strategy=downpour
-          --set train.partitions=2 --set train.replicas=2 --set train.batch_size=16
-          --set train.momentum=0.8 --set train.lr=0.15 --set train.staleness=none)
+          --set train.strategy.partitions=2 --set train.replicas=2 --set train.batch_size=16
+          --set train.momentum=0.8 --set train.lr=0.15 --set train.strategy.staleness=none)
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named fc-wide-hybrid-local4 --master "local[4]" "${HYBRID[@]}"
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
@@ -103,7 +103,7 @@ if [ "$group" = model-parallel ]; then
   # The digits: 100,000 distorted + 8,000 real (half the mnist group's, to fit the session).
   BIN="$(cd "$(dirname "$PY")" && pwd)"
   SUBMIT=(--properties-file conf/spark/local-cluster.conf --master "local-cluster[2,2,1024]")
-  MP=(--set train.strategy=downpour --set train.partitions=2 --set train.replicas=2)
+  MP=(--set train.strategy=downpour --set train.strategy.partitions=2 --set train.replicas=2)
   run_named cnn-mp-single jobs/train_mnist.py --config conf/jobs/cnn.toml \
       --set data.extended_samples=100000 --set run.threads=1
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
@@ -114,7 +114,7 @@ if [ "$group" = model-parallel ]; then
       --set train.batch_size=32 --set run.threads=1
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named fc-thesis-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/fc.toml \
-      "${FC[@]}" "${MP[@]}" --set train.model_parallel=thesis --set train.batch_size=16
+      "${FC[@]}" "${MP[@]}" --set train.strategy.model_parallel=thesis --set train.batch_size=16
   # char LSTM: 900 server updates each (single: 900 steps of 32 sequences; 2 x 2: each
   # replica 450 steps of 2 tasks x 16 streams, 150 steps an epoch, 3 epochs; a split step
   # takes about a second on 2 cores: every time step of both layers gathers the hidden units)

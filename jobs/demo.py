@@ -44,13 +44,11 @@ def main(argv=None, spark=None) -> dict:
           f"shards at {d.shards_dir} ({gen_s:.1f} s, {manifest['rows'] / gen_s:.0f} samples/s)")
 
     shards = read_shards(spark, d.shards_dir)
-    if t.strategy in ("allreduce", "downpour"):
-        extra = dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode) \
-            if t.strategy == "downpour" else {}
-        res = spark_dl.fit(shards, t.model, strategy=t.strategy, shape=(1, 28, 28),
+    if t.strategy != "single":
+        res = spark_dl.fit(shards, t.model, strategy=t.make_strategy(), shape=(1, 28, 28),
                            num_classes=10, optimizer=t.optimizer, lr=t.lr, momentum=t.momentum,
                            epochs=t.epochs, batch_size=t.batch_size,
-                           replicas=t.replicas or None, seed=t.seed, **extra)
+                           replicas=t.replicas or None, seed=t.seed)
         if t.strategy == "downpour":
             print(f"staleness histogram (pushes per shard by versions behind): "
                   f"{res.info['staleness_histogram']}")

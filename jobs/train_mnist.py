@@ -1,6 +1,6 @@
 """Train the thesis FC net or CNN on extended MNIST, in one process (the engines' reference) or
-with a distributed engine on Spark: --set train.strategy=allreduce or downpour
-[--set train.replicas=N --set train.n_fetch=.. --set train.n_push=.. --set train.mode=..].
+with a distributed strategy on Spark: --set train.strategy=allreduce, downpour or gossip
+[--set train.replicas=N --set train.strategy.n_push=.. --set train.strategy.mode=..].
 
     python jobs/train_mnist.py --config conf/jobs/cnn.toml [--set train.optimizer=adam ...]
 """

@@ -56,19 +56,11 @@ class TrainConfig:
     lr: float = 0.05
     momentum: float = 0.9
     seed: int = 0
-    strategy: str = "single"        # "single" (one process / one task), "allreduce", "downpour"
-    replicas: int = 0               # allreduce/downpour: replicas (0: the cluster's task slots)
-    n_fetch: int = 1                # downpour: fetch parameters every n_fetch steps
-    n_push: int = 1                 # downpour: push accumulated gradients every n_push steps
-    mode: str = "async"             # downpour: "async", "sync" or "sequential"
-    overlap: bool = False           # downpour async: pushes travel while the next step computes
-    staleness: str = "momentum"     # downpour async: "momentum", "lr", "lr+momentum", "none"
-    average: float | None = None    # downpour async: the returned model averages the server's
-                                    # values over this fraction of an epoch (None: 0.1 with
-                                    # several replicas, else 0)
-    partitions: int | str = 1       # downpour: split every replica's model over this many
-                                    # tasks; "auto": the cost model's planner chooses
-    model_parallel: str = "collective"  # partitions > 1: "collective" layers or "thesis" (FC)
+    strategy: str | dict = "single"  # "single" (one process / one task), "allreduce", "downpour",
+                                    # "gossip"; or a table [train.strategy] with name = ... and
+                                    # the strategy's options (spark_dl.strategies)
+    strategy_options: dict = dataclasses.field(default_factory=dict)  # from that table
+    replicas: int = 0               # distributed: replicas (0: the cluster's task slots)
     fc_hidden: tuple = (480, 160)   # the FC net's hidden widths (the thesis: 480, 160)
 
     def __post_init__(self):
@@ -76,24 +68,8 @@ class TrainConfig:
         _check(len(self.fc_hidden) >= 1 and all(isinstance(w, int) and w >= 1
                                                  for w in self.fc_hidden),
                "train.fc_hidden", list(self.fc_hidden), "must list positive widths")
-        _check(self.partitions == "auto" or (isinstance(self.partitions, int)
-                                              and self.partitions >= 1),
-               "train.partitions", self.partitions, "must be an integer >= 1 or 'auto'")
-        _check(self.average is None or (isinstance(self.average, (int, float))
-                                        and self.average >= 0), "train.average", self.average,
-               "must be a number >= 0 (a fraction of an epoch; 0: the last values)")
-        _check(self.staleness in ("none", "lr", "momentum", "lr+momentum"), "train.staleness",
-               self.staleness, "must be 'momentum', 'lr', 'lr+momentum' or 'none'")
-        _check(self.model_parallel in ("collective", "thesis"), "train.model_parallel",
-               self.model_parallel, "must be 'collective' or 'thesis' (the thesis's master "
-               "algorithm, FC nets only)")
         _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
-        _check(self.strategy in ("single", "allreduce", "downpour"), "train.strategy",
-               self.strategy, "must be 'single', 'allreduce' or 'downpour'")
-        _check(self.n_fetch >= 1, "train.n_fetch", self.n_fetch, "must be >= 1")
-        _check(self.n_push >= 1, "train.n_push", self.n_push, "must be >= 1")
-        _check(self.mode in ("async", "sync", "sequential"), "train.mode", self.mode,
-               "must be 'async', 'sync' or 'sequential'")
+        _strategy_spec(self, "train.strategy")
         _check(self.replicas >= 0, "train.replicas", self.replicas, "must be >= 0")
         from .optim.factory import OPTIMIZERS
         _check(self.optimizer in OPTIMIZERS, "train.optimizer", self.optimizer,
@@ -102,6 +78,42 @@ class TrainConfig:
         _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
         _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
         _check(0 <= self.momentum < 1, "train.momentum", self.momentum, "must be in [0, 1)")
+
+
+    @property
+    def partitions(self) -> int | str:
+        """Downpour's model partitions F (1 for the other strategies)."""
+        return self.strategy_options.get("partitions", 1)
+
+    def make_strategy(self):
+        """The spark_dl.strategies object of ``strategy`` and its options."""
+        from .strategies import make_strategy
+        return make_strategy(self.strategy, **self.strategy_options)
+
+
+def _strategy_spec(cfg, key: str) -> None:
+    """Normalise ``cfg.strategy`` (a name, or a table with ``name`` and options) into the name
+    and ``cfg.strategy_options``, and make the strategy once so that a bad option fails here,
+    naming the key."""
+    spec = cfg.strategy
+    options = dict(cfg.strategy_options)
+    if isinstance(spec, Mapping):
+        options = {**{k: v for k, v in spec.items() if k != "name"}, **options}
+        spec = spec.get("name")
+        _check(spec is not None, key, dict(cfg.strategy), "is a table that needs name = "
+               "'allreduce', 'downpour' or 'gossip'")
+    object.__setattr__(cfg, "strategy", spec)
+    object.__setattr__(cfg, "strategy_options", options)
+    from .strategies import STRATEGIES, make_strategy
+    _check(spec in ("single", *STRATEGIES), key, spec,
+           f"must be one of 'single', {', '.join(map(repr, STRATEGIES))}")
+    if spec == "single":
+        _check(not options, key, options, "'single' takes no options")
+        return
+    try:
+        make_strategy(spec, **options)
+    except ConfigError as e:
+        raise ConfigError(f"'{key}': {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +183,8 @@ def load_toml(cls: type[T], path: str | Path, overrides: Mapping[str, Any] | Non
         *tables, leaf = dotted.split(".")
         node = values
         for t in tables:
+            if isinstance(node.get(t), str):          # train.strategy = "x" -> a table
+                node[t] = {"name": node[t]}
             node = node.setdefault(t, {})
         node[leaf] = value
     return from_mapping(cls, values, where=str(path))

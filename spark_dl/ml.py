@@ -130,11 +130,13 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
         df = dataset.select(feats.alias("features"),
                             F.col(g("labelCol")).cast("long").alias("label"))
         shape = list(g("inputShape"))
-        kw = {} if g("strategy") == "allreduce" else {"partitions": g("partitions")}
-        res = fit(df, self._network(), strategy=g("strategy"), shape=tuple(shape),
+        from .strategies import make_strategy
+        partitions = {"partitions": g("partitions")} if g("partitions") != 1 else {}
+        res = fit(df, self._network(), strategy=make_strategy(g("strategy"), **partitions),
+                  shape=tuple(shape),
                   num_classes=g("numClasses"), optimizer=g("optimizer"), lr=g("lr"),
                   momentum=g("momentum"), epochs=g("epochs"), batch_size=g("batchSize"),
-                  replicas=g("replicas") or None, seed=g("seed"), log=None, **kw)
+                  replicas=g("replicas") or None, seed=g("seed"), log=None)
         buf = io.BytesIO()
         import torch
         torch.save(res.model.state_dict(), buf)

@@ -1,16 +1,28 @@
-"""What every training task of a fit needs to know, whatever the engine (plain values only:
-the configs travel to the executors in the task closure)."""
+"""What every training task of a fit needs, whatever the strategy: its configuration (plain
+values only: the configs travel to the executors in the task closure), its shard, the losses,
+evaluation, atomic checkpoints, and the scaffold of a barrier stage whose replica 0 returns the
+trained model (all-reduce and gossip)."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-__all__ = ["StageConfig", "peak_memory_mb", "read_shard", "write_task_info"]
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["StageConfig", "peak_memory_mb", "read_shard", "write_task_info", "LOSSES",
+           "loss_function", "evaluate", "save_atomic", "barrier_task", "RESULT_SCHEMA",
+           "broadcast_bytes", "state_bytes", "stage_info"]
+
+LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +47,7 @@ class StageConfig:
     data: str = "auto"                 # "memory", "stream" (spilled to local disk) or "auto"
     shuffle_buffer: int | str = "256MB"  # a streamed shard's shuffle buffer: rows or a size
     transform: Callable | None = None  # (x, y) numpy rows of a batch -> tensors
+    resume: bool = True                # a run_dir with a checkpoint goes on from it
 
 
 def read_shard(cfg: StageConfig, batches, where: str):
@@ -78,3 +91,163 @@ def write_task_info(run_dir: str, name: str, info: dict) -> None:
         os.replace(tmp, d / f"{name}.json")
     except OSError:
         pass
+
+
+def sequence_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every step of (B, T, V) logits against (B, T) class ids."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                       target.reshape(-1).long())
+
+
+def loss_function(name: str) -> Callable:
+    if name == "cross_entropy":
+        return nn.functional.cross_entropy
+    if name == "sequence_cross_entropy":
+        return sequence_cross_entropy
+    if name == "mse":
+        return nn.functional.mse_loss
+    raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)} "
+                     f"or pass a callable loss(output, target) -> mean loss")
+
+
+@torch.no_grad()
+def evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
+    model.eval()
+    x, y = val
+    loss, correct = 0.0, 0
+    for i in range(0, len(x), batch):
+        out = model(x[i:i + batch])
+        loss += float(loss_fn(out, y[i:i + batch])) * len(out)
+        if classify:
+            correct += int((out.argmax(1) == y[i:i + batch]).sum())
+    model.train()
+    row = {"val_loss": loss / max(len(x), 1)}
+    if classify:
+        row["val_accuracy"] = correct / max(len(x), 1)
+    return row
+
+
+def save_atomic(path: Path, obj: dict) -> None:
+    """Atomic: write a temporary file next to it, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def state_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def broadcast_bytes(data: bytes | None, rank: int, device: torch.device) -> bytes:
+    """Rank 0's bytes to every rank (length first), as uint8 tensors: no pickling."""
+    n = torch.tensor([len(data) if rank == 0 and data is not None else 0], dtype=torch.int64,
+                     device=device)
+    dist.broadcast(n, 0)
+    if int(n) == 0:
+        return b""
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if rank == 0 else \
+        torch.empty(int(n), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, 0)
+    return buf.cpu().numpy().tobytes()
+
+
+def _schema():
+    import pyarrow as pa
+    return pa.schema([("state", pa.binary()), ("history", pa.string()), ("info", pa.string()),
+                      ("error", pa.string())])
+
+
+RESULT_SCHEMA = "state binary, history string, info string, error string"
+
+
+def _machine_id() -> str:
+    """Host name + boot id: equal for tasks that can share memory."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{os.uname().nodename}/{boot}"
+
+
+def barrier_task(cfg: StageConfig, train: Callable, secret: str,
+                 channel: tuple[str, int] | None, run_dir: str | None):
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task of
+    a replica-per-task barrier stage: read the shard, pick the device, join the process group
+    (every task learns every other's status, and a bad shard stops them all with its reason,
+    reported once by task 0), then ``train(shard, device, rank, world, statuses, client, ctx)``
+    -> {"state": bytes, "history": [...], "info": {...}}; task 0 returns that as the row."""
+
+    def task(batches: Iterator) -> Iterator:
+        opened: list = []                 # the task's shard: its spill files go when it ends
+        try:
+            yield from _task(batches, opened)
+        finally:
+            for shard in opened:
+                shard.close()
+
+    def _task(batches: Iterator, opened: list) -> Iterator:
+        import pyarrow as pa
+        from pyspark import BarrierTaskContext
+
+        from spark_dl.errors import SparkDLError
+        from spark_dl.parallel.channel import MessageClient
+        from spark_dl.parallel.rendezvous import process_group, task_device
+
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        status: dict = {"error": None}
+        t_start = time.perf_counter()
+        shard = device = None
+        try:
+            shard = read_shard(cfg, batches, f"partition {rank}")
+            opened.append(shard)
+            gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
+            device, note = task_device(cfg.device, gpus, rank)
+            status.update(rows=len(shard), device=str(device), note=note, gpus=gpus,
+                          data=shard.kind,
+                          host=os.uname().nodename, machine=_machine_id(), pid=os.getpid(),
+                          read_s=time.perf_counter() - t_start)
+        except SparkDLError as e:        # reported to all tasks and the driver; not retried
+            status["error"] = {"type": type(e).__name__, "message": str(e)}
+        threads = cfg.threads or int(ctx.cpus() or 1)
+        torch.set_num_threads(threads)
+        if run_dir is not None and not status["error"]:
+            write_task_info(run_dir, f"rank-{rank}",
+                            {"rank": rank, "attempt": ctx.attemptNumber(),
+                             "stage": ctx.stageId(), **status, "threads": threads})
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+        t_rdv = time.perf_counter()
+        with process_group(ctx, backend, secret, status, cfg.timeout_s) as (rank_, world,
+                                                                             statuses):
+            status["rendezvous_s"] = time.perf_counter() - t_rdv
+            if rank_ is None:
+                if rank == 0:
+                    errors = [{"task": i, **s["error"]} for i, s in enumerate(statuses)
+                              if s.get("error")]
+                    yield pa.RecordBatch.from_pydict(
+                        {"state": [b""], "history": ["[]"], "info": ["{}"],
+                         "error": [json.dumps(errors)]}, schema=_schema())
+                return
+            out = train(shard, device, rank, world, statuses,
+                        MessageClient(channel if rank == 0 else None, secret.encode()), ctx)
+            out["info"]["timings_rank0"] = {
+                "read_partition_s": status["read_s"], "rendezvous_s": status["rendezvous_s"],
+                **out["info"].pop("timings"), "task_total_s": time.perf_counter() - t_start}
+        if rank == 0:
+            yield pa.RecordBatch.from_pydict(
+                {"state": [out["state"]], "history": [json.dumps(out["history"])],
+                 "info": [json.dumps(out["info"])], "error": [""]}, schema=_schema())
+
+    return task
+
+
+def stage_info(statuses: list[dict]) -> dict:
+    """What info.json says of a barrier stage's tasks, whatever the strategy."""
+    return {"world": len(statuses), "rows_per_replica": [s["rows"] for s in statuses],
+            "devices": [s["device"] for s in statuses], "data": [s["data"] for s in statuses],
+            "notes": [s["note"] for s in statuses], "gpus": [s["gpus"] for s in statuses],
+            "hosts": [s["host"] for s in statuses],
+            "total_rows": sum(s["rows"] for s in statuses)}

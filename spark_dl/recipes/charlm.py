@@ -44,7 +44,7 @@ class CharConfig:
     eval_every: int = 500
     sample_len: int = 300
     temperature: float = 0.8
-    strategy: str = "single"        # "single" (this process), "allreduce" or "downpour"
+    strategy: str = "single"        # "single" (this process), "allreduce", "downpour", "gossip"
     replicas: int = 0               # Spark replicas (0: the cluster's task slots / partitions)
     partitions: int = 1             # downpour: each replica's model split over F tasks
     run: RunConfig = RunConfig()
@@ -58,8 +58,8 @@ class CharConfig:
         _check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "must be in (0, 1]")
         _check(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.tbptt <= self.seq_len, "tbptt", self.tbptt, "must be <= seq_len")
-        _check(self.strategy in ("single", "allreduce", "downpour"), "strategy", self.strategy,
-               "must be 'single', 'allreduce' or 'downpour'")
+        _check(self.strategy in ("single", "allreduce", "downpour", "gossip"), "strategy",
+               self.strategy, "must be 'single', 'allreduce', 'downpour' or 'gossip'")
         _check(self.replicas >= 0, "replicas", self.replicas, "must be >= 0")
         _check(self.partitions >= 1, "partitions", self.partitions, "must be >= 1")
         _check(self.partitions == 1 or self.strategy == "downpour", "partitions",
@@ -199,15 +199,16 @@ def _train_char_spark(cfg: CharConfig, log, spark) -> dict:
                        tasks, streams, carry)
     vx, vy = char_windows(ids[split:], T)
     V, hidden, layers, kind, dropout = len(vocab), cfg.hidden, cfg.layers, cfg.kind, cfg.dropout
-    extra = {"partitions": F} if F > 1 else {}
+    from ..strategies import make_strategy
+    strategy = make_strategy(cfg.strategy, **({"partitions": F} if F > 1 else {}))
     res = fit(df, lambda: CharLM(V, hidden, layers, kind, dropout, carry=carry), shape=(T,),
-              label_shape=(T,), loss="sequence_cross_entropy", strategy=cfg.strategy,
+              label_shape=(T,), loss="sequence_cross_entropy", strategy=strategy,
               optimizer=cfg.optimizer, lr=cfg.lr, lr_decay=cfg.lr_decay, epochs=epochs,
               batch_size=streams, shuffle=False, replicas=replicas, seed=cfg.run.seed,
               device=cfg.run.device, threads=cfg.run.threads, validation=(vx, vy),
               run_dir=f"{cfg.run.out_dir}/char-{kind}-{cfg.strategy}"
                       + (f"-{replicas}x{F}" if F > 1 else ""),
-              log=log, track=cfg.run.track, **extra)
+              log=log, track=cfg.run.track)
     model = res.model.rnn
     val = _validate(model, torch.from_numpy(ids[split:]), cfg.tbptt)
     prime = vocab.encode("ROMEO:\n").tolist()

@@ -92,7 +92,7 @@ def _model_fn(t):
 
 def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
     """The same training set, generated in the executors, trained with a distributed engine
-    (``train.strategy``: "allreduce" or "downpour")."""
+    (``train.strategy``: "allreduce", "downpour", "gossip" or a [train.strategy] table)."""
     import pyarrow as pa  # noqa: F401  (the executors' generator needs it)
 
     from ..data import extended_mnist, pixels_to_arrow
@@ -118,13 +118,9 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
             for _ in batches:
                 yield pixels_to_arrow(x.reshape(len(x), -1), y)
         df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, PIXEL_SCHEMA))
-    extra = {} if t.strategy == "allreduce" else \
-        dict(n_fetch=t.n_fetch, n_push=t.n_push, mode=t.mode, overlap=t.overlap,
-             staleness=t.staleness, average=t.average,
-             partitions=t.partitions, model_parallel=t.model_parallel)
-    res = fit(df, _model_fn(t), strategy=t.strategy, shape=(1, 28, 28), num_classes=10,
+    res = fit(df, _model_fn(t), strategy=t.make_strategy(), shape=(1, 28, 28), num_classes=10,
               optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, momentum=t.momentum,
-              max_iter=cfg.max_iter, **extra,
+              max_iter=cfg.max_iter,
               epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
               device=cfg.run.device, threads=cfg.run.threads,
               validation=(test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y),

@@ -15,28 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .stage import StageConfig, read_shard, write_task_info
+from spark_dl.parallel.stage import StageConfig, barrier_task, broadcast_bytes, evaluate, \
+    save_atomic, stage_info, state_bytes
 
-__all__ = ["AllReduceConfig", "GradientSync", "make_task", "LOSSES"]
-
-LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
-
-
-def sequence_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every step of (B, T, V) logits against (B, T) class ids."""
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                       target.reshape(-1).long())
+__all__ = ["AllReduceConfig", "GradientSync", "make_task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,20 +44,8 @@ class AllReduceConfig(StageConfig):
     accumulate: int = 1
     amp: str | None = None
     bucket_mb: float = 25.0
-    resume: bool = True
     transport: str = "auto"       # "auto": shared memory when all replicas share a host, else
                                   # the process group (gloo/NCCL); "process_group": always that
-
-
-def loss_function(name: str) -> Callable:
-    if name == "cross_entropy":
-        return nn.functional.cross_entropy
-    if name == "sequence_cross_entropy":
-        return sequence_cross_entropy
-    if name == "mse":
-        return nn.functional.mse_loss
-    raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)} "
-                     f"or pass a callable loss(output, target) -> mean loss")
 
 
 class GradientSync:
@@ -112,7 +92,7 @@ class GradientSync:
         self.seconds = 0.0                # wall time inside the all-reduce (incl. waiting)
         self.shm = None
         if shm_name is not None:
-            from .shm import ShmAllReduce
+            from spark_dl.parallel.shm import ShmAllReduce
             self.shm = ShmAllReduce(self.flats[0].numel(), ref.dtype, shm_name, timeout_s)
         self.transport = "shm" if self.shm is not None else dist.get_backend()
 
@@ -150,113 +130,17 @@ class GradientSync:
             flat.zero_()
 
 
-def _state_bytes(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _broadcast_bytes(data: bytes | None, rank: int, device: torch.device) -> bytes:
-    """Rank 0's bytes to every rank (length first), as uint8 tensors: no pickling."""
-    n = torch.tensor([len(data) if rank == 0 and data is not None else 0], dtype=torch.int64,
-                     device=device)
-    dist.broadcast(n, 0)
-    if int(n) == 0:
-        return b""
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if rank == 0 else \
-        torch.empty(int(n), dtype=torch.uint8, device=device)
-    dist.broadcast(buf, 0)
-    return buf.cpu().numpy().tobytes()
-
-
 def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: Callable,
               secret: str, channel: tuple[str, int] | None, run_dir: str | None,
               validation: tuple[np.ndarray, np.ndarray] | None, optimizer_fn=None):
     """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
 
-    def task(batches: Iterator) -> Iterator:
-        opened: list = []                 # the task's shard: its spill files go when it ends
-        try:
-            yield from _task(batches, opened)
-        finally:
-            for shard in opened:
-                shard.close()
-
-    def _task(batches: Iterator, opened: list) -> Iterator:
-        import pyarrow as pa
-        from pyspark import BarrierTaskContext
-
-        from spark_dl.errors import SparkDLError
+    def train(shard, device, rank, world, statuses, client, ctx) -> dict:
         from spark_dl.optim.factory import make_optimizer, needs_closure
-        from spark_dl.parallel.channel import MessageClient
-        from spark_dl.parallel.rendezvous import process_group, task_device
+        return _train(cfg, model_fn, loss_fn, optimizer_fn or make_optimizer, needs_closure,
+                      shard, device, rank, world, statuses, client, run_dir, validation, ctx)
 
-        ctx = BarrierTaskContext.get()
-        rank = ctx.partitionId()
-        status: dict = {"error": None}
-        t_start = time.perf_counter()
-        shard = device = None
-        try:
-            shard = read_shard(cfg, batches, f"partition {rank}")
-            opened.append(shard)
-            gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
-            device, note = task_device(cfg.device, gpus, rank)
-            status.update(rows=len(shard), device=str(device), note=note, gpus=gpus,
-                          data=shard.kind,
-                          host=os.uname().nodename, machine=_machine_id(), pid=os.getpid(),
-                          read_s=time.perf_counter() - t_start)
-        except SparkDLError as e:        # reported to all tasks and the driver; not retried
-            status["error"] = {"type": type(e).__name__, "message": str(e)}
-        threads = cfg.threads or int(ctx.cpus() or 1)
-        torch.set_num_threads(threads)
-        if run_dir is not None and not status["error"]:
-            write_task_info(run_dir, f"rank-{rank}",
-                            {"rank": rank, "attempt": ctx.attemptNumber(),
-                             "stage": ctx.stageId(), **status, "threads": threads})
-        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
-        t_rdv = time.perf_counter()
-        with process_group(ctx, backend, secret, status, cfg.timeout_s) as (rank_, world,
-                                                                             statuses):
-            status["rendezvous_s"] = time.perf_counter() - t_rdv
-            if rank_ is None:
-                if rank == 0:
-                    errors = [{"task": i, **s["error"]} for i, s in enumerate(statuses)
-                              if s.get("error")]
-                    yield pa.RecordBatch.from_pydict(
-                        {"state": [b""], "history": ["[]"], "info": ["{}"],
-                         "error": [json.dumps(errors)]}, schema=_schema())
-                return
-            out = _train(cfg, model_fn, loss_fn, optimizer_fn or make_optimizer,
-                         needs_closure, shard, device, rank, world, statuses,
-                         MessageClient(channel if rank == 0 else None, secret.encode()),
-                         run_dir, validation, ctx)
-            out["info"]["timings_rank0"] = {
-                "read_partition_s": status["read_s"], "rendezvous_s": status["rendezvous_s"],
-                **out["info"].pop("timings"), "task_total_s": time.perf_counter() - t_start}
-        if rank == 0:
-            yield pa.RecordBatch.from_pydict(
-                {"state": [out["state"]], "history": [json.dumps(out["history"])],
-                 "info": [json.dumps(out["info"])], "error": [""]}, schema=_schema())
-
-    return task
-
-
-def _schema():
-    import pyarrow as pa
-    return pa.schema([("state", pa.binary()), ("history", pa.string()), ("info", pa.string()),
-                      ("error", pa.string())])
-
-
-RESULT_SCHEMA = "state binary, history string, info string, error string"
-
-
-def _machine_id() -> str:
-    """Host name + boot id: equal for tasks that can share memory."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return f"{os.uname().nodename}/{boot}"
+    return barrier_task(cfg, train, secret, channel, run_dir)
 
 
 def _autocast(device: torch.device, amp: str | None):
@@ -282,7 +166,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     same_host = len({s["machine"] for s in statuses}) == 1
     shm_name = None
     if cfg.transport == "auto" and same_host and world > 1 and device.type == "cpu":
-        shm_name = _broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank,
+        shm_name = broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank,
                                     device).decode()
     sync = GradientSync(list(model.parameters()), cfg.bucket_mb, shm_name, cfg.timeout_s)
 
@@ -290,7 +174,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     ckpt_path = Path(run_dir) / "checkpoint.pt" if run_dir else None
     data = ckpt_path.read_bytes() if rank == 0 and cfg.resume and ckpt_path and \
         ckpt_path.exists() else None
-    blob = _broadcast_bytes(data, rank, device)
+    blob = broadcast_bytes(data, rank, device)
     start, history, resumed = 0, [], None
     if blob:
         ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
@@ -307,7 +191,6 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     n_micro = torch.tensor([shard.num_batches(cfg.batch_size)], device=device)
     dist.all_reduce(n_micro, op=dist.ReduceOp.MAX)
     steps = -(-int(n_micro) // cfg.accumulate)
-    total_rows = sum(s["rows"] for s in statuses)
     val = None
     if validation is not None and rank == 0:
         val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
@@ -364,7 +247,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
                "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps}
         if val is not None:
-            row.update(_evaluate(model, val, loss_fn, cfg.loss == "cross_entropy"))
+            row.update(evaluate(model, val, loss_fn, cfg.loss == "cross_entropy"))
         history.append(row)
         # Every rank's RNG state goes into the checkpoint (dropout continues as it would).
         states = []
@@ -374,49 +257,21 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         if rank == 0:
             client.send({"type": "epoch", **row})
             if ckpt_path is not None:
-                _save(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                save_atomic(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                   "scaler": scaler.state_dict() if scaler else None,
                                   "scheduler": sched.state_dict(),
                                   "epoch": epoch + 1, "history": history,
                                   "rng": states})
-    info = {"world": world, "rows_per_replica": [s["rows"] for s in statuses],
-            "devices": [s["device"] for s in statuses], "data": [s["data"] for s in statuses],
-            "notes": [s["note"] for s in statuses],
-            "gpus": [s["gpus"] for s in statuses], "hosts": [s["host"] for s in statuses],
-            "steps_per_epoch": steps, "resumed_from_epoch": resumed,
+    info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
             "allreduce_calls": sync.calls, "allreduce_bytes": sync.bytes,
             "buckets": len(sync.buckets), "transport": sync.transport,
-            "total_rows": total_rows,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": setup_s, "train_s": time.perf_counter() - t_fit,
                         "allreduce_s": sync.seconds}}
     if sync.shm is not None:
         sync.shm.close()
-    state = _state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
+    state = state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
     return {"state": state, "history": history, "info": info}
 
 
-@torch.no_grad()
-def _evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
-    model.eval()
-    x, y = val
-    loss, correct = 0.0, 0
-    for i in range(0, len(x), batch):
-        out = model(x[i:i + batch])
-        loss += float(loss_fn(out, y[i:i + batch])) * len(out)
-        if classify:
-            correct += int((out.argmax(1) == y[i:i + batch]).sum())
-    model.train()
-    row = {"val_loss": loss / max(len(x), 1)}
-    if classify:
-        row["val_accuracy"] = correct / max(len(x), 1)
-    return row
-
-
-def _save(path: Path, obj: dict) -> None:
-    """Atomic: write a temporary file next to it, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)

@@ -27,12 +27,13 @@ import math
 import torch
 import torch.distributed as dist
 
-__all__ = ["mask_indices", "ring_peers", "Gossip", "consensus_distance", "average"]
+__all__ = ["mask_indices", "ring_peers", "Rounds", "consensus_distance", "average",
+           "average_and_distance"]
 
 _ROUND_STRIDE = 1_000_003            # seed, round -> one generator seed (a prime stride)
 
 
-def _check_alpha(alpha: float) -> None:
+def check_alpha(alpha: float) -> None:
     if not (isinstance(alpha, (int, float)) and 0 < alpha <= 1):
         raise ValueError(f"alpha (the fraction of coordinates a gossip round averages) must be "
                          f"in (0, 1], got {alpha!r}; 1 is D-PSGD, the paper's 0.1 sends a "
@@ -42,7 +43,7 @@ def _check_alpha(alpha: float) -> None:
 def mask_indices(numel: int, alpha: float, seed: int, round_: int) -> torch.Tensor:
     """The sorted coordinates (int64) that round ``round_`` averages: each one selected with
     probability ``alpha``, the same on every replica for the same (seed, round)."""
-    _check_alpha(alpha)
+    check_alpha(alpha)
     if alpha == 1:
         return torch.arange(numel)
     g = torch.Generator().manual_seed((seed * _ROUND_STRIDE + round_) % (1 << 63))
@@ -70,15 +71,15 @@ def ring_peers(rank: int, world: int) -> tuple[list[tuple[int, float]], float]:
     return [((rank - 1) % world, 1 / 3), ((rank + 1) % world, 1 / 3)], 1 / 3
 
 
-class Gossip:
+class Rounds:
     """The gossip rounds of one replica over ``flat`` (its parameters, updated in place),
     in the current torch.distributed group (or ``group``), ring topology."""
 
     def __init__(self, flat: torch.Tensor, alpha: float, seed: int, rank: int | None = None,
                  world: int | None = None, group=None):
-        _check_alpha(alpha)
+        check_alpha(alpha)
         if flat.dim() != 1:
-            raise ValueError(f"Gossip needs the parameters as one flat vector, got shape "
+            raise ValueError(f"Rounds needs the parameters as one flat vector, got shape "
                              f"{tuple(flat.shape)}")
         self.flat, self.alpha, self.seed, self.group = flat, float(alpha), int(seed), group
         self.rank = dist.get_rank(group) if rank is None else rank
@@ -119,7 +120,13 @@ def average(flat: torch.Tensor, group=None) -> torch.Tensor:
 
 def consensus_distance(flat: torch.Tensor, group=None) -> float:
     """Mean over the replicas of ‖x_i − x̄‖², the same value on every replica."""
-    d = torch.tensor([float(((flat.detach() - average(flat, group)) ** 2).sum())],
-                     dtype=torch.float64)
+    return average_and_distance(flat, group)[1]
+
+
+def average_and_distance(flat: torch.Tensor, group=None) -> tuple[torch.Tensor, float]:
+    """(x̄, mean over the replicas of ‖x_i − x̄‖²), the same on every replica: two
+    all-reduces."""
+    mean = average(flat, group)
+    d = torch.tensor([float(((flat.detach() - mean) ** 2).sum())], dtype=torch.float64)
     dist.all_reduce(d, group=group)
-    return float(d) / dist.get_world_size(group)
+    return mean, float(d) / dist.get_world_size(group)

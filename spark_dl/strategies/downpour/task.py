@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from .stage import StageConfig, peak_memory_mb, read_shard, write_task_info
+from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
 __all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
 
@@ -34,7 +34,6 @@ class DownpourConfig(StageConfig):
     mode: str = "async"
     wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
     overlap: bool = False              # async: a push travels while the next step computes
-    resume: bool = True                # a run_dir with a server checkpoint goes on from it
     model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "thesis"
 
 

@@ -1,0 +1,286 @@
+"""What every strategy shares on the driver: its options, the job ``fit`` hands it, and the run
+(directory, metrics, progress, tracking, the authenticated message channel, the result).
+
+A strategy is a frozen dataclass of its own options, validated when it is made; its driver
+half is ``run(job)`` (plan the stage, start what it serves, handle the tasks' messages,
+finish) and its task half is the function its module ships to the executors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import json
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, DataError, ResourceError, SparkDLError
+from ..progress import ProgressLine
+from ..runs import new_run_dir, plot_history, write_history, write_json
+
+__all__ = ["Strategy", "options", "Job", "Run", "FitResult"]
+
+
+@dataclasses.dataclass
+class FitResult:
+    model: nn.Module
+    history: list[dict]          # one dict per epoch: loss, samples, seconds, samples_per_s, val_*
+    info: dict                   # replicas, devices, rows per replica, the strategy's counters
+    run_dir: Path
+
+    @property
+    def final(self) -> dict:
+        return self.history[-1] if self.history else {}
+
+
+def options(cls):
+    """Make ``cls`` a frozen, keyword-only dataclass whose unknown options are a ConfigError
+    listing the allowed ones, and whose ``check()`` runs on construction."""
+    cls = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, **kw):
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kw) - set(allowed))
+        if unknown:
+            hints = "".join(f" ({cls.hints[k]})" for k in unknown if k in cls.hints)
+            raise ConfigError(f"{cls.__name__} has no option {', '.join(map(repr, unknown))}"
+                              f"{hints}; its options: {', '.join(allowed)}")
+        init(self, **kw)
+        self.check()
+    cls.__init__ = __init__
+    return cls
+
+
+class Strategy:
+    """The base of every strategy. Subclasses: ``@options``, a ``name``, ``check`` (their own
+    options), ``check_job`` (against fit's common arguments), ``barrier`` and ``run``."""
+
+    name: ClassVar[str] = ""
+    hints: ClassVar[dict] = {}           # an option of another strategy -> where it belongs
+
+    def check(self) -> None:
+        """Raise ConfigError for a bad option (called on construction)."""
+
+    def check_job(self, job: "Job") -> None:
+        """Raise ConfigError for options that do not go with fit's arguments."""
+
+    def tasks(self, job: "Job") -> int:
+        """Sets ``job.replicas`` when fit left it open; returns the stage's task count."""
+        job.replicas = job.replicas or max(min(job.partitions, job.slots), 1)
+        return job.replicas
+
+    def barrier(self, job: "Job") -> bool:
+        """Whether the stage is a barrier stage (its tasks start together)."""
+        return True
+
+    def run(self, job: "Job") -> FitResult:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_int(name: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+@dataclasses.dataclass
+class Job:
+    """What fit hands a strategy: the data, the model, the settings every strategy shares."""
+
+    df: Any
+    model: Any                       # as given: a name or a factory (for config.json)
+    model_fn: Callable[[], nn.Module]
+    loss_fn: Callable
+    loss_name: str
+    stage: dict                      # StageConfig's fields (data, loop, task resources)
+    train: dict                      # optimizer, lr, lr_decay, momentum, weight_decay, max_iter
+    replicas: int | None
+    validation: tuple | None
+    run_dir: str | Path | None
+    progress: bool
+    log: Callable[[str], None] | None
+    tracker: Any
+    slots: int
+    partitions: int                  # the DataFrame's
+    plan: dict = dataclasses.field(default_factory=dict)   # what the strategy decided
+
+    @property
+    def spark(self):
+        return self.df.sparkSession
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float64 if self.stage["dtype"] == "float64" else torch.float32
+
+    @property
+    def host(self) -> str:
+        return self.spark.conf.get("spark.driver.host", "127.0.0.1")
+
+    def say(self, text: str) -> None:
+        if self.log is not None:
+            self.log(text)
+
+    def frame(self, tasks: int, barrier: bool):
+        """The DataFrame in ``tasks`` partitions. A barrier stage may not read through
+        union()/coalesce() (Spark refuses the RDD chain): a shuffle gives it plain ones."""
+        if self.partitions != tasks or (barrier and _narrow_merges(self.df)):
+            return self.df.repartition(tasks)
+        return self.df
+
+
+def _narrow_merges(df) -> bool:
+    """Whether the DataFrame's physical plan unions or coalesces partitions."""
+    try:
+        plan = df._jdf.queryExecution().executedPlan().toString()
+    except Exception:                   # Spark Connect has no JVM handle: play safe
+        return True
+    return any(op in plan for op in ("Union", "Coalesce"))
+
+
+class Run:
+    """One fit's run directory, metrics, progress line, tracking and message channel."""
+
+    def __init__(self, job: Job, strategy: Strategy, config: dict):
+        self.job, self.strategy = job, strategy
+        self.path = Path(job.run_dir).resolve() if job.run_dir is not None else \
+            new_run_dir("runs", strategy.name)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config = {"strategy": strategy.name, "replicas": job.replicas,
+                       "model": job.model if isinstance(job.model, str) else
+                       getattr(job.model, "__name__", repr(job.model)),
+                       "options": strategy.describe(), **config}
+        write_json(self.path / "config.json", self.config)
+        self.metrics = open(self.path / "metrics.jsonl", "a")
+        self.live = ProgressLine(job.log)
+        self.t_start = time.perf_counter()
+        self.secret = secrets.token_hex(16)
+        self.channel = None
+
+    def record(self, m: dict) -> None:
+        self.metrics.write(json.dumps(m) + "\n")
+        self.metrics.flush()
+
+    def serve(self, on_message: Callable[[dict], None] | None = None):
+        """The authenticated channel the tasks report to (default: replica 0's reports)."""
+        from ..parallel.channel import MessageServer
+        self.channel = MessageServer(self.job.host, self.secret.encode(),
+                                     on_message or self.on_message)
+        return self.channel
+
+    def step_line(self, m: dict, extra: str = "") -> None:
+        if self.job.progress:
+            self.live.update(f"  epoch {m['epoch']}/{m['epochs']} step {m['step']}/{m['steps']}"
+                             f" loss {m['loss']:.4f} {m['samples_per_s']:,.0f} samples/s{extra}")
+
+    def epoch_line(self, row: dict, extra: str = "") -> None:
+        if self.job.progress:
+            vals = "".join(f" {k} {row[k]:.4f}" for k in ("val_loss", "val_accuracy")
+                           if k in row)
+            self.live.line(f"epoch {row['epoch']}: loss {row['loss']:.4f}{vals}, "
+                           f"{row['samples']} samples, {row['samples_per_s']:,.0f} "
+                           f"samples/s{extra}")
+
+    def on_message(self, m: dict) -> None:
+        """Replica 0's reports: steps, epochs (with its validation) and resumes."""
+        self.record(m)
+        if m.get("type") == "step":
+            self.job.tracker.step(m)
+            self.step_line(m)
+        elif m.get("type") == "epoch":
+            self.job.tracker.epoch(m)
+            self.epoch_line(m)
+        elif m.get("type") == "resume" and self.job.progress:
+            self.live.line(f"resumed from the checkpoint of epoch {m['epoch']}")
+
+    def close(self) -> None:
+        """After the stage: no more messages (the metrics stay open for what finish adds)."""
+        if self.channel is not None:
+            self.channel.close()
+        self.live.close()
+
+    def finish(self, net: nn.Module, history: list[dict], info: dict, title: str) -> FitResult:
+        self.metrics.close()
+        history.sort(key=lambda h: h["epoch"])
+        info = {**info, "wall_seconds": time.perf_counter() - self.t_start,
+                "rejected_messages": self.channel.rejected if self.channel else 0}
+        write_history(self.path / "history.csv", history)
+        write_json(self.path / "info.json", info)
+        plot_history(self.path / "loss.png", history, title)
+        torch.save(net.state_dict(), self.path / "model.pt")
+        self.job.tracker.close()
+        return FitResult(net, history, info, self.path)
+
+
+def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
+    """Run a replica-per-task barrier stage whose task 0 returns the model (parallel.stage's
+    barrier_task; ``run.serve()`` gave the tasks their channel) and finish the fit with it."""
+    df = job.frame(job.replicas, barrier=True)
+    job.tracker.start(run.path, run.config)
+    try:
+        # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries
+        # as a whole when a task fails (a failed barrier ResultStage is never retried); the
+        # retried tasks resume from the run's last checkpoint.
+        rows = df.mapInArrow(task, schema, barrier=True).repartition(1).collect()
+    except BaseException:
+        job.tracker.close(failed=True)
+        raise
+    finally:
+        run.close()
+    if not rows or rows[0].error:
+        job.tracker.close(failed=True)
+    if not rows:
+        raise RuntimeError("the training stage returned no result (replica 0 produced none)")
+    row = rows[0]
+    if row.error:
+        errors = json.loads(row.error)
+        kinds = {e["type"] for e in errors}
+        cls = _ERRORS.get(kinds.pop(), SparkDLError) if len(kinds) == 1 else SparkDLError
+        raise cls("training did not start: " + "; ".join(
+            f"task {e['task']}: {e['message']}" for e in errors))
+    net = job.model_fn()
+    net = net.double() if job.stage["dtype"] == "float64" else net
+    net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True))
+    history = json.loads(row.history)
+    for h in history:                      # epochs whose live messages were lost
+        job.tracker.epoch(h)
+    return run.finish(net, history, json.loads(row.info), title)
+
+
+def check_checkpoint(run: Run, name: str) -> None:
+    """A checkpoint in the run directory that another strategy wrote is refused, before any
+    task starts (a fit resumes only its own kind of run)."""
+    path = run.path / "checkpoint.pt"
+    if not run.job.stage["resume"] or not path.exists():
+        return
+    found = torch.load(path, map_location="cpu", weights_only=True).get("strategy", "allreduce")
+    if found != name:
+        raise ConfigError(f"{path} is a checkpoint of strategy {found!r}, not of this {name} "
+                          f"fit: give a new run_dir, or resume=False to start over in this one")
+
+
+_ERRORS = {"DataError": DataError, "ResourceError": ResourceError, "ConfigError": ConfigError}
+
+
+def raise_task_error(e: Exception) -> None:
+    """A spark_dl error raised in a task reaches the driver inside Spark's exception text:
+    raise it again as itself (with its message), so that callers can catch ConfigError,
+    DataError or ResourceError. Returns when there is none."""
+    m = re.search(r"spark_dl\.errors\.(ConfigError|DataError|ResourceError): ([^\n]*)", str(e))
+    if m:
+        raise _ERRORS[m.group(1)](m.group(2)) from e

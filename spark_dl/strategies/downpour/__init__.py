@@ -1,0 +1,6 @@
+"""Downpour SGD against a parameter server, with model-parallel replicas (driver half:
+driver.py; task half: task.py; partitioning: plan.py)."""
+
+from .driver import MODES, STALENESS_RULES, Downpour
+
+__all__ = ["Downpour", "MODES", "STALENESS_RULES"]

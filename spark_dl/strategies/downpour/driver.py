@@ -1,0 +1,363 @@
+"""``Downpour``: its options and its driver half (the parameter server on the driver, the
+workers as Spark tasks; checkpoints are the server's). The task half is task.py, the server
+and its wire protocol are spark_dl.parallel.ps, model-parallel replicas plan.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from ...errors import ConfigError, ResourceError
+from ...parallel.ps import MODES, SERVER_OPTIMIZERS
+from ...parallel.stage import evaluate
+from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options, \
+    raise_task_error
+from . import task as _task
+from .plan import Layout, check_thesis, plan_partitions
+
+__all__ = ["Downpour", "MODES", "STALENESS_RULES"]
+
+STALENESS_RULES = ("none", "lr", "momentum", "lr+momentum")
+
+
+@options
+class Downpour(Strategy):
+    """Downpour SGD (DistBelief): the tasks train asynchronously against a parameter server on
+    the driver.
+
+    n_fetch / n_push: fetch the parameters / push the accumulated gradients every so many
+    steps. mode: "async"; "sync" (one averaged update per step of all replicas);
+    "sequential" (every push its own step, fetched right after). server_optimizer: "sgd",
+    "momentum", "adagrad", "adam" (default: from fit's ``optimizer``/``momentum``).
+    ps_shards: parameter blocks with their own lock and version (default 1, or 4 from a
+    million parameters on: transfers of big models pipeline better). wire_dtype: "float32",
+    "bfloat16" or "float64". max_staleness: a worker more than this many pushes ahead of the
+    slowest waits (None: unbounded). overlap (async): a push and its reply travel while the
+    worker computes the next step, on parameters that miss that push: one more step of
+    staleness, no waiting for the round trip. staleness (async): how the server allows for
+    stale pushes: "momentum" (default): its momentum is fit's ``momentum`` lowered by the
+    momentum asynchrony adds of itself, 1 - 1/replicas, so that single-process settings carry
+    over; "lr": a push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both;
+    "none": every push a plain step. average (async): the model validated and returned is the
+    server's moving average over this fraction of an epoch's pushes (default 0.1 with several
+    replicas, 0 with one: plain SGD); the workers always fetch the last values.
+    partitions: F > 1 splits every replica's model by columns over F tasks, which train it
+    together on the union of their micro-batches and each push and fetch their own slice
+    (a barrier stage of replicas x F tasks; modes async and sequential); "auto": the cost
+    model's planner picks F and the replicas, with the link measured by a probe job and a
+    task's memory from spark.executor.pyspark.memory. model_parallel (partitions > 1):
+    "collective" (each layer's all-gather and all-reduce, any supported model) or "thesis"
+    (the thesis's master algorithm of §3.2 for FC nets with cross-entropy)."""
+
+    name = "downpour"
+    n_fetch: int = 1
+    n_push: int = 1
+    mode: str = "async"
+    server_optimizer: str | None = None
+    ps_shards: int | None = None
+    wire_dtype: str = "float32"
+    max_staleness: int | None = None
+    overlap: bool = False
+    staleness: str = "momentum"
+    average: float | None = None
+    partitions: int | str = 1
+    model_parallel: str = "collective"
+
+    def check(self) -> None:
+        check_choice("mode", self.mode, MODES)
+        check_choice("server_optimizer", self.server_optimizer, (None, *SERVER_OPTIMIZERS))
+        check_int("n_fetch", self.n_fetch, 1)
+        check_int("n_push", self.n_push, 1)
+        if self.ps_shards is not None:
+            check_int("ps_shards", self.ps_shards, 1)
+        if self.max_staleness is not None:
+            check_int("max_staleness", self.max_staleness, 0)
+        check_choice("wire_dtype", self.wire_dtype, ("float32", "bfloat16", "float64"))
+        if self.partitions != "auto":
+            check_int("partitions", self.partitions, 1)
+        if self.partitions != 1 and (self.mode == "sync" or self.max_staleness is not None):
+            raise ConfigError("partitions > 1 runs modes 'async' and 'sequential' without "
+                              "max_staleness (each partition is its own parameter-server "
+                              "shard, pushed by the replicas' tasks of that partition)")
+        check_choice("model_parallel", self.model_parallel, ("collective", "thesis"))
+        check_choice("staleness", self.staleness, STALENESS_RULES)
+        if self.average is not None and not (isinstance(self.average, (int, float))
+                                             and self.average >= 0):
+            raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch's "
+                              f"pushes the returned parameters average over; 0: the last "
+                              f"values), got {self.average!r}")
+        if self.average and self.mode != "async":
+            raise ConfigError(f"average={self.average} needs mode='async' (got "
+                              f"{self.mode!r}): {self.mode} rounds follow one trajectory, "
+                              f"nothing to damp")
+        if self.overlap and self.mode != "async":
+            raise ConfigError(f"overlap=True needs mode='async' (got {self.mode!r}): sync and "
+                              f"sequential rounds wait for the server by design")
+        if self.model_parallel == "thesis" and self.partitions == 1:
+            raise ConfigError("model_parallel='thesis' is how partitions > 1 split the model; "
+                              "give partitions=F (or leave model_parallel alone)")
+
+    def check_job(self, job: Job) -> None:
+        if self.server_optimizer is None and \
+                job.train["optimizer"] not in ("sgd", "adagrad", "adam", "rmsprop"):
+            raise ConfigError(f"optimizer {job.train['optimizer']!r} has no parameter-server "
+                              f"form; use sgd, rmsprop, adagrad or adam (or set "
+                              f"server_optimizer)")
+        if self.model_parallel == "thesis":
+            check_thesis(job.model_fn, job.loss_name, self.partitions)
+
+    def barrier(self, job: Job) -> bool:
+        return job.plan.get("partitions", self.partitions) != 1
+
+    def tasks(self, job: Job) -> int:
+        partitions = self.partitions
+        if partitions == "auto":
+            partitions, planned = plan_partitions(
+                job.spark, job.model_fn, job.stage["shape"], job.stage["batch_size"],
+                job.slots, job.stage["dtype"], job.log)
+            job.replicas = job.replicas or planned
+        job.plan["partitions"] = partitions
+        replicas = job.replicas = job.replicas or max(min(job.partitions, job.slots)
+                                                      // partitions, 1)
+        check_int("replicas", replicas, 1)
+        momentum = job.train["momentum"]
+        if self.overlap and self.staleness in ("none", "lr") and replicas > 1 and momentum > 0 \
+                and (self.server_optimizer or _server_optimizer(job.train["optimizer"],
+                                                                momentum)) == "momentum":
+            raise ConfigError(
+                f"overlap=True with staleness={self.staleness!r} and server momentum "
+                f"{momentum} over {replicas} replicas diverges (in 2 of 3 benchmark runs to "
+                f"chance): every push is one step more stale, and the server's momentum adds "
+                f"to the momentum the asynchrony makes; use staleness='momentum' (the "
+                f"default) or 'lr+momentum'")
+        if partitions > 1 and replicas * partitions > job.slots:
+            raise ResourceError(
+                f"replicas={replicas} x partitions={partitions} = {replicas * partitions} "
+                f"tasks, but the cluster runs {job.slots} at once; the tasks of a barrier stage "
+                f"start together: lower replicas or partitions, or add executors/cores")
+        return replicas * partitions
+
+    def run(self, job: Job) -> FitResult:
+        """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
+        from ...parallel.ps import ParameterServer
+        replicas, partitions = job.replicas, job.plan["partitions"]
+        mode, staleness = self.mode, self.staleness
+        lr, lr_decay, momentum = job.train["lr"], job.train["lr_decay"], job.train["momentum"]
+        server_optimizer = self.server_optimizer or \
+            _server_optimizer(job.train["optimizer"], momentum)
+        average = _server_average(self.average, replicas, mode)
+        server_momentum = _server_momentum(momentum, replicas, mode, staleness)
+        cfg = _task.DownpourConfig(
+            **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
+            mode=mode, wire_dtype=self.wire_dtype, overlap=self.overlap,
+            model_parallel=self.model_parallel)
+        run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
+                              "lr_decay": lr_decay, "momentum": momentum,
+                              "partitions": partitions, "average": average,
+                              "server_momentum": server_momentum})
+        run_path, tracker, log = run.path, job.tracker, job.log
+        dtype = job.dtype
+        torch.manual_seed(cfg.seed)
+        net = job.model_fn().to(dtype)
+        params = [p for p in net.parameters() if p.requires_grad]
+        numel = sum(p.numel() for p in params)
+        ps_shards = self.ps_shards or (4 if numel >= 1_000_000 else 1)
+        secret = run.secret.encode()
+        layout = Layout(net, partitions)
+        if partitions > 1:
+            ps_shards = partitions                    # shard p: partition p's slices
+        ps = ParameterServer(layout.flatten(), secret, job.host, bounds=layout.bounds,
+                             shards=ps_shards, optimizer=server_optimizer, lr=lr,
+                             momentum=server_momentum, mode=cfg.mode,
+                             workers=replicas * partitions, max_staleness=self.max_staleness,
+                             timeout_s=cfg.timeout_s, lr_decay=lr_decay,
+                             staleness_lr=cfg.mode == "async" and "lr" in staleness.split("+"),
+                             average=average)
+        val = None
+        if job.validation is not None:
+            val = (torch.as_tensor(job.validation[0], dtype=dtype),
+                   torch.as_tensor(job.validation[1]))
+        epochs_done: dict[int, dict[int, dict]] = {}       # epoch -> worker -> its report
+        history: list[dict] = []
+        ckpt_path = run_path / "checkpoint.pt"
+        resumed = _resume_downpour(ckpt_path, ps, replicas, partitions, log) if cfg.resume \
+            else None
+        if resumed is not None:
+            history = resumed["history"]
+        t_start = run.t_start
+
+        def evaluate_server(epoch: int, rows: list[dict]) -> dict:
+            """One history row when every worker has finished ``epoch``: the server's model."""
+            n = sum(r["samples"] for r in rows)
+            row = {"epoch": epoch,
+                   "loss": sum(r["loss"] * r["samples"] for r in rows) / max(n, 1),
+                   "samples": n, "seconds": max(r["seconds"] for r in rows),
+                   "since_start_s": time.perf_counter() - t_start,
+                   "samples_per_s": sum(r["samples_per_s"] for r in rows),
+                   "server_versions": ps.versions,
+                   "grad_mean_abs": ps.take_gradient_mean_abs()}
+            if val is not None:
+                layout.load(ps.parameters().to(dtype))
+                row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
+            return row
+
+        def on_message(m: dict) -> None:
+            run.record(m)
+            if m.get("type") == "epoch":
+                # a retried task goes on mid-epoch and reports that epoch again (its part of it):
+                # the first report of each worker counts
+                rows = epochs_done.setdefault(m["epoch"], {})
+                if m["worker"] in rows:
+                    return
+                rows[m["worker"]] = m
+                if len(rows) == replicas:
+                    row = evaluate_server(m["epoch"], list(rows.values()))
+                    history.append(row)
+                    tracker.epoch(row)
+                    run.record({"type": "server_epoch", **row})
+                    _checkpoint_downpour(ckpt_path, ps, history, replicas, partitions)
+                    run.epoch_line(row, f", server version {sum(row['server_versions'])}")
+            elif m.get("type") == "step" and m["worker"] == 0:
+                tracker.step(m)
+                run.step_line(m, f", mean staleness {m.get('staleness', 0.0):.2f} (worker 0)")
+
+        channel = run.serve(on_message)
+        task = _task.make_task(cfg, job.model_fn, job.loss_fn, secret, ps.address,
+                               channel.address, str(run_path), partitions)
+        described = layout.describe() if partitions > 1 else None
+        if log is not None and described and described["kept_whole"]:
+            log(f"partitions={partitions}: layers {', '.join(described['kept_whole'])} are "
+                f"narrower than {partitions} units and kept whole (trained by partition 0)")
+        if log is not None:
+            log(f"downpour ({cfg.mode}, n_fetch={cfg.n_fetch}, n_push={cfg.n_push}): "
+                f"{replicas} worker(s), parameter server {ps.address[0]}:{ps.address[1]} "
+                f"({ps_shards} shard(s), {server_optimizer}), run directory {run_path}")
+        tracker.start(run_path, run.config)
+        df = job.frame(replicas * partitions, barrier=partitions > 1)
+        try:
+            try:
+                if partitions == 1:
+                    rows = df.mapInArrow(task, _task.RESULT_SCHEMA).collect()
+                else:      # a barrier stage (process groups); the shuffle after it lets Spark
+                    rows = df.mapInArrow(task, _task.RESULT_SCHEMA, barrier=True) \
+                        .repartition(1).collect()   # retry it as a whole
+            except BaseException as e:
+                tracker.close(failed=True)
+                if isinstance(e, Exception):
+                    raise_task_error(e)
+                raise
+
+            deadline = time.monotonic() + 2.0        # let the last epoch messages arrive
+            while time.monotonic() < deadline and \
+                    sum(len(v) for v in epochs_done.values()) < replicas * cfg.epochs:
+                time.sleep(0.01)
+        finally:
+            run.close()
+            ps.close()
+        tasks = sorted((json.loads(r.report) for r in rows),
+                       key=lambda r: r.get("task", r["worker"]))
+        reports = [r for r in tasks if r.get("partition", 0) == 0]     # one per replica
+        # epochs whose messages were lost (the driver channel is best effort): from the reports,
+        # and from the messages that did arrive; a task Spark retried went on past the epochs its
+        # earlier attempt finished, so its report has no row for them: they are not waited for
+        for e in range(1, cfg.epochs + 1):
+            if e not in {h["epoch"] for h in history}:
+                got = dict(epochs_done.get(e, {}))
+                for r in reports:
+                    got.update({r["worker"]: h for h in r["history"] if h["epoch"] == e})
+                skipped = {r["worker"] for r in reports
+                           if r.get("resumed_at") and r["resumed_at"]["epoch"] > e}
+                if got and len(got.keys() | skipped) == replicas:
+                    row = evaluate_server(e, list(got.values()))
+                    history.append(row)
+                    tracker.epoch(row)
+                    run.record({"type": "server_epoch", **row})
+        layout.load(ps.parameters().to(dtype))
+        stale: Counter = Counter()
+        for r in tasks:
+            stale.update({int(k): v for k, v in r["staleness"].items()})
+        info = {"world": replicas, "mode": cfg.mode, "n_fetch": cfg.n_fetch,
+                "n_push": cfg.n_push,
+                "staleness": staleness, "server_momentum": server_momentum, "average": average,
+                "server": ps.stats(), "staleness_histogram": dict(sorted(stale.items())),
+                "rows_per_replica": [sum(t["rows"] for t in tasks if t["worker"] == r["worker"])
+                                     for r in reports],
+                "devices": [r["device"] for r in reports], "workers": tasks,
+                "partitions": partitions,
+                "total_rows": sum(t["rows"] for t in tasks),
+                "train_seconds": max((t["task_seconds"] for t in tasks), default=0.0)}
+        if partitions > 1:
+            info["model_parallel"] = {**described, "algorithm": cfg.model_parallel}
+        info["resumed_from_epoch"] = resumed["epoch"] if resumed is not None else None
+        return run.finish(net, history, info, f"downpour {cfg.mode}, {replicas} worker(s)")
+
+
+def _server_optimizer(optimizer: str, momentum: float) -> str:
+    if optimizer == "sgd":
+        return "momentum" if momentum else "sgd"
+    return optimizer
+
+
+def _completed_epochs(history: list[dict]) -> int:
+    """The epochs 1..k all in the history (a lost message can leave a gap)."""
+    done = {h["epoch"] for h in history}
+    k = 0
+    while k + 1 in done:
+        k += 1
+    return k
+
+
+def _server_average(average: float | None, replicas: int, mode: str) -> float:
+    """The server's averaging span in epochs: ``average``, or by default 0.1 for asynchronous
+    replicas (measured best of 0.05 and 0.1 against the last values in bench_downpour) and 0
+    otherwise."""
+    if average is not None:
+        return float(average)
+    return 0.1 if mode == "async" and replicas > 1 else 0.0
+
+
+def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str) -> float:
+    """The server's momentum: ``momentum``, or (rule "momentum", async) lowered by the
+    momentum that asynchrony adds of itself, 1 - 1/replicas (Mitliagkas et al., 2016:
+    asynchronous SGD on R workers behaves in expectation as momentum SGD with
+    mu = 1 - 1/R), not below 0."""
+    if mode != "async" or "momentum" not in staleness.split("+"):
+        return momentum
+    return max(0.0, momentum - (1.0 - 1.0 / max(replicas, 1)))
+
+
+def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
+                         partitions: int) -> None:
+    """The server after an epoch every replica finished, written atomically (the previous
+    checkpoint stays until the new one is complete): its values, optimizer states, versions
+    and steps, and the history so far. The driver writes it; fit(run_dir=...) resumes it."""
+    from ...parallel.stage import save_atomic
+    epoch = _completed_epochs(history)
+    save_atomic(path, {"strategy": "downpour", "epoch": epoch, "replicas": replicas,
+                 "partitions": partitions, "server": ps.state_dict(),
+                 "history": [h for h in history if h["epoch"] <= epoch]})
+
+
+def _resume_downpour(path: Path, ps, replicas: int, partitions: int, log) -> dict | None:
+    """Load a Downpour checkpoint of ``run_dir`` into the fresh server; None without one."""
+    if not path.exists():
+        return None
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if ckpt.get("strategy") != "downpour":
+        raise ConfigError(f"{path} is a checkpoint of strategy {ckpt.get('strategy', 'allreduce')!r}"
+                          f", not of this downpour fit: give a new run_dir, or resume=False to "
+                          f"start over in this one")
+    try:
+        ps.load_state_dict(ckpt["server"], start_epoch=ckpt["epoch"])
+    except ValueError as e:
+        raise ConfigError(f"{path} does not fit this fit's model: {e}; give a new run_dir, or "
+                          f"resume=False to start over in this one") from None
+    if ckpt["replicas"] != replicas and log is not None:
+        log(f"resuming a fit of {ckpt['replicas']} replicas with {replicas}")
+    if log is not None:
+        log(f"resumed from the checkpoint of epoch {ckpt['epoch']} ({path})")
+    return ckpt

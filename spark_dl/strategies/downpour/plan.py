@@ -1,0 +1,124 @@
+"""Model-parallel replicas of Downpour: ``partitions="auto"`` (the cost model's planner, with the
+link probed on the cluster), the checks of the thesis's master algorithm, and how the
+parameter server lays out a partitioned model."""
+
+from __future__ import annotations
+
+import torch
+
+from ...errors import ConfigError
+
+__all__ = ["plan_partitions", "check_thesis", "Layout"]
+
+
+def plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log) -> tuple[int, int]:
+    """partitions="auto": F and R from cost_model.plan (a step of the model priced on the meta
+    device, inputs of ``shape``, or the first layer's width for flat features), with the link
+    probed on the cluster."""
+    from ...parallel import cost_model
+    with torch.device("meta"):
+        shape = tuple(shape) or cost_model.flat_input_shape(model_fn())
+    if not shape:
+        raise ConfigError("partitions='auto' prices a step of the model on inputs of its shape, "
+                          "which its first layer does not give: pass shape= (one sample's, "
+                          "e.g. shape=(1, 28, 28))")
+    try:                       # a model it cannot run or split fails here, before the probe
+        cost_model.step_cost(model_fn, shape, 1, batch_size, getattr(torch, dtype))
+    except (ValueError, RuntimeError) as e:
+        raise ConfigError(f"partitions='auto' cannot price this model on inputs of shape "
+                          f"{shape}: {e}") from e
+    if slots >= 2:
+        link, flops = cost_model.probe_cluster(spark, with_flops=True)
+    else:
+        link, flops = cost_model.Link(0.0, 0.0), cost_model.probe_flops()
+    memory = _task_memory(spark)
+    plan = cost_model.plan(model_fn, batch_size, cost_model.Cluster(slots, memory, link, flops),
+                           itemsize=8 if dtype == "float64" else 4, input_shape=shape)
+    if log is not None:
+        log(f"partitions='auto': {plan.explanation} (link: {link.t_lat * 1e6:.0f} us per "
+            f"message, {link.t_data * 1e9:.2f} ns per byte)")
+    return plan.partitions, plan.replicas
+
+
+def _task_memory(spark) -> int:
+    """Bytes a task's Python worker may use: spark.executor.pyspark.memory over the executor's
+    cores (unset: no limit)."""
+    value = spark.conf.get("spark.executor.pyspark.memory", None)
+    if not value:
+        return 1 << 62
+    import re
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(b?)\s*", value.lower())
+    if not m:
+        raise ConfigError(f"spark.executor.pyspark.memory={value!r} is not a size such as "
+                          f"'2g' or '512m'")
+    number, unit, b = m.groups()
+    scale = {"": 1 if b else 1 << 20, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30,
+             "t": 1 << 40, "p": 1 << 50}[unit]
+    size = int(float(number) * scale)
+    cores = int(spark.conf.get("spark.executor.cores", "1") or 1)
+    return size // max(cores, 1)
+
+
+
+def check_thesis(model_fn, loss_name: str, partitions) -> None:
+    """model_parallel='thesis' runs FC nets with softmax cross-entropy, every layer split."""
+    from ...parallel import cost_model
+    from ...parallel.model_parallel import fc_activation
+    with torch.device("meta"):
+        net = model_fn()
+    sizes = cost_model.fc_sizes(net)
+    if sizes is None:
+        raise ConfigError("model_parallel='thesis' runs FC nets (a chain of Linear layers); "
+                          "use model_parallel='collective' for this model")
+    try:
+        fc_activation(net)
+    except ValueError as e:
+        raise ConfigError(f"model_parallel='thesis': {e}") from None
+    if loss_name != "cross_entropy":
+        raise ConfigError(f"model_parallel='thesis' trains with softmax cross-entropy, not "
+                          f"{loss_name!r}")
+    if isinstance(partitions, int) and min(sizes[1:]) < partitions:
+        raise ConfigError(f"model_parallel='thesis' splits every layer: a layer of "
+                          f"{min(sizes[1:])} units cannot go over partitions={partitions}")
+
+
+
+class Layout:
+    """How the parameter server lays out a model's parameters: the flat parameter vector, or
+    with F partitions, partition 0's slices, then partition 1's, ... (shard p = partition p)."""
+
+    def __init__(self, net: torch.nn.Module, partitions: int):
+        from ...parallel.model_parallel import Comm, partition_model
+        self.net, self.F = net, partitions
+        self.parts = [partition_model(net, Comm.layout(p, partitions))
+                      for p in range(partitions)] if partitions > 1 else [net]
+        sizes = [sum(q.numel() for q in part.parameters() if q.requires_grad)
+                 for part in self.parts]
+        self.bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)] if partitions > 1 \
+            else None
+
+    def describe(self) -> dict:
+        """For info.json: the partitions' sizes and the layers kept whole (too narrow to split:
+        partition 0 trains them, the others receive its values every forward pass)."""
+        from ...parallel.model_parallel import kept_whole
+        return {"partitions": self.F, "parameters_per_partition":
+                [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])],
+                "kept_whole": kept_whole(self.parts[0])}
+
+    def flatten(self) -> torch.Tensor:
+        return torch.cat([torch.nn.utils.parameters_to_vector(
+            [q for q in part.parameters() if q.requires_grad]).detach() for part in self.parts])
+
+    def load(self, flat: torch.Tensor) -> None:
+        """The server's flat vector into ``net`` (merging the partitions' slices)."""
+        if self.F == 1:
+            torch.nn.utils.vector_to_parameters(
+                flat, [q for q in self.net.parameters() if q.requires_grad])
+            return
+        from ...parallel.model_parallel import merge_partitions
+        for part, a, b in zip(self.parts, self.bounds[:-1], self.bounds[1:]):
+            torch.nn.utils.vector_to_parameters(
+                flat[a:b], [q for q in part.parameters() if q.requires_grad])
+        self.net.load_state_dict(merge_partitions(self.net, self.parts))
+
+

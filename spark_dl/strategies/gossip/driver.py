@@ -1,0 +1,69 @@
+"""``Gossip``: RD-PSGD's options and its driver half (one barrier stage; replica 0 returns the
+replicas' average; the checkpoints, every replica's model, are the tasks')."""
+
+from __future__ import annotations
+
+from ...errors import ConfigError
+from ...parallel.stage import RESULT_SCHEMA
+from ..base import FitResult, Job, Run, Strategy, check_checkpoint, check_choice, check_int, \
+    options, run_barrier
+from . import task as _task
+from .rounds import check_alpha
+
+__all__ = ["Gossip", "TOPOLOGIES"]
+
+TOPOLOGIES = {"ring": 2}                 # topology -> the fewest replicas it needs
+
+
+@options
+class Gossip(Strategy):
+    """Decentralized SGD without a server (RD-PSGD, seed 003): every replica keeps its own
+    model and, every ``sync_every`` steps, averages with its neighbours on ``topology`` only
+    the coordinates of a Bernoulli(``alpha``) mask that all replicas share (x_i <- sum_j W_ji
+    x_j on those; ring: 1/3 itself, 1/3 each neighbour), then takes its local step (fit's
+    optimizer, momentum and weight decay). ``alpha=1`` is D-PSGD; the paper's 0.1 sends a
+    tenth of the bytes. The result is the replicas' average; the history reports the
+    consensus distance (mean squared distance of the replicas to it) and the bytes each
+    replica sent."""
+
+    name = "gossip"
+    alpha: float = 0.1
+    topology: str = "ring"
+    sync_every: int = 1
+    hints = {"partitions": "model parallelism (partitions=F) runs with Downpour",
+             "n_push": "gossip has no parameter server; sync_every sets how often it mixes"}
+
+    def check(self) -> None:
+        try:
+            check_alpha(self.alpha)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        check_choice("topology", self.topology, tuple(TOPOLOGIES))
+        check_int("sync_every", self.sync_every, 1)
+
+    def check_job(self, job: Job) -> None:
+        if job.train["optimizer"] not in ("sgd", "adam", "adagrad", "rmsprop"):
+            raise ConfigError(f"optimizer {job.train['optimizer']!r} takes several evaluations "
+                              f"per step, which gossip's one round per step does not fit; use "
+                              f"sgd, adam, adagrad or rmsprop")
+
+    def tasks(self, job: Job) -> int:
+        replicas = super().tasks(job)
+        if replicas < TOPOLOGIES[self.topology]:
+            raise ConfigError(f"topology {self.topology!r} needs at least "
+                              f"{TOPOLOGIES[self.topology]} replicas, got replicas={replicas}: "
+                              f"give replicas=2 or more (and as many partitions), or train one "
+                              f"replica with strategy='allreduce'")
+        return replicas
+
+    def run(self, job: Job) -> FitResult:
+        cfg = _task.GossipConfig(**job.stage, **job.train, alpha=float(self.alpha),
+                                 sync_every=self.sync_every)
+        run = Run(job, self, {**job.stage, **job.train})
+        check_checkpoint(run, self.name)
+        task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,
+                               str(run.path), job.validation)
+        job.say(f"gossip (alpha={self.alpha}, {self.topology}, every {self.sync_every} "
+                f"step(s)): {job.replicas} replica(s), run directory {run.path}")
+        return run_barrier(job, run, task, RESULT_SCHEMA,
+                           f"gossip alpha={self.alpha}, {job.replicas} replica(s)")

@@ -1,0 +1,209 @@
+"""RD-PSGD's task half: every replica trains its own model on its shard and, every
+``sync_every`` steps, averages the coordinates of one shared Bernoulli(α) mask with its ring
+neighbours (rounds.py) between computing its gradient and taking its step.
+
+A replica's parameters live in one flat buffer (each parameter a view of it), so a round is
+one index_select, the point-to-point exchange and one index_copy_. After every epoch the
+replicas agree on their average (one all-reduce), measure how far they are from it (the
+consensus distance, mean ‖x_i − x̄‖²), replica 0 validates the average, and every replica's
+model and optimizer state go into the run's checkpoint (gathered on replica 0), since they
+differ. The fit's result is the average.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from spark_dl.parallel.stage import StageConfig, barrier_task, broadcast_bytes, evaluate, \
+    save_atomic, stage_info, state_bytes
+
+from .rounds import Rounds, average_and_distance
+
+__all__ = ["GossipConfig", "make_task"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GossipConfig(StageConfig):
+    """Plain values shipped to the tasks (see ``spark_dl.strategies.Gossip``)."""
+
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    lr_decay: float = 1.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    max_iter: int = 3
+    alpha: float = 0.1
+    sync_every: int = 1
+
+
+def make_task(cfg: GossipConfig, model_fn: Callable[[], nn.Module], loss_fn: Callable,
+              secret: str, channel: tuple[str, int] | None, run_dir: str | None,
+              validation: tuple[np.ndarray, np.ndarray] | None):
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
+
+    def train(shard, device, rank, world, statuses, client, ctx) -> dict:
+        return _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
+                      run_dir, validation, ctx)
+
+    return barrier_task(cfg, train, secret, channel, run_dir)
+
+
+def flat_parameters(model: nn.Module) -> torch.Tensor:
+    """Move ``model``'s trainable parameters into one flat buffer (each a view of it)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    offset = 0
+    for p in params:
+        p.data = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+def gather_bytes(data: bytes, rank: int, world: int, device: torch.device) -> list[bytes]:
+    """Every rank's bytes on rank 0 (as uint8 tensors: no pickling); [] elsewhere."""
+    n = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    longest = max(int(s) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8, device=device)
+    buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    out = [torch.empty_like(buf) for _ in range(world)] if rank == 0 else None
+    dist.gather(buf, out, dst=0)
+    if rank != 0:
+        return []
+    return [o[:int(s)].cpu().numpy().tobytes() for o, s in zip(out, sizes)]
+
+
+def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client, run_dir,
+           validation, ctx) -> dict:
+    import time
+
+    from spark_dl.optim.factory import make_optimizer
+
+    t_setup = time.perf_counter()
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    torch.manual_seed(cfg.seed)
+    model = model_fn().to(device=device, dtype=dtype)
+    for t in list(model.parameters()) + list(model.buffers()):
+        dist.broadcast(t.data, 0)                       # x_0 the same on every replica
+    flat = flat_parameters(model)
+    opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
+                         weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
+    rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world)
+
+    # Resume: replica 0 reads the checkpoint, every replica takes its own model from it.
+    ckpt_path = Path(run_dir) / "checkpoint.pt" if run_dir else None
+    data = ckpt_path.read_bytes() if rank == 0 and cfg.resume and ckpt_path and \
+        ckpt_path.exists() else None
+    blob = broadcast_bytes(data, rank, device)
+    start, history, resumed = 0, [], None
+    if blob:
+        ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+        if ckpt.get("strategy") != "gossip":
+            raise ValueError(f"{ckpt_path} is not a checkpoint of a gossip fit")
+        mine = ckpt["replicas"][rank % len(ckpt["replicas"])]
+        flat.copy_(mine["flat"])
+        opt.load_state_dict(mine["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        torch.set_rng_state(mine["rng"].cpu())
+        rounds.bytes_sent, rounds.rounds = mine["bytes_sent"], mine["rounds"]
+        start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
+        client.send({"type": "resume", "epoch": start})
+
+    n_batches = torch.tensor([shard.num_batches(cfg.batch_size)], device=device)
+    dist.all_reduce(n_batches, op=dist.ReduceOp.MAX)
+    steps = int(n_batches)               # every replica takes part in every round
+    val = None
+    if validation is not None and rank == 0:
+        val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
+               torch.as_tensor(validation[1], device=device))
+        probe = model_fn().to(device=device, dtype=dtype)
+    t_fit = time.perf_counter()
+    round_s = 0.0
+    for epoch in range(start, cfg.epochs):
+        model.train()
+        t0 = last = time.perf_counter()
+        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
+                                seed=cfg.seed * 1000003 + rank, epoch=epoch))
+        loss_sum = samples = 0.0
+        for step in range(steps):
+            k = epoch * steps + step
+            batch = next(it, None)
+            opt.zero_grad()
+            if batch is not None:                    # g_i at x_k,i
+                x = batch[0].to(device=device, dtype=dtype, non_blocking=True)
+                y = batch[1].to(device=device, non_blocking=True)
+                y = y.to(dtype) if y.is_floating_point() else y
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                loss_sum += float(loss.detach()) * len(x)
+                samples += len(x)
+            if (k + 1) % cfg.sync_every == 0:         # x_k+1/2: the masked average
+                t_round = time.perf_counter()
+                with torch.no_grad():
+                    rounds.round(k // cfg.sync_every)
+                round_s += time.perf_counter() - t_round
+            if batch is not None:
+                opt.step()                           # x_k+1 = x_k+1/2 - lr g_i(x_k,i)
+            now = time.perf_counter()
+            if rank == 0 and now - last >= cfg.progress_every_s:
+                last = now
+                client.send({"type": "step", "epoch": epoch + 1, "epochs": cfg.epochs,
+                             "step": step + 1, "steps": steps, "loss": loss_sum / max(samples, 1),
+                             "samples_per_s": samples / (now - t0)})
+        sched.step()
+        seconds = time.perf_counter() - t0
+        totals = torch.tensor([loss_sum, samples], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        mean, distance = average_and_distance(flat)
+        sent = torch.tensor([float(rounds.bytes_sent)], dtype=torch.float64, device=device)
+        dist.all_reduce(sent)
+        row = {"epoch": epoch + 1, "loss": float(totals[0]) / max(float(totals[1]), 1.0),
+               "samples": int(totals[1]), "seconds": seconds,
+               "samples_per_s": float(totals[1]) / seconds, "steps": steps,
+               "consensus_distance": distance,
+               "bytes_sent_per_replica": float(sent) / world}
+        if val is not None:
+            torch.nn.utils.vector_to_parameters(
+                mean, [p for p in probe.parameters() if p.requires_grad])
+            row.update(evaluate(probe, val, loss_fn, cfg.loss == "cross_entropy"))
+        history.append(row)
+        state = state_bytes({"flat": flat.cpu(), "optimizer": opt.state_dict(),
+                             "rng": torch.get_rng_state(), "bytes_sent": rounds.bytes_sent,
+                             "rounds": rounds.rounds})
+        replicas = gather_bytes(state, rank, world, device)
+        if rank == 0:
+            client.send({"type": "epoch", **row})
+            if ckpt_path is not None:
+                save_atomic(ckpt_path, {
+                    "strategy": "gossip", "epoch": epoch + 1, "history": history,
+                    "scheduler": sched.state_dict(),
+                    "replicas": [torch.load(io.BytesIO(b), weights_only=True)
+                                 for b in replicas]})
+    mean, distance = average_and_distance(flat)
+    flat.copy_(mean)                                     # the result: the replicas' average
+    sent = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+    dist.all_gather(sent, torch.tensor([float(rounds.bytes_sent)], dtype=torch.float64,
+                                       device=device))
+    numel, item = flat.numel(), flat.element_size()
+    info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
+            "alpha": cfg.alpha, "sync_every": cfg.sync_every, "rounds": rounds.rounds,
+            "neighbours": len(rounds.peers), "parameters": numel,
+            "bytes_sent": [int(s) for s in sent],
+            "bytes_per_round_expected": cfg.alpha * numel * item * len(rounds.peers),
+            "final_consensus_distance": distance,
+            "train_seconds": time.perf_counter() - t_fit,
+            "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
+            "timings": {"setup_s": t_fit - t_setup, "train_s": time.perf_counter() - t_fit,
+                        "gossip_s": round_s}}
+    state = state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
+    return {"state": state, "history": history, "info": info}
