@@ -63,12 +63,13 @@ def _validation():
     return x[-2000:].reshape(2000, -1).astype(np.float32) / 255, y[-2000:].astype(np.int64)
 
 
-def plain(rows, epochs):
+def plain(rows, epochs, data=None):
+    """Single-process PyTorch, 1 thread, on the first ``rows`` digits (or ``data``: (x, y))."""
     import torch
     from spark_dl.models import build_model
     from spark_dl.train import evaluate
     torch.set_num_threads(1)
-    x, y = _load(rows)
+    x, y = data if data is not None else _load(rows)
     x, y = torch.from_numpy(x).reshape(rows, 1, 28, 28), torch.from_numpy(y)
     vx, vy = _validation()
     vx = torch.from_numpy(vx).reshape(-1, 1, 28, 28)
@@ -91,18 +92,18 @@ def plain(rows, epochs):
     return hist
 
 
-def engine(spark, rows, epochs, runs, lr=LR, momentum=MOMENTUM, **kw):
+def engine(spark, rows, epochs, runs, lr=LR, momentum=MOMENTUM, strategy="allreduce"):
     from spark_dl import fit
     t0 = time.perf_counter()
-    res = fit(mnist_frame(spark, rows), "cnn", shape=(1, 28, 28), num_classes=10,
-              optimizer="sgd", lr=lr, momentum=momentum, batch_size=BATCH, epochs=epochs,
-              replicas=2, validation=_validation(), run_dir=runs / f"{time.time()}", log=None,
-              **kw)
+    res = fit(mnist_frame(spark, rows), "cnn", strategy=strategy, shape=(1, 28, 28),
+              num_classes=10, optimizer="sgd", lr=lr, momentum=momentum, batch_size=BATCH,
+              epochs=epochs, replicas=2, validation=_validation(),
+              run_dir=runs / f"{time.time()}", log=None)
     wall = time.perf_counter() - t0
     hist = [{"epoch": h["epoch"], "seconds": h["seconds"], "samples_per_s": h["samples_per_s"],
              "val_accuracy": h["val_accuracy"]} for h in res.history]
     extra = {"fit_wall_s": wall}
-    if kw.get("strategy") == "downpour":
+    if getattr(strategy, "name", strategy) == "downpour":
         extra |= {"staleness": res.info["staleness_histogram"],
                  "push_s": sum(w["push_seconds"] for w in res.info["workers"]),
                  "pull_s": sum(w["pull_seconds"] for w in res.info["workers"])}
@@ -155,27 +156,25 @@ def main(argv=None):
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     import torch
 
-    from spark_dl import get_session
+    from spark_dl import Downpour, get_session
     spark = get_session("local", master="local[2]")
     runs = Path(tempfile.mkdtemp(prefix="bench-downpour-"))
     R, E = args.rows, args.epochs
     systems = {
         "plain-1t": lambda: (plain(R, E), {}),
         "allreduce": lambda: engine(spark, R, E, runs),
-        "downpour-1-1": lambda: engine(spark, R, E, runs, strategy="downpour"),
-        "downpour-1-1-last": lambda: engine(spark, R, E, runs, strategy="downpour",
-                                            average=0),
+        "downpour-1-1": lambda: engine(spark, R, E, runs, strategy=Downpour()),
+        "downpour-1-1-last": lambda: engine(spark, R, E, runs, strategy=Downpour(average=0)),
         "downpour-1-1-plain": lambda: engine(spark, R, E, runs, momentum=0.8,
-                                             strategy="downpour", staleness="none", average=0),
-        "downpour-1-1-lrmom": lambda: engine(spark, R, E, runs, strategy="downpour",
-                                             staleness="lr+momentum"),
-        "downpour-1-1-ovl": lambda: engine(spark, R, E, runs, overlap=True,
-                                           strategy="downpour"),
+                                             strategy=Downpour(staleness="none", average=0)),
+        "downpour-1-1-lrmom": lambda: engine(spark, R, E, runs,
+                                             strategy=Downpour(staleness="lr+momentum")),
+        "downpour-1-1-ovl": lambda: engine(spark, R, E, runs, strategy=Downpour(overlap=True)),
         # a push of 4 accumulated steps is 4 steps' worth of gradient: lr / 4 keeps the step
         # size of one 64-sample batch (at lr 0.05 it diverges)
-        "downpour-4-4": lambda: engine(spark, R, E, runs, strategy="downpour", n_fetch=4,
-                                       n_push=4, lr=LR / 4),
-        "downpour-sync": lambda: engine(spark, R, E, runs, strategy="downpour", mode="sync"),
+        "downpour-4-4": lambda: engine(spark, R, E, runs, strategy=Downpour(n_fetch=4, n_push=4),
+                                       lr=LR / 4),
+        "downpour-sync": lambda: engine(spark, R, E, runs, strategy=Downpour(mode="sync")),
     }
     if args.systems:
         wanted = {"allreduce", "plain-1t", *args.systems.split(",")}

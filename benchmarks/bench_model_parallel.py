@@ -17,14 +17,15 @@ cost_model.probe in the same run, plus the compute, two ways:
     predicted_ms          (plain 1-thread step) / F: the compute the split leaves each process
     predicted_planner_ms  the busiest process's flops (step_cost of the collective layers,
                           for both algorithms) at the matmul rate cost_model.probe_flops
-                          measured in that process (1 thread), as fit(partitions="auto")
+                          measured in that process (1 thread), as Downpour(partitions="auto")
                           prices it; FlopCounterMode counts matmuls and convolutions only,
                           all at the rate of one large matmul
 
     .venv/bin/python benchmarks/bench_model_parallel.py [--repeats 5] [--parts 1,2]
         [--nets 784-4096-4096-10,784-8192-8192-10,cnn,ssda]
     .venv/bin/python benchmarks/bench_model_parallel.py --plan-from results.json   (add "plan":
-        what fit(partitions="auto") chooses on max(--parts) slots with that run's link and rate)
+        what Downpour(partitions="auto") chooses on max(--parts) slots with that run's link and
+        rate)
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def distributed(net, F, algorithm):
 
 
 def _plan(net, raw, parts):
-    """What fit(partitions="auto") would choose on max(parts) slots with this run's link and
+    """What Downpour(partitions="auto") would choose on max(parts) slots with this run's link and
     matmul rate (Downpour's push and fetch included, memory no limit): F and the predicted
     samples/s of every candidate."""
     from spark_dl.parallel import cost_model

@@ -61,6 +61,7 @@ def main(argv=None):
     import numpy as np
     import torch
 
+    from spark_dl import Downpour
     from spark_dl.models.ssda import LayerSpec
     from spark_dl.recipes.superres import denoise_image
     from spark_dl.session import get_session
@@ -91,8 +92,8 @@ def main(argv=None):
         t0 = time.perf_counter()
         ssda, histories = train_ssda(
             df, 16, specs, args.pretrain_epochs, args.finetune_epochs, lr=1e-3,
-            batch_size=args.batch // F, strategy="downpour", optimizer="adam", replicas=R,
-            partitions=F, seed=0, log=None, run_dir=scratch / f"run-{config}")
+            batch_size=args.batch // F, strategy=Downpour(partitions=F), optimizer="adam",
+            replicas=R, seed=0, log=None, run_dir=scratch / f"run-{config}")
         ssda.eval()
         scores = {n: psnr(denoise_image(ssda.float(), noisy, 16, 1), clean)
                   for n, clean, noisy in tests}

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["StageConfig", "peak_memory_mb", "read_shard", "write_task_info", "LOSSES",
+__all__ = ["StageConfig", "LocalStepConfig", "peak_memory_mb", "read_shard", "write_task_info", "LOSSES",
            "loss_function", "evaluate", "save_atomic", "barrier_task", "RESULT_SCHEMA",
            "broadcast_bytes", "state_bytes", "stage_info"]
 
@@ -48,6 +48,18 @@ class StageConfig:
     shuffle_buffer: int | str = "256MB"  # a streamed shard's shuffle buffer: rows or a size
     transform: Callable | None = None  # (x, y) numpy rows of a batch -> tensors
     resume: bool = True                # a run_dir with a checkpoint goes on from it
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalStepConfig(StageConfig):
+    """... and the optimizer each replica steps with itself (all-reduce, gossip)."""
+
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    lr_decay: float = 1.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    max_iter: int = 3
 
 
 def read_shard(cfg: StageConfig, batches, where: str):
@@ -251,3 +263,53 @@ def stage_info(statuses: list[dict]) -> dict:
             "notes": [s["note"] for s in statuses], "gpus": [s["gpus"] for s in statuses],
             "hosts": [s["host"] for s in statuses],
             "total_rows": sum(s["rows"] for s in statuses)}
+
+
+def epoch_batches(cfg: StageConfig, shard, rank: int, epoch: int) -> Iterator:
+    """Replica ``rank``'s mini-batches of ``epoch`` (its own shuffle, the same on a resume)."""
+    return iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
+                              seed=cfg.seed * 1000003 + rank, epoch=epoch))
+
+
+def most_batches(shard, batch_size: int, device) -> int:
+    """The most mini-batches any replica's shard holds (every replica runs that many steps)."""
+    n = torch.tensor([shard.num_batches(batch_size)], device=device)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return int(n)
+
+
+def read_checkpoint(cfg: StageConfig, run_dir: str | None, rank: int, device):
+    """(path, checkpoint or None): replica 0 reads the run's checkpoint (when ``cfg.resume``),
+    every replica gets its bytes (no pickling: weights_only)."""
+    path = Path(run_dir) / "checkpoint.pt" if run_dir else None
+    data = path.read_bytes() if rank == 0 and cfg.resume and path and path.exists() else None
+    blob = broadcast_bytes(data, rank, device)
+    if not blob:
+        return path, None
+    return path, torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+
+
+class StepReports:
+    """Replica 0's step reports to the driver, at most every ``cfg.progress_every_s``."""
+
+    def __init__(self, cfg: StageConfig, client, rank: int):
+        self.cfg, self.client, self.rank, self.on = cfg, client, rank, rank == 0
+        self.t0 = self.last = time.perf_counter()
+
+    def epoch(self, shard, epoch: int) -> Iterator:
+        """Start timing ``epoch``; returns its mini-batches (epoch_batches)."""
+        self.t0 = self.last = time.perf_counter()
+        return epoch_batches(self.cfg, shard, self.rank, epoch)
+
+    def seconds(self) -> float:
+        """Since the epoch started."""
+        return time.perf_counter() - self.t0
+
+    def step(self, epoch: int, step: int, steps: int, loss_sum: float, samples: float) -> None:
+        now = time.perf_counter()
+        if self.on and now - self.last >= self.cfg.progress_every_s:
+            self.last = now
+            self.client.send({"type": "step", "epoch": epoch + 1, "epochs": self.cfg.epochs,
+                              "step": step + 1, "steps": steps,
+                              "loss": loss_sum / max(samples, 1),
+                              "samples_per_s": samples / (now - self.t0)})

@@ -45,18 +45,20 @@ def main():
 
     from spark_dl import fit, get_session
     from spark_dl.data import load_mnist, mnist_file_dataframe
+    from spark_dl.strategies import make_strategy
     spark = get_session()
     x, y = load_mnist(IMAGES, LABELS)
     validation = (x[-2000:].reshape(2000, -1) / 255.0, y[-2000:])
     report = {"master": spark.sparkContext.master, "fits": {}}
     try:
         for name in args.fits.split(","):
-            extra = {} if args.partitions == 1 else {"partitions": args.partitions}
+            options = {} if args.partitions == 1 else {"partitions": args.partitions}
             if args.staleness is not None:
-                extra["staleness"] = args.staleness
+                options["staleness"] = args.staleness
+            strategy = make_strategy(args.strategy, **options)    # e.g. Downpour(partitions=2)
             res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), args.model,
-                      strategy=args.strategy, shape=(1, 28, 28) if args.model == "cnn"
-                      else (784,), num_classes=10, replicas=args.replicas, **extra,
+                      strategy=strategy, shape=(1, 28, 28) if args.model == "cnn"
+                      else (784,), num_classes=10, replicas=args.replicas,
                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                       lr_decay=args.lr_decay, batch_size=args.batch_size, epochs=args.epochs,
                       device=name if args.device == "by-name" else args.device,

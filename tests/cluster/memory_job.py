@@ -27,7 +27,7 @@ def main():
 
     import numpy as np
 
-    from spark_dl import fit, get_session
+    from spark_dl import Downpour, fit, get_session
     from spark_dl.data import arrays_to_arrow
     from spark_dl.models import FCNet
     spark = get_session()
@@ -43,7 +43,7 @@ def main():
     report = {"fits": {}}
     for F in (int(f) for f in args.partitions.split(",")):
         try:
-            res = fit(df, lambda: FCNet((784, H, H, 10)), strategy="downpour", partitions=F,
+            res = fit(df, lambda: FCNet((784, H, H, 10)), strategy=Downpour(partitions=F),
                       replicas=1 if F > 1 else 2, batch_size=16, epochs=1, lr=0.01,
                       run_dir=Path(args.runs) / f"F{F}", log=None, timeout_s=600)
             report["fits"][F] = {"ok": True, "bytes": [

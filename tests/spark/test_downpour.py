@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from spark_dl import fit
+from spark_dl import Downpour, fit
 from spark_dl.errors import ConfigError, ResourceError
 from spark_dl.models import FCNet
 
@@ -45,9 +45,9 @@ def first_three_ce(out, y):
 
 def test_one_worker_fetch_push_every_step_is_single_process_sgd(spark, tmp_path):
     x, y = data(48, seed=7)
-    res = fit(frame(spark, x, y, [48]), small_fc, strategy="downpour", batch_size=8, epochs=3,
-              lr=0.5, lr_decay=0.5, momentum=0.9, shuffle=False, dtype="float64",
-              wire_dtype="float64", run_dir=tmp_path / "run", log=None)
+    res = fit(frame(spark, x, y, [48]), small_fc, strategy=Downpour(wire_dtype="float64"),
+              batch_size=8, epochs=3, lr=0.5, lr_decay=0.5, momentum=0.9, shuffle=False,
+              dtype="float64", run_dir=tmp_path / "run", log=None)
     # the server's learning rate halves after each epoch's 6 steps, as the scheduler's does
     assert_same_weights(res.model, reference_epochs(x, y, [48], 8, 3, 0.5, 0.9, 0.5))
     assert res.info["server"]["versions"] == [18]
@@ -60,9 +60,10 @@ def test_overlapped_push_is_sgd_delayed_by_one_step(spark, tmp_path):
     # with the push of step t in flight, step t+1 computes on the parameters before it:
     # w[t+1] = w[t] - lr * g(w[t-1], batch t), w[-1] = w[0]
     x, y = data(48, seed=11)
-    res = fit(frame(spark, x, y, [48]), small_fc, strategy="downpour", overlap=True,
+    res = fit(frame(spark, x, y, [48]), small_fc,
+              strategy=Downpour(overlap=True, wire_dtype="float64"),
               batch_size=8, epochs=2, lr=0.5, shuffle=False, dtype="float64",
-              wire_dtype="float64", run_dir=tmp_path / "run", log=None)
+              run_dir=tmp_path / "run", log=None)
     torch.manual_seed(0)
     model = small_fc().double()
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
@@ -92,10 +93,10 @@ def test_model_parallel_replica_is_single_process_sgd_on_the_union_of_its_batche
     # one replica split over 2 tasks by columns; step s trains on both tasks' batch s, with
     # the all-gather layers or with the thesis's master algorithm
     x, y = data(40, seed=12)
-    res = fit(frame(spark, x, y, [24, 16]), small_fc, strategy="downpour", partitions=2,
+    res = fit(frame(spark, x, y, [24, 16]), small_fc,
+              strategy=Downpour(partitions=2, wire_dtype="float64", model_parallel=algorithm),
               replicas=1, batch_size=8, epochs=2, lr=0.5, lr_decay=0.5, momentum=0.9,
-              shuffle=False, dtype="float64", wire_dtype="float64", run_dir=tmp_path / "run",
-              log=None, model_parallel=algorithm)
+              shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
     assert res.info["model_parallel"]["algorithm"] == algorithm
     assert_same_weights(res.model, reference_epochs(x, y, [24, 16], 8, 2, 0.5, 0.9, 0.5))
     assert res.info["server"]["shards"] == 2 and res.info["server"]["versions"] == [6, 6]
@@ -115,9 +116,9 @@ def test_a_fit_resumes_from_the_servers_checkpoint_exactly(spark, tmp_path, part
     epochs equal 4 uninterrupted ones (one replica, so the pushes come in one order)."""
     x, y = data(40, seed=14)
     splits = [40] if partitions == 1 else [24, 16]
-    kw = dict(strategy="downpour", partitions=partitions, replicas=1, batch_size=8, lr=0.5,
-              lr_decay=0.8, momentum=0.9, shuffle=False, dtype="float64",
-              wire_dtype="float64", log=None)
+    kw = dict(strategy=Downpour(partitions=partitions, wire_dtype="float64"), replicas=1,
+              batch_size=8, lr=0.5, lr_decay=0.8, momentum=0.9, shuffle=False, dtype="float64",
+              log=None)
     whole = fit(frame(spark, x, y, splits), small_fc, epochs=4, run_dir=tmp_path / "w", **kw)
     first = fit(frame(spark, x, y, splits), small_fc, epochs=2, run_dir=tmp_path / "r", **kw)
     assert first.info["resumed_from_epoch"] is None
@@ -143,10 +144,10 @@ def test_a_fit_resumes_from_the_servers_checkpoint_exactly(spark, tmp_path, part
 def test_model_parallel_ssda_rnn_and_kept_whole_replicas_are_sgd_on_the_union(
         spark, tmp_path, model_fn, loss, kept):
     x, y = data(40, seed=13)
-    res = fit(frame(spark, x, y, [24, 16]), model_fn, loss=loss, strategy="downpour",
-              partitions=2, replicas=1, batch_size=8, epochs=2, lr=0.5, momentum=0.9,
-              shuffle=False, dtype="float64", wire_dtype="float64", run_dir=tmp_path / "run",
-              log=None)
+    res = fit(frame(spark, x, y, [24, 16]), model_fn, loss=loss,
+              strategy=Downpour(partitions=2, wire_dtype="float64"), replicas=1, batch_size=8,
+              epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
+              run_dir=tmp_path / "run", log=None)
     ref = reference_epochs(x, y, [24, 16], 8, 2, 0.5, 0.9, model_fn=model_fn,
                            loss=first_three_ce if callable(loss) else
                            torch.nn.functional.cross_entropy)
@@ -160,8 +161,9 @@ def test_sync_mode_follows_the_allreduce_trajectory(spark, tmp_path, splits):
     kw = dict(batch_size=8, epochs=2, lr=0.3, lr_decay=0.7, momentum=0.9, shuffle=False,
               dtype="float64", log=None)
     ring = fit(frame(spark, x, y, splits), small_fc, run_dir=tmp_path / "ring", **kw)
-    ps = fit(frame(spark, x, y, splits), small_fc, strategy="downpour", mode="sync",
-             wire_dtype="float64", ps_shards=3, run_dir=tmp_path / "ps", **kw)
+    ps = fit(frame(spark, x, y, splits), small_fc,
+             strategy=Downpour(mode="sync", wire_dtype="float64", ps_shards=3),
+             run_dir=tmp_path / "ps", **kw)
     assert_same_weights(ps.model, ring.model, tol=1e-9)
     steps = max(-(-n // 8) for n in splits)
     assert ps.info["server"]["versions"] == [2 * steps] * 3
@@ -173,10 +175,10 @@ def test_async_workers_train_the_cnn_and_report_staleness(spark, mnist, tmp_path
     x = images[:6000].reshape(6000, -1).astype(np.float32) / 255
     vx, vy = images[-500:].reshape(500, -1).astype(np.float32) / 255, labels[-500:]
     lines = []
-    res = fit(frame(spark, x, labels[:6000], [3000, 3000]), "cnn", strategy="downpour",
+    res = fit(frame(spark, x, labels[:6000], [3000, 3000]), "cnn",
+              strategy=Downpour(n_fetch=2, n_push=2, ps_shards=2),
               shape=(1, 28, 28), num_classes=10, optimizer="adam", lr=0.003, batch_size=32,
-              epochs=3, n_fetch=2, n_push=2, ps_shards=2, validation=(vx, vy),
-              run_dir=tmp_path / "run", log=lines.append)
+              epochs=3, validation=(vx, vy), run_dir=tmp_path / "run", log=lines.append)
     assert [h["epoch"] for h in res.history] == [1, 2, 3]
     assert res.history[-1]["val_accuracy"] > 0.6           # chance: 0.1
     hist = res.info["staleness_histogram"]
@@ -192,8 +194,9 @@ def test_async_workers_train_the_cnn_and_report_staleness(spark, mnist, tmp_path
 
 def test_sequential_mode_applies_every_push_in_turn(spark, tmp_path):
     x, y = data(64, seed=9)
-    res = fit(frame(spark, x, y, [32, 32]), small_fc, strategy="downpour", mode="sequential",
-              n_push=2, batch_size=4, epochs=1, lr=0.1, run_dir=tmp_path / "run", log=None)
+    res = fit(frame(spark, x, y, [32, 32]), small_fc,
+              strategy=Downpour(mode="sequential", n_push=2), batch_size=4, epochs=1, lr=0.1,
+              run_dir=tmp_path / "run", log=None)
     # each worker: 8 mini-batches, pushed 2 at a time
     assert [w["pushes"] for w in res.info["workers"]] == [4, 4]
     assert res.info["server"]["versions"] == [8]
@@ -202,7 +205,7 @@ def test_sequential_mode_applies_every_push_in_turn(spark, tmp_path):
 def test_thesis_algorithm_refuses_what_it_cannot_run(spark):
     x, y = data(16)
     df = frame(spark, x, y, [8, 8])
-    kw = dict(strategy="downpour", partitions=2, model_parallel="thesis", log=None)
+    kw = dict(strategy=Downpour(partitions=2, model_parallel="thesis"), log=None)
     with pytest.raises(ConfigError, match="runs FC nets"):
         fit(df, narrow_fc_conv, **kw)
     with pytest.raises(ConfigError, match="a layer of 1 units cannot go over partitions=2"):
@@ -212,9 +215,11 @@ def test_thesis_algorithm_refuses_what_it_cannot_run(spark):
     with pytest.raises(ConfigError, match="softmax cross-entropy"):
         fit(df, small_fc, loss=first_three_ce, **kw)
     with pytest.raises(ConfigError, match="give partitions=F"):
-        fit(df, small_fc, **{**kw, "partitions": 1})
-    with pytest.raises(ConfigError, match="model_parallel must be 'collective' or 'thesis'"):
-        fit(df, small_fc, **{**kw, "model_parallel": "megatron"})
+        Downpour(partitions=1, model_parallel="thesis")
+    with pytest.raises(ConfigError,
+                       match="model_parallel must be one of 'collective', 'thesis', got "
+                             "'megatron'"):
+        Downpour(partitions=2, model_parallel="megatron")
 
 
 def narrow_fc_conv():
@@ -225,34 +230,36 @@ def narrow_fc_conv():
 def test_downpour_argument_errors(spark):
     x, y = data(20)
     df = frame(spark, x, y, [10, 10])
-    with pytest.raises(ConfigError, match="unknown mode 'eventual'"):
-        fit(df, small_fc, strategy="downpour", mode="eventual")
+    with pytest.raises(ConfigError, match="mode must be one of 'async', 'sync', 'sequential', "
+                                          "got 'eventual'"):
+        Downpour(mode="eventual")
     with pytest.raises(ConfigError, match="n_fetch must be an integer >= 1"):
-        fit(df, small_fc, strategy="downpour", n_fetch=0)
+        Downpour(n_fetch=0)
     with pytest.raises(ConfigError, match="optimizer 'cg' has no parameter-server form"):
         fit(df, small_fc, strategy="downpour", optimizer="cg")
     with pytest.raises(ConfigError, match="overlap=True needs mode='async'"):
-        fit(df, small_fc, strategy="downpour", mode="sync", overlap=True)
+        Downpour(mode="sync", overlap=True)
     with pytest.raises(ConfigError, match="partitions > 1 runs modes 'async' and"):
-        fit(df, small_fc, strategy="downpour", mode="sync", partitions=2)
+        Downpour(mode="sync", partitions=2)
     with pytest.raises(ResourceError, match="replicas=2 x partitions=2 = 4 tasks"):
-        fit(df, small_fc, strategy="downpour", replicas=2, partitions=2)
+        fit(df, small_fc, strategy=Downpour(partitions=2), replicas=2)
     with pytest.raises(ConfigError, match=r"layer 1 \(Conv1d\) has no column-partitioned"):
-        fit(df, narrow_fc_conv, strategy="downpour", partitions="auto", shape=(12,))
-    with pytest.raises(ConfigError, match="partitions > 1 .* runs with strategy='downpour'"):
+        fit(df, narrow_fc_conv, strategy=Downpour(partitions="auto"), shape=(12,))
+    with pytest.raises(ConfigError, match=r"partitions is an option of the Downpour strategy: "
+                                          r"pass strategy=Downpour\(partitions=\.\.\.\)"):
         fit(df, small_fc, partitions=2)
     with pytest.raises(ConfigError, match="wire_dtype must be"):
-        fit(df, small_fc, strategy="downpour", wire_dtype="int8")
+        Downpour(wire_dtype="int8")
     with pytest.raises(ConfigError, match="average must be a number >= 0"):
-        fit(df, small_fc, strategy="downpour", average=-0.1)
+        Downpour(average=-0.1)
     with pytest.raises(ConfigError, match="average=0.1 needs mode='async'"):
-        fit(df, small_fc, strategy="downpour", mode="sync", average=0.1)
-    with pytest.raises(ConfigError, match="staleness must be one of none, lr, momentum"):
-        fit(df, small_fc, strategy="downpour", staleness="tau")
+        Downpour(mode="sync", average=0.1)
+    with pytest.raises(ConfigError, match="staleness must be one of 'none', 'lr', 'momentum'"):
+        Downpour(staleness="tau")
     with pytest.raises(ConfigError, match="overlap=True with staleness='none' and server "
                                           "momentum 0.9 over 2 replicas diverges"):
-        fit(df, small_fc, strategy="downpour", replicas=2, momentum=0.9, overlap=True,
-            staleness="none")
+        fit(df, small_fc, strategy=Downpour(overlap=True, staleness="none"), replicas=2,
+            momentum=0.9)
 
 
 def test_staleness_rule_lowers_the_server_momentum_by_the_asynchronys_own(spark, tmp_path):
@@ -260,14 +267,14 @@ def test_staleness_rule_lowers_the_server_momentum_by_the_asynchronys_own(spark,
     (staleness="momentum"), 0.9 with staleness="none"; sync rounds keep 0.9."""
     x, y = data(32, seed=12)
     df = frame(spark, x, y, [16, 16])
-    kw = dict(strategy="downpour", replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9,
-              log=None)
-    default = fit(df, small_fc, run_dir=tmp_path / "a", **kw)
+    kw = dict(replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9, log=None)
+    default = fit(df, small_fc, strategy="downpour", run_dir=tmp_path / "a", **kw)
     assert default.info["staleness"] == "momentum"
     assert default.info["server_momentum"] == pytest.approx(0.4)
-    plain = fit(df, small_fc, staleness="none", run_dir=tmp_path / "b", **kw)
+    plain = fit(df, small_fc, strategy=Downpour(staleness="none"), run_dir=tmp_path / "b",
+                **kw)
     assert plain.info["server_momentum"] == 0.9
-    sync = fit(df, small_fc, mode="sync", run_dir=tmp_path / "c", **kw)
+    sync = fit(df, small_fc, strategy=Downpour(mode="sync"), run_dir=tmp_path / "c", **kw)
     assert sync.info["server_momentum"] == 0.9
     # the returned model averages the server's values over 0.1 epoch by default with several
     # asynchronous replicas, never in sync rounds (nor with one worker: plain SGD)
@@ -278,7 +285,7 @@ def test_staleness_rule_lowers_the_server_momentum_by_the_asynchronys_own(spark,
 def test_auto_partitions_plan_with_a_probed_link(spark, tmp_path):
     x, y = data(32, seed=13)
     lines = []
-    res = fit(frame(spark, x, y, [16, 16]), small_fc, strategy="downpour", partitions="auto",
+    res = fit(frame(spark, x, y, [16, 16]), small_fc, strategy=Downpour(partitions="auto"),
               batch_size=8, epochs=1, lr=0.1, run_dir=tmp_path / "run", log=lines.append)
     plan = next(line for line in lines if line.startswith("partitions='auto'"))
     # no memory limit is set, so the small net is not split: two data-parallel replicas

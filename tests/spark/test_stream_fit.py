@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from spark_dl import fit
+from spark_dl import Downpour, fit
 from spark_dl.data import pixels_to_arrow
 from spark_dl.data.mnist import PIXEL_SCHEMA
 from spark_dl.errors import ConfigError
@@ -87,10 +87,11 @@ def test_downpour_and_model_parallel_replicas_train_from_streamed_shards(spark, 
                                                                         partitions):
     x, y = pixel_data(800, seed=2)
     replicas = 2 // partitions
-    res = fit(pixel_frame(spark, x, y, 2), net, strategy="downpour", partitions=partitions,
-              replicas=replicas, mode="sequential" if partitions > 1 else "async",
-              optimizer="adam", lr=1e-2, epochs=6, batch_size=20, data="stream",
-              shuffle_buffer=120, progress=False, log=None, run_dir=tmp_path / "dp",
+    res = fit(pixel_frame(spark, x, y, 2), net,
+              strategy=Downpour(partitions=partitions,
+                                mode="sequential" if partitions > 1 else "async"),
+              replicas=replicas, optimizer="adam", lr=1e-2, epochs=6, batch_size=20,
+              data="stream", shuffle_buffer=120, progress=False, log=None, run_dir=tmp_path / "dp",
               validation=(x[:200].astype(np.float32) / 255, y[:200]))
     assert {w["data"] for w in res.info["workers"]} == {"stream"}
     assert res.info["total_rows"] == 800

@@ -15,7 +15,7 @@ def test_overrides(tmp_path):
                     {"train.model": "fc", "data.partitions": 3, "train.lr": 1})
     assert (cfg.train.model, cfg.data.partitions, cfg.train.lr) == ("fc", 3, 1.0)
     cfg = load_toml(DemoConfig, ROOT / "conf" / "jobs" / "demo.toml",
-                    {"train.partitions": "auto", "train.fc_hidden": [1024, 320]})
+                    {"train.strategy.partitions": "auto", "train.fc_hidden": [1024, 320]})
     assert (cfg.train.partitions, cfg.train.fc_hidden) == ("auto", (1024, 320))
 
 
@@ -26,7 +26,8 @@ def test_overrides(tmp_path):
     ("[train]\nmodel = 'resnet'\n", r"'train.model' must be 'cnn' or 'fc'"),
     ("[data]\npartitions = 'four'\n", r"'data.partitions' .* must be of type int"),
     ("train = 3\n", r"'train' .* must be a table"),
-    ("[train]\npartitions = 'many'\n", r"'train.partitions' must be an integer >= 1 or 'auto'"),
+    ("[train.strategy]\nname = 'downpour'\npartitions = 'many'\n",
+     r"'train.strategy': partitions must be an integer >= 1, got 'many'"),
     ("[train]\nfc_hidden = [0]\n", r"'train.fc_hidden' must list positive widths"),
     ("[train\n", r"not valid TOML"),
 ])

@@ -1,4 +1,4 @@
-"""RD-PSGD's gossip round (parallel/gossip.py) on real processes (gloo on 127.0.0.1,
+"""RD-PSGD's gossip round (strategies/gossip/rounds.py) on real processes (gloo on 127.0.0.1,
 float64): alpha = 1 is D-PSGD computed by hand, any alpha keeps the replicas' average, every
 replica draws the same mask, and a round sends alpha x the model to each neighbour."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spark_dl.parallel.gossip import Gossip, consensus_distance, mask_indices, ring_peers
+from spark_dl.strategies.gossip.rounds import Rounds, consensus_distance, mask_indices, ring_peers
 
 from .ranks import run_on_ranks
 
@@ -33,7 +33,7 @@ def _start(rank):
 def _rank_main(rank, world, alpha):
     import torch.distributed as dist
     x = _start(rank)
-    gossip = Gossip(x, alpha, SEED)
+    gossip = Rounds(x, alpha, SEED)
     report = {"masks": [], "mean_error": 0.0, "trajectory": []}
     for k in range(ROUNDS):
         g = _grad(x, rank)                          # at x_k, before the round (Alg. 2)

@@ -14,10 +14,8 @@ stage resumes from the last one.
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -25,22 +23,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spark_dl.parallel.stage import StageConfig, barrier_task, broadcast_bytes, evaluate, \
-    save_atomic, stage_info, state_bytes
+from spark_dl.parallel.stage import LocalStepConfig, StepReports, barrier_task, broadcast_bytes, \
+    evaluate, most_batches, read_checkpoint, save_atomic, stage_info, state_bytes
 
 __all__ = ["AllReduceConfig", "GradientSync", "make_task"]
 
 
 @dataclasses.dataclass(frozen=True)
-class AllReduceConfig(StageConfig):
+class AllReduceConfig(LocalStepConfig):
     """Plain values shipped to the tasks (see ``spark_dl.fit`` for their meaning)."""
 
-    optimizer: str = "sgd"
-    lr: float = 0.01
-    lr_decay: float = 1.0
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    max_iter: int = 3
     accumulate: int = 1
     amp: str | None = None
     bucket_mb: float = 25.0
@@ -171,13 +163,9 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     sync = GradientSync(list(model.parameters()), cfg.bucket_mb, shm_name, cfg.timeout_s)
 
     # Resume from the run's checkpoint (rank 0 reads it, every rank gets its bytes).
-    ckpt_path = Path(run_dir) / "checkpoint.pt" if run_dir else None
-    data = ckpt_path.read_bytes() if rank == 0 and cfg.resume and ckpt_path and \
-        ckpt_path.exists() else None
-    blob = broadcast_bytes(data, rank, device)
+    ckpt_path, ckpt = read_checkpoint(cfg, run_dir, rank, device)
     start, history, resumed = 0, [], None
-    if blob:
-        ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+    if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         sched.load_state_dict(ckpt["scheduler"])
@@ -188,9 +176,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
         client.send({"type": "resume", "epoch": start})
 
-    n_micro = torch.tensor([shard.num_batches(cfg.batch_size)], device=device)
-    dist.all_reduce(n_micro, op=dist.ReduceOp.MAX)
-    steps = -(-int(n_micro) // cfg.accumulate)
+    steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
     val = None
     if validation is not None and rank == 0:
         val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
@@ -226,24 +212,18 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
 
     t_fit = time.perf_counter()
     setup_s = t_fit - t_setup
+    reports = StepReports(cfg, client, rank)
     for epoch in range(start, cfg.epochs):
         model.train()
-        t0 = last = time.perf_counter()
-        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
-                                seed=cfg.seed * 1000003 + rank, epoch=epoch))
+        it = reports.epoch(shard, epoch)
         loss_sum = samples = 0.0
         for step in range(steps):
             micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
             ls, n = run_step(micro)
             loss_sum, samples = loss_sum + ls, samples + n
-            now = time.perf_counter()
-            if rank == 0 and now - last >= cfg.progress_every_s:
-                last = now
-                client.send({"type": "step", "epoch": epoch + 1, "epochs": cfg.epochs,
-                             "step": step + 1, "steps": steps, "loss": loss_sum / max(samples, 1),
-                             "samples_per_s": samples / (now - t0)})
+            reports.step(epoch, step, steps, loss_sum, samples)
         sched.step()
-        seconds = time.perf_counter() - t0
+        seconds = reports.seconds()
         row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
                "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps}
         if val is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -22,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spark_dl.parallel.stage import StageConfig, barrier_task, broadcast_bytes, evaluate, \
-    save_atomic, stage_info, state_bytes
+from spark_dl.parallel.stage import LocalStepConfig, StepReports, barrier_task, evaluate, \
+    most_batches, read_checkpoint, save_atomic, stage_info, state_bytes
 
 from .rounds import Rounds, average_and_distance
 
@@ -31,15 +30,9 @@ __all__ = ["GossipConfig", "make_task"]
 
 
 @dataclasses.dataclass(frozen=True)
-class GossipConfig(StageConfig):
+class GossipConfig(LocalStepConfig):
     """Plain values shipped to the tasks (see ``spark_dl.strategies.Gossip``)."""
 
-    optimizer: str = "sgd"
-    lr: float = 0.01
-    lr_decay: float = 1.0
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    max_iter: int = 3
     alpha: float = 0.1
     sync_every: int = 1
 
@@ -101,13 +94,9 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world)
 
     # Resume: replica 0 reads the checkpoint, every replica takes its own model from it.
-    ckpt_path = Path(run_dir) / "checkpoint.pt" if run_dir else None
-    data = ckpt_path.read_bytes() if rank == 0 and cfg.resume and ckpt_path and \
-        ckpt_path.exists() else None
-    blob = broadcast_bytes(data, rank, device)
+    ckpt_path, ckpt = read_checkpoint(cfg, run_dir, rank, device)
     start, history, resumed = 0, [], None
-    if blob:
-        ckpt = torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+    if ckpt is not None:
         if ckpt.get("strategy") != "gossip":
             raise ValueError(f"{ckpt_path} is not a checkpoint of a gossip fit")
         mine = ckpt["replicas"][rank % len(ckpt["replicas"])]
@@ -119,9 +108,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
         client.send({"type": "resume", "epoch": start})
 
-    n_batches = torch.tensor([shard.num_batches(cfg.batch_size)], device=device)
-    dist.all_reduce(n_batches, op=dist.ReduceOp.MAX)
-    steps = int(n_batches)               # every replica takes part in every round
+    steps = most_batches(shard, cfg.batch_size, device)   # every replica, every round
     val = None
     if validation is not None and rank == 0:
         val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
@@ -129,11 +116,10 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         probe = model_fn().to(device=device, dtype=dtype)
     t_fit = time.perf_counter()
     round_s = 0.0
+    reports = StepReports(cfg, client, rank)
+    model.train()                        # (replica 0 validates the average on a probe copy)
     for epoch in range(start, cfg.epochs):
-        model.train()
-        t0 = last = time.perf_counter()
-        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
-                                seed=cfg.seed * 1000003 + rank, epoch=epoch))
+        it = reports.epoch(shard, epoch)
         loss_sum = samples = 0.0
         for step in range(steps):
             k = epoch * steps + step
@@ -154,14 +140,9 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                 round_s += time.perf_counter() - t_round
             if batch is not None:
                 opt.step()                           # x_k+1 = x_k+1/2 - lr g_i(x_k,i)
-            now = time.perf_counter()
-            if rank == 0 and now - last >= cfg.progress_every_s:
-                last = now
-                client.send({"type": "step", "epoch": epoch + 1, "epochs": cfg.epochs,
-                             "step": step + 1, "steps": steps, "loss": loss_sum / max(samples, 1),
-                             "samples_per_s": samples / (now - t0)})
+            reports.step(epoch, step, steps, loss_sum, samples)
         sched.step()
-        seconds = time.perf_counter() - t0
+        seconds = reports.seconds()
         totals = torch.tensor([loss_sum, samples], dtype=torch.float64, device=device)
         dist.all_reduce(totals)
         mean, distance = average_and_distance(flat)
