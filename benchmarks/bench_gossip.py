@@ -67,7 +67,7 @@ def make_data(spark, rows: int, shards: int, where: Path) -> tuple[str, tuple]:
 def plain(data, epochs):
     """Single-process PyTorch, 1 thread (bench_downpour's): per-epoch accuracy, seconds a step."""
     from bench_downpour import plain as plain_1t
-    hist, _ = plain_1t(len(data[0]), epochs, data)
+    hist = plain_1t(len(data[0]), epochs, data)
     steps = -(-len(data[0]) // BATCH)
     return [{**h, "step_s": h["seconds"] / steps} for h in hist], {}
 
