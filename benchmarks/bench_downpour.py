@@ -63,7 +63,7 @@ def _validation():
     return x[-2000:].reshape(2000, -1).astype(np.float32) / 255, y[-2000:].astype(np.int64)
 
 
-def plain(rows, epochs, data=None):
+def plain(rows, epochs, data=None, seed=0):
     """Single-process PyTorch, 1 thread, on the first ``rows`` digits (or ``data``: (x, y))."""
     import torch
     from spark_dl.models import build_model
@@ -73,12 +73,12 @@ def plain(rows, epochs, data=None):
     x, y = torch.from_numpy(x).reshape(rows, 1, 28, 28), torch.from_numpy(y)
     vx, vy = _validation()
     vx = torch.from_numpy(vx).reshape(-1, 1, 28, 28)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = build_model("cnn")
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     hist = []
     for e in range(epochs):
-        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(e))
+        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 1000 + e))
         t0 = time.perf_counter()
         model.train()
         for i in range(0, rows, BATCH):

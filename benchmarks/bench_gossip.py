@@ -1,7 +1,8 @@
 """RD-PSGD (seed 003) against all-reduce and D-PSGD: the thesis CNN on extended MNIST, accuracy
 after equal epochs and bytes each replica sends per step, interleaved runs, medians.
 
-Systems (one Spark session, run A B C ... A B C ..., ``--repeats`` times):
+Systems (one Spark session, run A B C ... A B C ..., ``--repeats`` times; run i initialises
+and shuffles every system with seed i, so the medians and spreads are over seeds):
   plain-1t     single-process PyTorch, 1 thread, the same rows, batch and epochs (calibration)
   allreduce    spark_dl.fit(strategy="allreduce"): gradients averaged every step
   dpsgd        Gossip(alpha=1): D-PSGD, the whole model to each ring neighbour every step
@@ -64,21 +65,21 @@ def make_data(spark, rows: int, shards: int, where: Path) -> tuple[str, tuple]:
     return str(where), (px / 255, local["label"].to_numpy().astype(np.int64))
 
 
-def plain(data, epochs):
+def plain(data, epochs, seed):
     """Single-process PyTorch, 1 thread (bench_downpour's): per-epoch accuracy, seconds a step."""
     from bench_downpour import plain as plain_1t
-    hist = plain_1t(len(data[0]), epochs, data)
+    hist = plain_1t(len(data[0]), epochs, data, seed)
     steps = -(-len(data[0]) // BATCH)
     return [{**h, "step_s": h["seconds"] / steps} for h in hist], {}
 
 
-def engine(spark, path, epochs, replicas, runs, strategy):
+def engine(spark, path, epochs, replicas, runs, strategy, seed=0):
     from spark_dl import fit
     from spark_dl.data import read_shards
     t0 = time.perf_counter()
     res = fit(read_shards(spark, path), "cnn", strategy=strategy, shape=(1, 28, 28),
               num_classes=10, optimizer="sgd", lr=LR, momentum=MOMENTUM, batch_size=BATCH,
-              epochs=epochs, replicas=replicas, validation=_validation(),
+              epochs=epochs, replicas=replicas, validation=_validation(), seed=seed,
               run_dir=runs / f"{time.time()}", log=None)
     wall = time.perf_counter() - t0
     steps = res.info["steps_per_epoch"] * epochs
@@ -115,17 +116,17 @@ def main(argv=None):
     runs = Path(tempfile.mkdtemp(prefix="bench-gossip-"))
     R, E = args.replicas, args.epochs
     path, local = make_data(spark, args.rows, R, runs / "data")
-    systems = {"plain-1t": lambda: plain(local, E),
-               "allreduce": lambda: engine(spark, path, E, R, runs, "allreduce"),
-               "dpsgd": lambda: engine(spark, path, E, R, runs, Gossip(alpha=1.0))}
+    systems = {"plain-1t": lambda seed: plain(local, E, seed),
+               "allreduce": lambda seed: engine(spark, path, E, R, runs, "allreduce", seed),
+               "dpsgd": lambda seed: engine(spark, path, E, R, runs, Gossip(alpha=1.0), seed)}
     for a in args.alphas.split(","):
-        systems[f"rdpsgd-{a}"] = (lambda a=float(a): engine(spark, path, E, R, runs,
-                                                            Gossip(alpha=a)))
+        systems[f"rdpsgd-{a}"] = (lambda seed, a=float(a): engine(spark, path, E, R, runs,
+                                                                  Gossip(alpha=a), seed))
     engine(spark, path, 1, R, runs, "allreduce")                # warm the Python workers
     raw = {k: [] for k in systems}
     for i in range(args.repeats):
-        for k, fn in systems.items():                            # interleaved
-            hist, extra = fn()
+        for k, fn in systems.items():                # interleaved; run i: seed i for all
+            hist, extra = fn(i)
             raw[k].append({"history": hist, **extra})
             print(f"run {i + 1} {k}: accuracy {hist[-1]['val_accuracy']:.4f}", flush=True)
     step_s = statistics.median(h["step_s"] for r in raw["plain-1t"] for h in r["history"])
@@ -161,7 +162,7 @@ def main(argv=None):
             s["accuracy_vs_allreduce_points"] = round(
                 100 * (s["val_accuracy_final_median"] - base["val_accuracy_final_median"]), 2)
             s["rate_vs_plain_1t"] = round(s["steady_samples_per_s"] / (BATCH / step_s), 3)
-    key = f"{args.master} x{R}"
+    key = f"{args.master} x{R}" + (f", {E} epochs" if E != 3 else "")
     out = Path(args.out)
     doc = json.loads(out.read_text()) if out.exists() else {}
     doc[key] = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(),
