@@ -1,7 +1,7 @@
 """spark_dl: large-scale distributed deep learning on Apache Spark with PyTorch."""
 
 from .config import DataConfig, DemoConfig, TrainConfig, load_toml
-from .errors import ConfigError, DataError, ResourceError, SparkDLError
+from .errors import ConfigError, DataError, ResourceError, SparkDLError, TaskError
 from .session import get_session, load_profile
 from .fit import FitResult, fit
 from .strategies import AllReduce, Downpour, Gossip, Strategy
@@ -9,6 +9,5 @@ from .strategies import AllReduce, Downpour, Gossip, Strategy
 __version__ = "0.1.0"
 
 __all__ = ["DataConfig", "DemoConfig", "TrainConfig", "load_toml", "ConfigError", "DataError",
-           "ResourceError", "SparkDLError", "get_session", "load_profile", "fit", "FitResult",
-           "Strategy", "AllReduce", "Downpour", "Gossip",
-           "__version__"]
+           "ResourceError", "SparkDLError", "TaskError", "get_session", "load_profile", "fit",
+           "FitResult", "Strategy", "AllReduce", "Downpour", "Gossip", "__version__"]

@@ -4,7 +4,7 @@
 outside the call: configuration files, input data and the cluster.
 """
 
-__all__ = ["SparkDLError", "ConfigError", "DataError", "ResourceError"]
+__all__ = ["SparkDLError", "ConfigError", "DataError", "ResourceError", "TaskError"]
 
 
 class SparkDLError(Exception):
@@ -21,3 +21,16 @@ class DataError(SparkDLError, ValueError):
 
 class ResourceError(SparkDLError):
     """The cluster cannot give what was asked for (executors, GPUs, memory)."""
+
+
+class TaskError(SparkDLError):
+    """An exception raised in a task: ``remote_type`` (its class name), ``task`` (the Spark
+    partition), ``epoch``/``step`` (1-based, or None before training started) and
+    ``remote_traceback`` (the task's frames, innermost last)."""
+
+    def __init__(self, message: str, *, remote_type: str = "", task: int | None = None,
+                 epoch: int | None = None, step: int | None = None,
+                 remote_traceback: str = ""):
+        super().__init__(message)
+        self.remote_type, self.task, self.epoch, self.step = remote_type, task, epoch, step
+        self.remote_traceback = remote_traceback

@@ -23,6 +23,7 @@ from torch import nn
 from .errors import ConfigError, DataError, ResourceError
 from .optim.factory import OPTIMIZERS
 from .parallel.stage import StageConfig, loss_function
+from .preflight import check_model, check_not_empty
 from .strategies import STRATEGIES, Strategy, make_strategy, option_owner
 from .strategies.base import FitResult, Job
 from .tracking import Tracker
@@ -70,11 +71,22 @@ def _validation(validation, shape, dtype: str):
     """The validation arrays, checked and shaped as the training rows."""
     if validation is None:
         return None
+    if not isinstance(validation, (tuple, list)) or len(validation) != 2:
+        raise DataError(f"validation must be a pair (x, y) of arrays, got "
+                        f"{type(validation).__name__}")
     vx, vy = (np.asarray(a) for a in validation)
     if len(vx) != len(vy):
         raise DataError(f"validation x has {len(vx)} rows but y has {len(vy)}")
+    if vx.dtype.kind not in "fiub" or vy.dtype.kind not in "fiub":
+        raise DataError(f"validation arrays must be numeric, got x of {vx.dtype} and y of "
+                        f"{vy.dtype}")
     if vx.dtype.kind == "f" and not np.isfinite(vx).all():
         raise DataError("validation x holds NaN or inf; clean it before training")
+    if len(shape) and len(vx) and vx[0].size != int(np.prod(shape)):
+        raise DataError(f"validation x has rows of shape {vx.shape[1:]} ({vx[0].size} values) "
+                        f"but the training rows have shape={tuple(shape)} "
+                        f"({int(np.prod(shape))} values): give validation rows like the "
+                        f"training rows")
     vx = vx.reshape(len(vx), *shape) if len(shape) else vx
     return vx.astype(np.float64 if dtype == "float64" else np.float32), vy
 
@@ -152,19 +164,24 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
                              device)
     if why:
         raise ConfigError(why)
+    validation = _validation(validation, shape, dtype)
+    model_fn = _model_factory(model)
+    rows = tuple(shape) if len(shape) else validation[0].shape[1:] if validation else None
+    signature = check_model(model_fn, rows=None if transform else rows, dtype=dtype,
+                            num_classes=num_classes, loss=loss_name, validation=validation)
     stage = StageConfig(
         features=features, label=label, shape=tuple(shape), label_shape=tuple(label_shape),
         num_classes=num_classes, loss=loss_name, epochs=epochs, batch_size=batch_size,
         shuffle=shuffle, seed=seed, dtype=dtype, device=device, threads=threads,
         timeout_s=timeout_s, data=data, shuffle_buffer=shuffle_buffer, transform=transform,
         resume=resume)
-    job = Job(df=df, model=model, model_fn=_model_factory(model), loss_fn=loss_fn,
+    job = Job(df=df, model=model, model_fn=model_fn, loss_fn=loss_fn, signature=signature,
               loss_name=loss_name, stage={f: getattr(stage, f) for f in
                                           StageConfig.__dataclass_fields__},
               train=dict(optimizer=optimizer, lr=float(lr), lr_decay=float(lr_decay),
                          momentum=float(momentum), weight_decay=float(weight_decay),
                          max_iter=max_iter),
-              replicas=replicas, validation=_validation(validation, shape, dtype),
+              replicas=replicas, validation=validation,
               run_dir=run_dir, progress=progress, log=log, tracker=Tracker(track),
               slots=_slots(spark), partitions=df.rdd.getNumPartitions())
     strategy.check_job(job)
@@ -180,4 +197,5 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
             f"replicas={job.replicas} but the cluster runs {job.slots} task(s) at once (default "
             f"parallelism {spark.sparkContext.defaultParallelism} / spark.task.cpus); the "
             f"replicas train together: use replicas <= {job.slots} or add executors/cores")
+    check_not_empty(df)
     return strategy.run(job)

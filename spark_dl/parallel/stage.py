@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -18,8 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import ConfigError, DataError
+from .failures import at, report
+
 __all__ = ["StageConfig", "LocalStepConfig", "peak_memory_mb", "read_shard", "write_task_info", "LOSSES",
-           "loss_function", "evaluate", "save_atomic", "barrier_task", "RESULT_SCHEMA",
+           "loss_function", "evaluate", "save_atomic", "load_checkpoint", "previous", "barrier_task", "RESULT_SCHEMA",
            "broadcast_bytes", "state_bytes", "stage_info"]
 
 LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
@@ -111,9 +115,27 @@ def sequence_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.
                                        target.reshape(-1).long())
 
 
+def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """torch's cross entropy; a label out of the model's range is a DataError that says so
+    (torch's own is "IndexError: Target 2 is out of bounds")."""
+    try:
+        return nn.functional.cross_entropy(out, y)
+    except (IndexError, RuntimeError) as e:
+        if out.dim() < 2 or y.is_floating_point() or not len(y):
+            raise
+        classes, low, high = out.shape[1], int(y.min()), int(y.max())
+        if low >= 0 and high < classes:
+            raise
+        raise DataError(f"a label of {high if high >= classes else low} in this mini-batch, but "
+                        f"the model outputs {classes} scores per row (cross_entropy needs labels "
+                        f"in 0..{classes - 1}): build the model with as many outputs as there "
+                        f"are classes, and pass num_classes= to check the labels as they are "
+                        f"read") from e
+
+
 def loss_function(name: str) -> Callable:
     if name == "cross_entropy":
-        return nn.functional.cross_entropy
+        return cross_entropy
     if name == "sequence_cross_entropy":
         return sequence_cross_entropy
     if name == "mse":
@@ -139,12 +161,55 @@ def evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
     return row
 
 
+def previous(path: Path) -> Path:
+    """Where the checkpoint before ``path`` is kept (checkpoint.pt -> checkpoint.prev.pt)."""
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
 def save_atomic(path: Path, obj: dict) -> None:
-    """Atomic: write a temporary file next to it, then rename."""
+    """Atomic: write a temporary file next to it, then rename; the file it replaces stays as
+    ``previous(path)`` (a hard link: no copy) until the next save."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(obj, tmp)
+    if path.exists():
+        keep = path.with_name(f".{previous(path).name}.tmp-{os.getpid()}")
+        try:
+            os.link(path, keep)
+        except OSError:                    # no hard links on this file system
+            shutil.copyfile(path, keep)
+        os.replace(keep, previous(path))
     os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, say: Callable[[str], None]) -> dict | None:
+    """The checkpoint at ``path`` (None without one), on the CPU. A corrupt one (a truncated
+    write, a full disk) is set aside as ``<name>.corrupt-<time>`` and the previous good one
+    takes its place, with a message; a ConfigError when there is none."""
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = f"{type(e).__name__}: {str(e)[:200]}"
+    prev, ckpt = previous(path), None
+    if prev.exists():
+        try:
+            ckpt = torch.load(prev, map_location="cpu", weights_only=True)
+        except Exception:
+            ckpt = None
+    if ckpt is None:
+        raise ConfigError(f"the checkpoint {path} cannot be read ({reason}) and there is no "
+                          f"good previous one ({prev.name}): start over with resume=False, or "
+                          f"give a new run_dir")
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, aside)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.copyfile(prev, tmp)             # the tasks read checkpoint.pt
+    os.replace(tmp, path)
+    say(f"the checkpoint {path} cannot be read ({reason}); it is kept as {aside.name}, and "
+        f"the fit resumes from the previous one ({prev.name}, epoch {ckpt.get('epoch')})")
+    return ckpt
 
 
 def state_bytes(obj) -> bytes:
@@ -193,9 +258,14 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
     -> {"state": bytes, "history": [...], "info": {...}}; task 0 returns that as the row."""
 
     def task(batches: Iterator) -> Iterator:
+        from pyspark import TaskContext
         opened: list = []                 # the task's shard: its spill files go when it ends
+        at(None, None)
         try:
             yield from _task(batches, opened)
+        except BaseException as e:        # the driver hears of it first, and cancels the fit
+            report(channel, secret.encode(), TaskContext.get().partitionId(), e)
+            raise
         finally:
             for shard in opened:
                 shard.close()
@@ -299,6 +369,7 @@ class StepReports:
     def epoch(self, shard, epoch: int) -> Iterator:
         """Start timing ``epoch``; returns its mini-batches (epoch_batches)."""
         self.t0 = self.last = time.perf_counter()
+        at(epoch, 0)
         return epoch_batches(self.cfg, shard, self.rank, epoch)
 
     def seconds(self) -> float:
@@ -306,6 +377,7 @@ class StepReports:
         return time.perf_counter() - self.t0
 
     def step(self, epoch: int, step: int, steps: int, loss_sum: float, samples: float) -> None:
+        at(epoch, min(step + 1, steps - 1))          # what runs next (for an error report)
         now = time.perf_counter()
         if self.on and now - self.last >= self.cfg.progress_every_s:
             self.last = now

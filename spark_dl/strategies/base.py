@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import io
 import json
+import os
 import re
 import secrets
 import time
@@ -22,6 +23,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError
+from ..parallel.failures import TaskErrors
+from ..parallel.stage import load_checkpoint
 from ..progress import ProgressLine
 from ..runs import new_run_dir, plot_history, write_history, write_json
 
@@ -119,6 +122,7 @@ class Job:
     slots: int
     partitions: int                  # the DataFrame's
     plan: dict = dataclasses.field(default_factory=dict)   # what the strategy decided
+    signature: dict = dataclasses.field(default_factory=dict)  # the model's parameter shapes
 
     @property
     def spark(self):
@@ -153,6 +157,55 @@ def _narrow_merges(df) -> bool:
     return any(op in plan for op in ("Union", "Coalesce"))
 
 
+def _writable(path: Path) -> None:
+    """The run directory exists and takes files, or a ConfigError says why."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"the run directory {path} cannot be written ({e.strerror or e}): "
+                          f"pass run_dir= a directory this user can write (on a cluster, one "
+                          f"every executor can reach)") from None
+
+
+# what must match for a run directory's checkpoint to be resumed
+_SAME = ("model", "parameters", "shape", "label_shape", "num_classes", "loss", "dtype",
+         "features", "label")
+
+
+def _same_model(path: Path, config: dict) -> None:
+    """A run directory with a checkpoint resumes only the model and data it was made for
+    (its config.json): else a ConfigError names what differs."""
+    if not (path / "checkpoint.pt").exists() or not (path / "config.json").exists():
+        return
+    try:
+        old = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    new = json.loads(json.dumps(config, default=str))
+    diff = []
+    for key in _SAME:
+        a, b = old.get(key), new.get(key)
+        if a is None or b is None or a == b:
+            continue
+        if key == "model" and old.get("parameters") and new.get("parameters"):
+            continue                 # factories' names differ freely; their parameters tell
+        if key == "parameters":
+            names = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+            diff.append("parameters " + ", ".join(
+                f"{k} {tuple(a[k]) if k in a else 'absent'} there, "
+                f"{tuple(b[k]) if k in b else 'absent'} here" for k in names[:3])
+                + (f" (and {len(names) - 3} more)" if len(names) > 3 else ""))
+        else:
+            diff.append(f"{key} {a!r} there, {b!r} here")
+    if diff:
+        raise ConfigError(f"the run directory {path} holds the checkpoint of a different fit "
+                          f"({'; '.join(diff)}): give a new run_dir, or resume=False to start "
+                          f"over in this one (its checkpoint is then replaced)")
+
+
 class Run:
     """One fit's run directory, metrics, progress line, tracking and message channel."""
 
@@ -160,17 +213,26 @@ class Run:
         self.job, self.strategy = job, strategy
         self.path = Path(job.run_dir).resolve() if job.run_dir is not None else \
             new_run_dir("runs", strategy.name)
-        self.path.mkdir(parents=True, exist_ok=True)
+        _writable(self.path)
         self.config = {"strategy": strategy.name, "replicas": job.replicas,
                        "model": job.model if isinstance(job.model, str) else
                        getattr(job.model, "__name__", repr(job.model)),
-                       "options": strategy.describe(), **config}
+                       "options": strategy.describe(), **config,
+                       "parameters": job.signature.get("parameters")}
+        if job.stage["resume"]:
+            _same_model(self.path, self.config)
         write_json(self.path / "config.json", self.config)
         self.metrics = open(self.path / "metrics.jsonl", "a")
         self.live = ProgressLine(job.log)
         self.t_start = time.perf_counter()
         self.secret = secrets.token_hex(16)
         self.channel = None
+        self.errors = TaskErrors(job.spark, f"spark_dl-{self.path.name}-{self.secret[:8]}")
+
+    def say(self, text: str) -> None:
+        """A line for the user (through the progress line, which may be drawing)."""
+        if self.job.log is not None:
+            self.live.line(text)
 
     def record(self, m: dict) -> None:
         self.metrics.write(json.dumps(m) + "\n")
@@ -179,9 +241,25 @@ class Run:
     def serve(self, on_message: Callable[[dict], None] | None = None):
         """The authenticated channel the tasks report to (default: replica 0's reports)."""
         from ..parallel.channel import MessageServer
-        self.channel = MessageServer(self.job.host, self.secret.encode(),
-                                     on_message or self.on_message)
+        handler = on_message or self.on_message
+
+        def dispatch(m: dict) -> None:
+            if not self.errors.on_message(m):       # a task's error cancels the fit's jobs
+                handler(m)
+        self.channel = MessageServer(self.job.host, self.secret.encode(), dispatch)
         return self.channel
+
+    def collect(self, frame):
+        """``frame.collect()`` under the fit's job tag: a task's reported error cancels it and
+        is raised here (a TaskError carrying the task's exception), in seconds."""
+        try:
+            with self.errors:
+                return frame.collect()
+        except Exception as e:
+            self.errors.wait(1.0)
+            self.errors.raise_reported()
+            raise_task_error(e)
+            raise
 
     def step_line(self, m: dict, extra: str = "") -> None:
         if self.job.progress:
@@ -236,7 +314,7 @@ def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
         # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries
         # as a whole when a task fails (a failed barrier ResultStage is never retried); the
         # retried tasks resume from the run's last checkpoint.
-        rows = df.mapInArrow(task, schema, barrier=True).repartition(1).collect()
+        rows = run.collect(df.mapInArrow(task, schema, barrier=True).repartition(1))
     except BaseException:
         job.tracker.close(failed=True)
         raise
@@ -266,9 +344,12 @@ def check_checkpoint(run: Run, name: str) -> None:
     """A checkpoint in the run directory that another strategy wrote is refused, before any
     task starts (a fit resumes only its own kind of run)."""
     path = run.path / "checkpoint.pt"
-    if not run.job.stage["resume"] or not path.exists():
+    if not run.job.stage["resume"]:
         return
-    found = torch.load(path, map_location="cpu", weights_only=True).get("strategy", "allreduce")
+    ckpt = load_checkpoint(path, run.say)
+    if ckpt is None:
+        return
+    found = ckpt.get("strategy", "allreduce")
     if found != name:
         raise ConfigError(f"{path} is a checkpoint of strategy {found!r}, not of this {name} "
                           f"fit: give a new run_dir, or resume=False to start over in this one")

@@ -14,8 +14,7 @@ import torch
 from ...errors import ConfigError, ResourceError
 from ...parallel.ps import MODES, SERVER_OPTIMIZERS
 from ...parallel.stage import evaluate
-from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options, \
-    raise_task_error
+from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
 from . import task as _task
 from .plan import Layout, check_thesis, plan_partitions
 
@@ -184,8 +183,8 @@ class Downpour(Strategy):
         epochs_done: dict[int, dict[int, dict]] = {}       # epoch -> worker -> its report
         history: list[dict] = []
         ckpt_path = run_path / "checkpoint.pt"
-        resumed = _resume_downpour(ckpt_path, ps, replicas, partitions, log) if cfg.resume \
-            else None
+        resumed = _resume_downpour(ckpt_path, ps, replicas, partitions, log, run.say) \
+            if cfg.resume else None
         if resumed is not None:
             history = resumed["history"]
         t_start = run.t_start
@@ -241,14 +240,12 @@ class Downpour(Strategy):
         try:
             try:
                 if partitions == 1:
-                    rows = df.mapInArrow(task, _task.RESULT_SCHEMA).collect()
+                    rows = run.collect(df.mapInArrow(task, _task.RESULT_SCHEMA))
                 else:      # a barrier stage (process groups); the shuffle after it lets Spark
-                    rows = df.mapInArrow(task, _task.RESULT_SCHEMA, barrier=True) \
-                        .repartition(1).collect()   # retry it as a whole
-            except BaseException as e:
+                    rows = run.collect(df.mapInArrow(task, _task.RESULT_SCHEMA, barrier=True)
+                                       .repartition(1))   # retry it as a whole
+            except BaseException:
                 tracker.close(failed=True)
-                if isinstance(e, Exception):
-                    raise_task_error(e)
                 raise
 
             deadline = time.monotonic() + 2.0        # let the last epoch messages arrive
@@ -342,11 +339,12 @@ def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
                  "history": [h for h in history if h["epoch"] <= epoch]})
 
 
-def _resume_downpour(path: Path, ps, replicas: int, partitions: int, log) -> dict | None:
+def _resume_downpour(path: Path, ps, replicas: int, partitions: int, log, say) -> dict | None:
     """Load a Downpour checkpoint of ``run_dir`` into the fresh server; None without one."""
-    if not path.exists():
+    from ...parallel.stage import load_checkpoint
+    ckpt = load_checkpoint(path, say)
+    if ckpt is None:
         return None
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if ckpt.get("strategy") != "downpour":
         raise ConfigError(f"{path} is a checkpoint of strategy {ckpt.get('strategy', 'allreduce')!r}"
                           f", not of this downpour fit: give a new run_dir, or resume=False to "

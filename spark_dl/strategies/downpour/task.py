@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from spark_dl.parallel.failures import at, report as report_error
 from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
 __all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
@@ -56,6 +57,7 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
         rank = ctx.partitionId()
         t_start = time.perf_counter()
         opened: list = []                 # the task's shard: its spill files go when it ends
+        at(None, None)
         try:
             if partitions == 1:
                 shard = read_shard(cfg, batches, f"partition {rank}")
@@ -66,6 +68,9 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
                 report = _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address,
                                            channel, run_dir, ctx, batches, partitions,
                                            t_start, opened)
+        except BaseException as e:        # the driver hears of it first, and cancels the fit
+            report_error(channel, secret, rank, e)
+            raise
         finally:
             for shard in opened:
                 shard.close()
@@ -255,6 +260,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         t0 = last = time.perf_counter()
         loss_sum = samples = 0.0
         for step in range(first, steps):
+            at(epoch, step)
             batch = next(it, None)
             if comm is not None:                  # every task of the replica, every step
                 if batch is None:

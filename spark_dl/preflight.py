@@ -1,0 +1,122 @@
+"""What ``fit`` checks on the driver before any Spark job: the model factory, the model's output
+against ``num_classes``, the loss and the validation labels, and an empty DataFrame.
+
+The model is built once on the meta device (no memory for its weights, whatever its size) and
+run on two rows of zeros of the training rows' shape; a model that the meta device cannot run
+(data-dependent Python in its forward) is tried once on the CPU instead.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import ConfigError, DataError
+
+__all__ = ["check_model", "check_not_empty"]
+
+_CLASSIFY = ("cross_entropy", "nll")
+
+
+def _last_frame(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    return f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+
+
+class _Raised(Exception):
+    """The factory or the forward raised (on the meta device, maybe only there)."""
+
+    def __init__(self, error: Exception | None = None):
+        super().__init__(str(error))
+        self.error = error                        # the ConfigError to raise, if not the forward
+
+
+def _build(model_fn: Callable[[], nn.Module], device: str) -> nn.Module:
+    try:
+        with torch.device(device):
+            net = model_fn()
+    except Exception as e:
+        raise _Raised(ConfigError(
+            f"the model factory raised {type(e).__name__}: {e}{_last_frame(e)}; fit calls it "
+            f"with no arguments in every task and expects an nn.Module")) from e
+    if not isinstance(net, nn.Module):
+        raise ConfigError(f"the model factory returned {type(net).__name__}, not a "
+                          f"torch.nn.Module: pass a function that builds the network, e.g. "
+                          f"model=lambda: FCNet((784, 100, 10)), or a model name ('fc', 'cnn')")
+    return net
+
+
+def _forward(net: nn.Module, rows: tuple, dtype: torch.dtype, device: str):
+    net = net.to(dtype=dtype).eval()
+    try:
+        with torch.no_grad():
+            return net(torch.zeros((2, *rows), dtype=dtype, device=device))
+    except Exception as e:
+        raise _Raised() from e
+
+
+def check_model(model_fn: Callable[[], nn.Module], *, rows: tuple | None, dtype: str,
+                num_classes: int | None, loss: str, validation=None) -> dict:
+    """Build the model on the meta device and, when the shape of a row is known (``rows``),
+    run it: the factory must give an nn.Module that takes such rows, and a classifier's
+    outputs must match ``num_classes`` and the validation labels. Returns the model's
+    signature (parameter names and shapes, outputs per row) for the run directory."""
+    tdtype = torch.float64 if dtype == "float64" else torch.float32
+    out = None
+    try:
+        net = _build(model_fn, "meta")
+        if rows is not None:
+            out = _forward(net, rows, tdtype, "meta")
+    except _Raised:                               # the meta device may not run it: the CPU
+        try:
+            net = _build(model_fn, "cpu")
+            if rows is not None:
+                out = _forward(net, rows, tdtype, "cpu")
+        except _Raised as e:
+            cause = e.__cause__
+            if "cuda" in str(cause).lower():      # a GPU-only model: checked where it runs
+                return {"parameters": None}
+            if e.error is not None:               # the factory's own error
+                raise e.error from cause
+            raise ConfigError(
+                f"the model cannot take rows of shape {tuple(rows)}: {type(cause).__name__}: "
+                f"{cause}{_last_frame(cause)}; give shape= the shape the model's first layer "
+                f"takes (e.g. shape=(1, 28, 28) for the CNN), or a model for these rows"
+            ) from cause
+    signature = {"parameters": {k: list(v.shape) for k, v in net.state_dict().items()}}
+    if out is None or loss not in _CLASSIFY:
+        return signature
+    if not isinstance(out, torch.Tensor) or out.dim() < 2:
+        raise ConfigError(f"loss {loss!r} needs the model to output (batch, classes) scores, "
+                          f"but it gives {_describe(out)} for a batch of 2 rows")
+    classes = int(out.shape[1])
+    signature["outputs"] = classes
+    if num_classes is not None and classes != num_classes:
+        raise ConfigError(f"num_classes={num_classes} but the model outputs {classes} scores "
+                          f"per row: build it with {num_classes} outputs (its last layer), or "
+                          f"give num_classes={classes} if there are {classes} classes")
+    if validation is not None and len(validation[1]):
+        vy = np.asarray(validation[1])
+        low, high = int(vy.min()), int(vy.max())
+        if low < 0 or high >= classes:
+            raise DataError(f"validation labels go from {low} to {high}, but the model outputs "
+                            f"{classes} scores per row ({loss} needs labels in 0..{classes - 1})"
+                            f": build the model with {high + 1} outputs, or fix the labels")
+    return signature
+
+
+def _describe(out) -> str:
+    if isinstance(out, torch.Tensor):
+        return f"a tensor of shape {tuple(out.shape)}"
+    return f"a {type(out).__name__}"
+
+
+def check_not_empty(df) -> None:
+    """An empty DataFrame is refused (one row is read to know; no full pass over the data)."""
+    if df.isEmpty():
+        raise DataError("the DataFrame has no rows: nothing to train on. Check the filter or "
+                        "the path that made it (df.count() == 0)")
