@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 from torch import nn
 
+from .compat import default_parallelism, master, num_partitions
 from .errors import ConfigError, DataError, ResourceError
 from .optim.factory import OPTIMIZERS
 from .parallel.stage import StageConfig, loss_function
@@ -43,9 +44,8 @@ def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Modu
 
 
 def _slots(spark) -> int:
-    sc = spark.sparkContext
-    task_cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-    return max(1, sc.defaultParallelism // task_cpus)
+    task_cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
+    return max(1, default_parallelism(spark) // task_cpus)
 
 
 def _gpu_request_error(master: str, task_gpus: str | None, device: str) -> str | None:
@@ -159,9 +159,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         _check("replicas", isinstance(replicas, int) and replicas >= 1, replicas,
                "an integer >= 1")
     spark = df.sparkSession
-    why = _gpu_request_error(spark.sparkContext.master,
-                             spark.sparkContext.getConf().get("spark.task.resource.gpu.amount"),
-                             device)
+    why = _gpu_request_error(master(spark),
+                             spark.conf.get("spark.task.resource.gpu.amount", None), device)
     if why:
         raise ConfigError(why)
     validation = _validation(validation, shape, dtype)
@@ -183,7 +182,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
                          max_iter=max_iter),
               replicas=replicas, validation=validation,
               run_dir=run_dir, progress=progress, log=log, tracker=Tracker(track),
-              slots=_slots(spark), partitions=df.rdd.getNumPartitions())
+              slots=_slots(spark), partitions=num_partitions(df))
     strategy.check_job(job)
     strategy.tasks(job)
     if strategy.barrier(job) and \
@@ -195,7 +194,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     if job.replicas > job.slots:
         raise ResourceError(
             f"replicas={job.replicas} but the cluster runs {job.slots} task(s) at once (default "
-            f"parallelism {spark.sparkContext.defaultParallelism} / spark.task.cpus); the "
+            f"parallelism {default_parallelism(spark)} / spark.task.cpus); the "
             f"replicas train together: use replicas <= {job.slots} or add executors/cores")
     check_not_empty(df)
     return strategy.run(job)

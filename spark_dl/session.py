@@ -90,13 +90,20 @@ def _base_conf() -> dict[str, str]:
 
 def get_session(profile: str | None = None, *, master: str | None = None,
                 conf: Mapping[str, str] | None = None, conf_dir: str | Path | None = None,
-                log_level: str = "WARN"):
+                log_level: str = "WARN", remote: str | None = None):
     """Build or reuse the SparkSession.
 
     ``profile=None`` keeps what ``spark-submit`` configured when run under it, and otherwise
     uses the ``local`` profile. ``master`` and ``conf`` override the profile. An already
     active session is reused (Spark allows one per driver): its static settings stay.
+
+    ``remote``: a Spark Connect session instead (needs ``pyspark[connect]``):
+    ``"sc://host:15002"`` connects to a running Connect server (the profile's runtime
+    ``spark.sql.*`` settings are applied to the session); ``"local[N]"`` starts pyspark's own
+    local Connect server in this process with the profile's settings.
     """
+    if remote is not None:
+        return _connect_session(remote, profile, conf, conf_dir)
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
@@ -130,3 +137,22 @@ def get_session(profile: str | None = None, *, master: str | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def _connect_session(remote: str, profile: str | None, conf, conf_dir):
+    from pyspark.sql import SparkSession
+    import importlib.util
+    if importlib.util.find_spec("grpc_status") is None:    # pyspark's Connect client needs it
+        raise ConfigError("remote= needs the Spark Connect client: pip install "
+                          "'pyspark[connect]' (or the pyspark-client package)")
+    props = {**_base_conf(), **load_profile(profile or DEFAULT_PROFILE, conf_dir),
+             **(conf or {})}
+    os.environ.setdefault("PYSPARK_PYTHON", props["spark.pyspark.python"])
+    builder = SparkSession.builder.remote(remote)
+    if remote.startswith("sc://"):       # a running server: runtime settings only
+        props = {k: v for k, v in props.items() if k.startswith("spark.sql.")}
+    else:
+        props.pop("spark.master", None)  # the URL's
+    for k, v in props.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()

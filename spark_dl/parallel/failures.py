@@ -54,7 +54,9 @@ _TRANSPORT_FAULTS = ("gloo/transport", "Connection reset by peer", "Connection c
 
 
 def _summary(e: BaseException, frames: int = 8, limit: int = 4000) -> str:
-    tb = traceback.extract_tb(e.__traceback__)[-frames:]
+    """The innermost ``frames`` frames, torch's module-call plumbing left out."""
+    tb = [f for f in traceback.extract_tb(e.__traceback__)
+          if not f.filename.endswith(("torch/nn/modules/module.py",))][-frames:]
     text = "".join(traceback.format_list(tb)).rstrip()
     return text[-limit:]
 
@@ -103,8 +105,11 @@ def task_error(m: dict) -> TaskError:
         f"in epoch {m['epoch']}, step {m['step']}" if m.get("step") is not None else \
         f"in epoch {m['epoch']}"
     cls = _error_class(m.get("error", ""), bool(m.get("spark_dl")))
-    text = f"task {m['task']} failed {where}: {m['error']}: {m['message']}"
-    if m.get("traceback"):
+    if m.get("spark_dl"):          # spark_dl's own errors are written for the user: first
+        text = f"{m['message']} (task {m['task']}, {where})"
+    else:
+        text = f"task {m['task']} failed {where}: {m['error']}: {m['message']}"
+    if m.get("traceback") and not m.get("spark_dl"):
         text += "\n  where it was raised (innermost last):\n" + \
             "\n".join("    " + line for line in m["traceback"].splitlines())
     return cls(text, remote_type=m["error"], task=m["task"], epoch=m.get("epoch"),

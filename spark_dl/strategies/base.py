@@ -78,7 +78,7 @@ class Strategy:
 
     def tasks(self, job: "Job") -> int:
         """Sets ``job.replicas`` when fit left it open; returns the stage's task count."""
-        job.replicas = job.replicas or max(min(job.partitions, job.slots), 1)
+        job.replicas = job.replicas or max(min(job.partitions or job.slots, job.slots), 1)
         return job.replicas
 
     def barrier(self, job: "Job") -> bool:
@@ -120,7 +120,7 @@ class Job:
     log: Callable[[str], None] | None
     tracker: Any
     slots: int
-    partitions: int                  # the DataFrame's
+    partitions: int | None           # the DataFrame's (None: not known, Spark Connect)
     plan: dict = dataclasses.field(default_factory=dict)   # what the strategy decided
     signature: dict = dataclasses.field(default_factory=dict)  # the model's parameter shapes
 

@@ -120,7 +120,7 @@ class Downpour(Strategy):
                 job.slots, job.stage["dtype"], job.log)
             job.replicas = job.replicas or planned
         job.plan["partitions"] = partitions
-        replicas = job.replicas = job.replicas or max(min(job.partitions, job.slots)
+        replicas = job.replicas = job.replicas or max(min(job.partitions or job.slots, job.slots)
                                                       // partitions, 1)
         check_int("replicas", replicas, 1)
         momentum = job.train["momentum"]

@@ -1,0 +1,51 @@
+"""Classic sessions and Spark Connect sessions alike.
+
+A Spark Connect client (``SparkSession.builder.remote(...)``, the ``pyspark-client`` package)
+has no JVM and no SparkContext: ``spark.sparkContext``, ``df.rdd`` and ``_jdf`` raise
+``JVM_ATTRIBUTE_NOT_SUPPORTED``. What spark_dl asks of a session goes through here, with an
+answer for both kinds.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["is_connect", "master", "default_parallelism", "num_partitions"]
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def master(spark) -> str:
+    """The cluster's master URL ("local[2]", "spark://...", "yarn", ...; "" if unknown)."""
+    if not is_connect(spark):
+        return spark.sparkContext.master
+    return spark.conf.get("spark.master", "") or ""
+
+
+def default_parallelism(spark) -> int:
+    """The cluster's default parallelism (task slots when one task takes one core)."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    given = spark.conf.get("spark.default.parallelism", None)
+    if given:
+        return int(given)
+    m = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master(spark))
+    if m and m.group(1) != "*":
+        return int(m.group(1))
+    m = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master(spark))
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    # Elsewhere: a range without numPartitions gets the default parallelism (a tiny job)
+    from pyspark.sql import functions as F
+    return spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).distinct().count()
+
+
+def num_partitions(df) -> int | None:
+    """The DataFrame's partition count; None under Spark Connect (knowing it would compute
+    the DataFrame): the caller repartitions."""
+    if is_connect(df.sparkSession):
+        return None
+    return df.rdd.getNumPartitions()
