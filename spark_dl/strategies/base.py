@@ -296,7 +296,9 @@ class Run:
         self.metrics.close()
         history.sort(key=lambda h: h["epoch"])
         info = {**info, "wall_seconds": time.perf_counter() - self.t_start,
-                "rejected_messages": self.channel.rejected if self.channel else 0}
+                "rejected_messages": self.channel.rejected if self.channel else 0,
+                "served": {**info.get("served", {}), **(
+                    {"channel": list(self.channel.address)} if self.channel else {})}}
         write_history(self.path / "history.csv", history)
         write_json(self.path / "info.json", info)
         plot_history(self.path / "loss.png", history, title)

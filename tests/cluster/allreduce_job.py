@@ -24,6 +24,19 @@ IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
 LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
 
 
+def _still_open(served: dict) -> list[str]:
+    """What the fit served (its channel, its parameter server) and still accepts connections."""
+    import socket
+    open_ = []
+    for name, (host, port) in served.items():
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            open_.append(f"{name} {host}:{port}")
+        except OSError:
+            pass
+    return open_
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -41,6 +54,7 @@ def main():
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--replicas", type=int, default=None)
     ap.add_argument("--staleness", default=None, help="downpour: the server's staleness rule")
+    ap.add_argument("--data", default="auto", help="fit's data: auto, memory or stream")
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
@@ -62,9 +76,10 @@ def main():
                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                       lr_decay=args.lr_decay, batch_size=args.batch_size, epochs=args.epochs,
                       device=name if args.device == "by-name" else args.device,
-                      validation=validation,
+                      validation=validation, data=args.data,
                       run_dir=Path(args.runs) / name)
-            report["fits"][name] = {"history": res.history, "info": res.info}
+            report["fits"][name] = {"history": res.history, "info": res.info,
+                                    "still_open": _still_open(res.info["served"])}
             if args.strategy == "downpour":
                 versions = [json.loads(line) for line in
                             (Path(args.runs) / name / "metrics.jsonl").read_text().splitlines()]

@@ -36,7 +36,7 @@ def test_every_strategy_trains_from_a_connect_client(report, strategy):
     fit = report["fits"][strategy]
     assert "error" not in fit, fit["error"]
     assert [h["epoch"] for h in fit["history"]] == [1, 2, 3, 4]
-    assert fit["history"][-1]["val_accuracy"] > 0.8            # a separable toy problem
+    assert fit["history"][-1]["val_accuracy"] > 0.6            # 3 classes: chance is 1/3
     assert fit["history"][-1]["loss"] < fit["history"][0]["loss"]
     # live progress reached the client: one line per epoch, as the tasks reported them
     assert sum(line.startswith("epoch ") for line in fit["log"]) == 4, fit["log"]

@@ -281,6 +281,7 @@ class Downpour(Strategy):
                 "n_push": cfg.n_push,
                 "staleness": staleness, "server_momentum": server_momentum, "average": average,
                 "server": ps.stats(), "staleness_histogram": dict(sorted(stale.items())),
+                "served": {"parameter_server": list(ps.address)},
                 "rows_per_replica": [sum(t["rows"] for t in tasks if t["worker"] == r["worker"])
                                      for r in reports],
                 "devices": [r["device"] for r in reports], "workers": tasks,
