@@ -226,7 +226,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
-    from spark_dl import get_session
+    from spark_dl import TaskError, get_session
     spark = get_session("local", master="local[2]",
                         conf={"spark.sql.shuffle.partitions": "2",
                               "spark.default.parallelism": "2"})
@@ -247,6 +247,8 @@ def main(argv=None):
                 f"history epochs {[h['epoch'] for h in res.history]}" if res else "")
         except Exception as e:
             outcome, message = type(e).__name__, str(e).split("\n")[0]
+            if isinstance(e, TaskError):                 # raised in a task
+                outcome += " (TaskError)"
         secs = time.perf_counter() - t0
         if before and outcome != "completed":           # a refused resume keeps the run
             kept = _snapshot(rd) == before

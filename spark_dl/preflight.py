@@ -66,28 +66,25 @@ def check_model(model_fn: Callable[[], nn.Module], *, rows: tuple | None, dtype:
     outputs must match ``num_classes`` and the validation labels. Returns the model's
     signature (parameter names and shapes, outputs per row) for the run directory."""
     tdtype = torch.float64 if dtype == "float64" else torch.float32
-    out = None
     try:
-        net = _build(model_fn, "meta")
-        if rows is not None:
-            out = _forward(net, rows, tdtype, "meta")
+        net, out = _probe(model_fn, rows, tdtype, "meta")
     except _Raised:                               # the meta device may not run it: the CPU
         try:
-            net = _build(model_fn, "cpu")
-            if rows is not None:
-                out = _forward(net, rows, tdtype, "cpu")
+            net, out = _probe(model_fn, rows, tdtype, "cpu")
         except _Raised as e:
             cause = e.__cause__
             if "cuda" in str(cause).lower():      # a GPU-only model: checked where it runs
                 return {"parameters": None}
             if e.error is not None:               # the factory's own error
                 raise e.error from cause
+            if rows is None:                      # rows of a guessed length: the tasks know
+                return {"parameters": None}
             raise ConfigError(
                 f"the model cannot take rows of shape {tuple(rows)}: {type(cause).__name__}: "
                 f"{cause}{_last_frame(cause)}; give shape= the shape the model's first layer "
                 f"takes (e.g. shape=(1, 28, 28) for the CNN), or a model for these rows"
             ) from cause
-    signature = {"parameters": {k: list(v.shape) for k, v in net.state_dict().items()}}
+    signature = {"parameters": _shapes(net)}
     if out is None or loss not in _CLASSIFY:
         return signature
     if not isinstance(out, torch.Tensor) or out.dim() < 2:
@@ -107,6 +104,29 @@ def check_model(model_fn: Callable[[], nn.Module], *, rows: tuple | None, dtype:
                             f"{classes} scores per row ({loss} needs labels in 0..{classes - 1})"
                             f": build the model with {high + 1} outputs, or fix the labels")
     return signature
+
+
+def _probe(model_fn, rows: tuple | None, dtype: torch.dtype, device: str):
+    """(model, its output for 2 rows of zeros or None); flat rows of unknown length (rows
+    None) are guessed from a first nn.Linear layer."""
+    net = _build(model_fn, device)
+    if rows is None and _first_linear(net) is not None:
+        rows = (_first_linear(net),)
+    return net, None if rows is None else _forward(net, rows, dtype, device)
+
+
+def _shapes(net: nn.Module) -> dict:
+    return {k: list(v.shape) for k, v in net.state_dict().items()}
+
+
+def _first_linear(net: nn.Module) -> int | None:
+    """in_features of the model's first layer when that is an nn.Linear, else None."""
+    for m in net.modules():
+        if isinstance(m, nn.Linear):
+            return m.in_features
+        if len(list(m.parameters(recurse=False))):
+            return None                           # a first layer of another kind
+    return None
 
 
 def _describe(out) -> str:

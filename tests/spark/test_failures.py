@@ -54,7 +54,7 @@ def test_a_model_with_fewer_outputs_than_classes(spark, tmp_path):
     two = lambda: FCNet((12, 9, 2))                            # noqa: E731
     df = frame(spark, x, y, [24, 24])
     _fails(ConfigError, r"num_classes=3 but the model outputs 2 scores per row: build it with "
-                        r"3 outputs", lambda: fit(df, two, shape=(12,), num_classes=3, log=None,
+                        r"3 outputs", lambda: fit(df, two, num_classes=3, log=None,
                                                   run_dir=tmp_path / "a"))
     _fails(DataError, r"validation labels go from 0 to 2, but the model outputs 2 scores",
            lambda: fit(df, two, validation=(x, y), log=None, run_dir=tmp_path / "b"))
