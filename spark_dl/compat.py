@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["is_connect", "master", "default_parallelism", "num_partitions"]
+__all__ = ["is_connect", "master", "default_parallelism", "num_partitions", "broadcast"]
 
 
 def is_connect(spark) -> bool:
@@ -49,3 +49,18 @@ def num_partitions(df) -> int | None:
     if is_connect(df.sparkSession):
         return None
     return df.rdd.getNumPartitions()
+
+
+class _Held:
+    """A value the tasks' closure carries itself (Spark Connect has no broadcast variables)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def broadcast(spark, value):
+    """``value`` for the tasks, read as ``.value``: a broadcast variable (once per executor)
+    on a classic session; under Spark Connect, carried in the function that reads it."""
+    if is_connect(spark):
+        return _Held(value)
+    return spark.sparkContext.broadcast(value)

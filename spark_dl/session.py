@@ -155,4 +155,7 @@ def _connect_session(remote: str, profile: str | None, conf, conf_dir):
         props.pop("spark.master", None)  # the URL's
     for k, v in props.items():
         builder = builder.config(k, v)
-    return builder.getOrCreate()
+    import warnings
+    with warnings.catch_warnings():       # the local server took the static settings at its
+        warnings.filterwarnings("ignore", message="Failed to set")   # start; not at runtime
+        return builder.getOrCreate()

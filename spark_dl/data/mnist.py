@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from ..compat import broadcast
 from ..errors import DataError
 from .distort import Distortion, distort_range
 from .idx import load_mnist
@@ -100,7 +101,8 @@ def extended_mnist(spark, images: np.ndarray, labels: np.ndarray, n: int, partit
                    seed: int = 0, distortion: Distortion = Distortion(), dtype: str = "uint8"):
     """``n`` distorted digits, generated partition by partition inside the executors.
 
-    The source digits (N, 28, 28) uint8 travel once per executor as a broadcast variable;
+    The source digits (N, 28, 28) uint8 travel once per executor as a broadcast variable
+    (under Spark Connect, in the generating function);
     sample i depends only on (source, seed, i), never on ``partitions``. ``dtype`` "uint8":
     ``features`` binary, the digit rounded to 784 pixel bytes (PIXEL_SCHEMA); "float32":
     array<float> in [0, 1] (MNIST_SCHEMA), four times the bytes.
@@ -112,7 +114,7 @@ def extended_mnist(spark, images: np.ndarray, labels: np.ndarray, n: int, partit
                         f"{images.shape} and {labels.shape}")
     if n < 0 or partitions < 1:
         raise ValueError(f"n must be >= 0 and partitions >= 1, got n={n}, partitions={partitions}")
-    source = spark.sparkContext.broadcast((np.ascontiguousarray(images), np.asarray(labels)))
+    source = broadcast(spark, (np.ascontiguousarray(images), np.asarray(labels)))
 
     def _generate_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Runs on executors: one Arrow batch of sample ids -> the same rows of digits.

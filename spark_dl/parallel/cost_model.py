@@ -336,7 +336,8 @@ def probe_cluster(spark, timeout_s: float = 120.0, with_flops: bool = False):
 
     secret = _secrets.token_hex(16)
 
-    def task(_):
+    def task(batches):
+        import pyarrow as pa
         from pyspark import BarrierTaskContext
 
         from spark_dl.parallel.model_parallel import Comm
@@ -347,11 +348,16 @@ def probe_cluster(spark, timeout_s: float = 120.0, with_flops: bool = False):
         flops = probe_flops()
         with process_group(ctx, "gloo", secret, {"error": None}, timeout_s) as (rank, _, _s):
             link = probe(Comm())
+        for _ in batches:
+            pass
         if rank == 0:
-            yield _json.dumps({"t_lat": link.t_lat, "t_data": link.t_data, "flops": flops})
+            yield pa.RecordBatch.from_pydict({"probe": [_json.dumps(
+                {"t_lat": link.t_lat, "t_data": link.t_data, "flops": flops})]})
 
-    out = spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(task).collect()
-    got = _json.loads(out[0])
+    # a DataFrame, not an RDD: Spark Connect sessions have no SparkContext
+    out = spark.range(2, numPartitions=2).mapInArrow(task, "probe string", barrier=True) \
+        .collect()
+    got = _json.loads(out[0].probe)
     flops = got.pop("flops")
     return (Link(**got), flops) if with_flops else Link(**got)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..compat import default_parallelism
 from ..config import _check
 from ..data import CharVocab
 from ..models import CharRNN, masked_cross_entropy, sample, train_tbptt
@@ -184,7 +185,7 @@ def _train_char_spark(cfg: CharConfig, log, spark) -> dict:
     ids = vocab.encode(text)
     split = int(len(ids) * (1 - cfg.val_fraction))
     F = cfg.partitions
-    replicas = cfg.replicas or max(spark.sparkContext.defaultParallelism // F, 1)
+    replicas = cfg.replicas or max(default_parallelism(spark) // F, 1)
     T, carry = cfg.tbptt, max(cfg.seq_len // cfg.tbptt, 1)
     streams = max(cfg.batch_size // F, 1)        # per task: a replica's batch is batch_size
     tasks = replicas * F

@@ -97,13 +97,14 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
 
     from ..data import extended_mnist, pixels_to_arrow
     from ..data.mnist import PIXEL_SCHEMA
+    from ..compat import broadcast, default_parallelism
     from ..fit import fit
     from ..session import get_session
     d, t = cfg.data, cfg.train
     spark = spark or get_session()
     (src_x, src_y), (test_x, test_y) = mnist_split(d.images, d.labels, d.n_train_source,
                                                    d.n_test)
-    slots = spark.sparkContext.defaultParallelism
+    slots = default_parallelism(spark)
     if t.partitions == "auto":            # the planner picks F and R inside fit
         replicas, shards = t.replicas or None, slots
     else:
@@ -111,7 +112,7 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
         shards = replicas * t.partitions
     df = extended_mnist(spark, src_x, src_y, d.extended_samples, shards, seed=d.seed)
     if cfg.include_originals:
-        originals = spark.sparkContext.broadcast((src_x, src_y))
+        originals = broadcast(spark, (src_x, src_y))
 
         def _originals(batches):
             x, y = originals.value

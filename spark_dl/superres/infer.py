@@ -18,6 +18,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ..compat import default_parallelism
+
 __all__ = ["super_resolve_folder"]
 
 _CACHE: dict = {}                       # per Python worker: model bytes digest -> (ssda, cnn)
@@ -66,7 +68,7 @@ def super_resolve_folder(spark, model, folder: str, out_dir: str, scale: int = 2
     blob = buf.getvalue()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     files = image_files(spark, folder).repartition(
-        partitions or spark.sparkContext.defaultParallelism)
+        partitions or default_parallelism(spark))
     schema = pa.schema([("path", pa.string()), ("output", pa.string()), ("width", pa.int32()),
                         ("height", pa.int32()), ("seconds", pa.float64()),
                         ("error", pa.string())])

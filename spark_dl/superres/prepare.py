@@ -24,6 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..compat import default_parallelism, is_connect
 from ..errors import ConfigError, DataError
 from .images import bicubic, patches, rgb_to_y
 
@@ -128,8 +129,13 @@ def prepare_patches(spark, folder: str, out: str, size: int = 32, scale: int = 2
     n_files = files.count()
     if n_files == 0:
         raise DataError(f"no images (*.png, *.jpg, ...) under {folder}")
-    files = files.repartition(partitions or spark.sparkContext.defaultParallelism)
-    skipped_acc = spark.sparkContext.accumulator({}, _DictParam())
+    files = files.repartition(partitions or default_parallelism(spark))
+    # why images were skipped: an accumulator; Spark Connect has none (see _skipped_images)
+    skipped_acc = None if is_connect(spark) else spark.sparkContext.accumulator({}, _DictParam())
+
+    def skip(path: str, why: str) -> None:
+        if skipped_acc is not None:
+            skipped_acc.add({path: why})
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
@@ -139,20 +145,71 @@ def prepare_patches(spark, folder: str, out: str, size: int = 32, scale: int = 2
                 try:
                     y = rgb_to_y(_to_uint8(decode_image(raw, path)))
                 except DataError as e:
-                    skipped_acc.add({path: str(e)})
+                    skip(path, str(e))
                     continue
                 hr, lr_clean, lr = make_pairs(y, size, scale, stride, degradation, rng, augment)
                 if not len(hr):
-                    skipped_acc.add({path: f"{y.shape[1]}x{y.shape[0]} pixels, smaller than a "
-                                           f"{size}x{size} patch"})
+                    skip(path, _too_small(y, size))
                     continue
                 yield _row_batch(path, hr, lr_clean, lr)
 
     tmp = f"{out.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
     files.mapInArrow(task, PATCH_SCHEMA).write.mode("overwrite").parquet(tmp)
-    skipped = dict(skipped_acc.value)
+    skipped = dict(skipped_acc.value) if skipped_acc is not None else \
+        _skipped_images(spark, files, tmp, size)
     n_patches = spark.read.parquet(tmp).count()
-    # complete, then visible under its name: a rename on the output's own filesystem
+    meta = json.dumps({"size": size, "scale": scale, "stride": stride, "augment": augment,
+                       "seed": seed, "degradation": dataclasses.asdict(degradation),
+                       "patches": n_patches, "images": n_files, "skipped": skipped}, indent=1)
+    if is_connect(spark):
+        _publish_arrow(tmp, out, meta)
+    else:
+        _publish_hadoop(spark, tmp, out, meta)
+    return PreparedPatches(out, n_patches, n_files, skipped)
+
+
+def _too_small(y: np.ndarray, size: int) -> str:
+    return f"{y.shape[1]}x{y.shape[0]} pixels, smaller than a {size}x{size} patch"
+
+
+def _skipped_images(spark, files, tmp: str, size: int) -> dict:
+    """{image: why} for the images that gave no patch, without an accumulator: the images
+    missing from the written patches, decoded again on the driver (only those)."""
+    from pyspark.sql import functions as F
+
+    from ..data.images import decode_image
+    have = [r.image for r in spark.read.parquet(tmp).select("image").distinct().collect()]
+    skipped = {}
+    for r in files.where(~F.col("path").isin(have)).select("path", "content").collect():
+        try:
+            skipped[r.path] = _too_small(rgb_to_y(_to_uint8(decode_image(r.content, r.path))),
+                                         size)
+        except DataError as e:
+            skipped[r.path] = str(e)
+    return skipped
+
+
+def _publish_arrow(tmp: str, out: str, meta: str) -> None:
+    """_publish_hadoop through pyarrow's file systems (local, S3, GCS, HDFS), for Spark
+    Connect clients, which have no JVM."""
+    from pyarrow import fs as pafs
+    filesystem, dest = pafs.FileSystem.from_uri(_uri(out))
+    _, src = pafs.FileSystem.from_uri(_uri(tmp))
+    if filesystem.get_file_info(dest).type != pafs.FileType.NotFound:
+        filesystem.delete_dir(dest)
+    filesystem.move(src, dest)
+    with filesystem.open_output_stream(f"{dest.rstrip('/')}/_spark_dl.json") as f:
+        f.write(meta.encode())
+
+
+def _uri(path: str) -> str:
+    from pathlib import Path
+    return path if "://" in path else Path(path).resolve().as_uri()
+
+
+def _publish_hadoop(spark, tmp: str, out: str, meta: str) -> None:
+    """The complete patches under ``tmp`` become ``out`` (a rename on the output's own file
+    system: visible only when complete), with their description in ``_spark_dl.json``."""
     jvm, conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
     dest, tmp_path = jvm.org.apache.hadoop.fs.Path(out), jvm.org.apache.hadoop.fs.Path(tmp)
     fs = dest.getFileSystem(conf)
@@ -161,13 +218,9 @@ def prepare_patches(spark, folder: str, out: str, size: int = 32, scale: int = 2
     if not fs.rename(tmp_path, dest):
         raise DataError(f"could not rename {tmp} to {out}; the patches are complete under the "
                         f"first name")
-    meta = json.dumps({"size": size, "scale": scale, "stride": stride, "augment": augment,
-                       "seed": seed, "degradation": dataclasses.asdict(degradation),
-                       "patches": n_patches, "images": n_files, "skipped": skipped}, indent=1)
     stream = fs.create(jvm.org.apache.hadoop.fs.Path(f"{out.rstrip('/')}/_spark_dl.json"), True)
     stream.write(bytearray(meta.encode()))
     stream.close()
-    return PreparedPatches(out, n_patches, n_files, skipped)
 
 
 def _to_uint8(img: np.ndarray) -> np.ndarray:

@@ -79,8 +79,98 @@ def main(out: str, runs: str) -> None:
                                 "step": e.step, "seconds": time.perf_counter() - t0}
     except Exception:
         report["task_error"] = {"error": traceback.format_exc()[-3000:]}
+    for name, path in (("demo", _demo), ("predict_udf", _predict_udf), ("ml", _ml),
+                       ("superres", _superres)):
+        t0 = time.perf_counter()
+        try:
+            report[name] = {**path(spark, Path(runs) / name),
+                            "seconds": time.perf_counter() - t0}
+        except Exception:
+            report[name] = {"error": traceback.format_exc()[-3000:]}
     Path(out).write_text(json.dumps(report, default=str))
     spark.stop()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _demo(spark, tmp: Path) -> dict:
+    """The README's demo job (extended MNIST made in the executors, Downpour) on 3,000 digits."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("demo_job", ROOT / "jobs" / "demo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.main(["--config", str(ROOT / "conf/jobs/demo.toml"),
+                    "--set", f"data.images='{ROOT}/data/mnist/t10k-images-idx3-ubyte.gz'",
+                    "--set", f"data.labels='{ROOT}/data/mnist/t10k-labels-idx1-ubyte.gz'",
+                    "--set", "data.extended_samples=3000", "--set", "train.model='fc'",
+                    "--set", f"data.shards_dir='{tmp / 'shards'}'"], spark=spark)
+    return {"rows": res["manifest"]["rows"], "accuracy": res["accuracy"]}
+
+
+def _predict_udf(spark, tmp: Path) -> dict:
+    import torch
+
+    from spark_dl.inference import predict_udf
+    torch.manual_seed(0)
+    net = FCNet((12, 9, 3))
+    x = np.random.default_rng(1).normal(size=(64, 12)).astype(np.float32)
+    df = spark.createDataFrame([(i, [float(v) for v in r]) for i, r in enumerate(x)],
+                               "id long, x array<float>")
+    got = df.select("id", predict_udf(net, (12,), output="class")("x").alias("c")) \
+        .orderBy("id").collect()
+    with torch.no_grad():
+        want = net(torch.from_numpy(x)).argmax(1).tolist()
+    return {"equal": [int(r.c) for r in got] == want}
+
+
+def _ml(spark, tmp: Path) -> dict:
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+
+    from spark_dl.ml import TorchEstimator
+    g = np.random.default_rng(0)
+    x = g.normal(size=(400, 4))
+    rows = [(i, *map(float, r), int(c)) for i, (r, c) in enumerate(zip(x, x[:, :3].argmax(1)))]
+    df = spark.createDataFrame(rows, "id long, a double, b double, c double, d double, "
+                                     "label long").repartition(2)
+    model = Pipeline(stages=[
+        VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features"),
+        TorchEstimator(model="fc", hiddenLayers=[16], inputShape=[4], numClasses=3,
+                       strategy="allreduce", replicas=2, epochs=20, batchSize=32, lr=0.2)]
+    ).fit(df)
+    out = model.transform(df).select("id", "label", "prediction").toPandas()
+    model.write().save(str(tmp / "pipeline"))
+    again = PipelineModel.load(str(tmp / "pipeline")).transform(df) \
+        .select("id", "prediction").toPandas()
+    return {"accuracy": float((out.prediction == out.label).mean()),
+            "same_after_load": dict(zip(again.id, again.prediction)) ==
+            dict(zip(out.id, out.prediction))}
+
+
+def _superres(spark, tmp: Path) -> dict:
+    """The super-resolution job on a tiny configuration: patches (one corrupt image skipped),
+    the three stages trained with the engine, the test image super-resolved."""
+    import shutil
+
+    from spark_dl import load_toml
+    from spark_dl.recipes.superres_pipeline import SuperResConfig, run_superres
+    train, test = tmp / "train", tmp / "test"
+    train.mkdir(parents=True)
+    test.mkdir()
+    for name in ("t1.png", "t2.png"):
+        shutil.copy(ROOT / "data" / "sr" / "T91" / name, train / name)
+    (train / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    shutil.copy(ROOT / "data" / "sr" / "Set5" / "bird.png", test / "bird.png")
+    cfg = load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres.toml",
+                    {"train_images": str(train), "test_images": str(test),
+                     "ssda_layers": [32, 256], "finetune_epochs": 1, "cnn_epochs": 1,
+                     "thesis_conventional_epochs": 1, "cnn_noisy_skip": True,
+                     "batch_size": 32, "run.out_dir": str(tmp / "run")})
+    out = run_superres(cfg, log=lambda _: None, spark=spark)
+    return {"patches": out["patches"], "skipped": out["skipped_images"],
+            "psnr_cascade": out["psnr_cascade"], "psnr_bicubic": out.get("psnr_bicubic"),
+            "report": (tmp / "run" / "report" / "report.md").exists()}
 
 
 if __name__ == "__main__":

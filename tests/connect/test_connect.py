@@ -49,3 +49,15 @@ def test_a_task_error_reaches_a_connect_client_in_seconds(report):
     assert e["zero"] and (e["task"], e["epoch"], e["step"]) == (1, 1, 3)
     assert "ZeroDivisionError: the user's model divided by zero" in e["message"]
     assert e["seconds"] < 15
+
+
+def test_the_demo_inference_spark_ml_and_super_resolution_work_from_a_connect_client(report):
+    for path in ("demo", "predict_udf", "ml", "superres"):
+        assert "error" not in report[path], report[path]["error"]
+    assert report["demo"]["rows"] == 3000 and report["demo"]["accuracy"] > 0.5
+    assert report["predict_udf"]["equal"]
+    assert report["ml"]["accuracy"] > 0.8 and report["ml"]["same_after_load"]
+    sr = report["superres"]
+    assert sr["patches"] > 0 and sr["report"]
+    assert list(sr["skipped"]) == [next(k for k in sr["skipped"] if k.endswith("broken.png"))]
+    assert "corrupt or unreadable image" in next(iter(sr["skipped"].values()))
