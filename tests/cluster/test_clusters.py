@@ -231,8 +231,11 @@ def _checkpointed(epoch: int):
     return ready
 
 
-def test_allreduce_survives_three_worker_kills_and_an_executor_kill(venv_bin, tmp_path):
-    """Chaos on local-cluster, one fit: SIGKILL replica 1's Python worker after epoch 1,
+@pytest.mark.parametrize("strategy", ["allreduce", "gossip"])
+def test_barrier_engines_survive_three_worker_kills_and_an_executor_kill(venv_bin, tmp_path,
+                                                                        strategy):
+    """Chaos on local-cluster, one fit (all-reduce, then gossip: both barrier stages that
+    checkpoint every epoch): SIGKILL replica 1's Python worker after epoch 1,
     replica 0's after epoch 2, replica 1's again after epoch 3, then replica 0's executor JVM
     after epoch 4. Spark retries the barrier stage each time (on a new executor after the
     last), the replicas resume from the last checkpoint, and the fit ends where an
@@ -241,8 +244,9 @@ def test_allreduce_survives_three_worker_kills_and_an_executor_kill(venv_bin, tm
              (_checkpointed(2), "rank-0.json", "python"),
              (_checkpointed(3), "rank-1.json", "python"),
              (_checkpointed(4), "rank-0.json", "executor")]
-    log, report, seen = _fit_with_kills(venv_bin, tmp_path, ["--epochs", "6", "--data", "stream"],
-                                        kills, timeout=400)
+    log, report, seen = _fit_with_kills(
+        venv_bin, tmp_path, ["--epochs", "6", "--data", "stream", "--strategy", strategy],
+        kills, timeout=400)
     clean, faulty = report["fits"]["clean"], report["fits"]["faulty"]
     assert log.count("Python worker exited unexpectedly") >= 3
     assert re.search(r"[Ee]xecutor.*(lost|exited|removed)", log), log[-3000:]
