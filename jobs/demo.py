@@ -17,6 +17,9 @@ def parse_args(argv=None):
     p.add_argument("--config", default="conf/jobs/demo.toml", help="job TOML (conf/jobs/)")
     p.add_argument("--profile", default=None,
                    help="Spark profile in conf/spark/ (default: spark-submit's settings, else 'local')")
+    p.add_argument("--remote", default=None, metavar="URL",
+                   help="train from a Spark Connect client: 'local[2]' (pyspark's local Connect "
+                        "server) or 'sc://host:15002'")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.model='\"fc\"' --set data.partitions=2")
     return p.parse_args(argv)
@@ -31,7 +34,7 @@ def main(argv=None, spark=None) -> dict:
 
     args = parse_args(argv)
     cfg = spark_dl.load_toml(spark_dl.DemoConfig, args.config, parse_overrides(args.set))
-    spark = spark or spark_dl.get_session(args.profile)
+    spark = spark or spark_dl.get_session(args.profile, remote=args.remote)
     d, t = cfg.data, cfg.train
     (train_x, train_y), (test_x, test_y) = mnist_split(d.images, d.labels, d.n_train_source,
                                                        d.n_test)
