@@ -275,6 +275,22 @@ class ParameterServer:
     def versions(self) -> list[int]:
         return [s.version for s in self.shards]
 
+    def settle(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every shard has applied as many steps as shard 0 had at the call: the
+        pushes of one step reach the shards one after another, and the partitions of a
+        model-parallel replica push to their shards separately, so when a replica reports an
+        epoch another shard may still miss its last push. False if that took ``timeout_s``."""
+        def total(s) -> int:
+            with s.lock:
+                return sum(s.done.values())
+        target = total(self.shards[0])
+        deadline = time.monotonic() + timeout_s
+        while not all(total(s) >= target for s in self.shards):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
     def state_dict(self) -> dict:
         """Everything a restarted server needs: each shard's values, optimizer state, version
         and steps applied (each shard's under its lock)."""

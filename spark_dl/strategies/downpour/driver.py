@@ -214,6 +214,7 @@ class Downpour(Strategy):
                     return
                 rows[m["worker"]] = m
                 if len(rows) == replicas:
+                    ps.settle()        # every shard has the epoch's last pushes: then evaluate
                     row = evaluate_server(m["epoch"], list(rows.values()))
                     history.append(row)
                     tracker.epoch(row)
