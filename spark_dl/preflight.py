@@ -110,8 +110,9 @@ def _probe(model_fn, rows: tuple | None, dtype: torch.dtype, device: str):
     """(model, its output for 2 rows of zeros or None); flat rows of unknown length (rows
     None) are guessed from a first nn.Linear layer."""
     net = _build(model_fn, device)
-    if rows is None and _first_linear(net) is not None:
-        rows = (_first_linear(net),)
+    width = _first_linear(net) if rows is None else None
+    if width is not None:
+        rows = (width,)
     return net, None if rows is None else _forward(net, rows, dtype, device)
 
 

@@ -18,6 +18,7 @@ import builtins
 import threading
 import traceback
 
+from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError, TaskError
 
 __all__ = ["TaskError", "WHERE", "at", "is_transient", "report", "task_error", "TaskErrors"]
@@ -122,7 +123,7 @@ class TaskErrors:
 
     def __init__(self, spark, tag: str):
         self.spark, self.tag = spark, tag
-        self.connect = type(spark).__module__.startswith("pyspark.sql.connect")
+        self.connect = is_connect(spark)
         self.first: dict | None = None
         self._lock = threading.Lock()
 

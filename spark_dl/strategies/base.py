@@ -22,6 +22,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import nn
 
+from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError
 from ..parallel.failures import TaskErrors
 from ..parallel.stage import load_checkpoint
@@ -150,10 +151,9 @@ class Job:
 
 def _narrow_merges(df) -> bool:
     """Whether the DataFrame's physical plan unions or coalesces partitions."""
-    try:
-        plan = df._jdf.queryExecution().executedPlan().toString()
-    except Exception:                   # Spark Connect has no JVM handle: play safe
+    if is_connect(df.sparkSession):     # no JVM handle to ask: play safe
         return True
+    plan = df._jdf.queryExecution().executedPlan().toString()
     return any(op in plan for op in ("Union", "Coalesce"))
 
 
