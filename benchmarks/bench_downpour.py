@@ -63,7 +63,7 @@ def _validation():
     return x[-2000:].reshape(2000, -1).astype(np.float32) / 255, y[-2000:].astype(np.int64)
 
 
-def plain(rows, epochs, data=None, seed=0):
+def plain(rows, epochs, data=None, seed=0, batch=BATCH):
     """Single-process PyTorch, 1 thread, on the first ``rows`` digits (or ``data``: (x, y))."""
     import torch
     from spark_dl.models import build_model
@@ -81,8 +81,8 @@ def plain(rows, epochs, data=None, seed=0):
         perm = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 1000 + e))
         t0 = time.perf_counter()
         model.train()
-        for i in range(0, rows, BATCH):
-            idx = perm[i:i + BATCH]
+        for i in range(0, rows, batch):
+            idx = perm[i:i + batch]
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()

@@ -4,6 +4,7 @@ model; the checkpoints are the tasks')."""
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ...parallel.balance import BALANCE_MODES, check_balance
 from ...parallel.stage import RESULT_SCHEMA
 from ..base import FitResult, Job, Run, Strategy, check_checkpoint, check_choice, check_int, \
     options, run_barrier
@@ -20,18 +21,32 @@ class AllReduce(Strategy):
     batch's mean loss. ``amp``: None, "bf16" or "fp16" autocast with float32 master weights.
     ``transport``: "auto" sums through shared memory when all replicas share a host (CPU),
     else through the process group (gloo on CPU, NCCL on GPU); "process_group" always the
-    latter."""
+    latter.
+
+    ``balance`` (replicas of unequal speed): None, every replica ``batch_size`` rows a step;
+    "speed", the global batch (``batch_size`` × replicas) split ∝ each replica's speed, timed
+    on its own rows before training, capped by its memory (and ``max_batch``); "adaptive", the
+    same, re-split after every epoch from the epoch's step times; or a list of fixed shares,
+    one per replica. With a balance an epoch is ceil(rows / global batch) steps, each replica
+    drawing its share from its shard with wrap-around (spark_dl.parallel.balance)."""
 
     name = "allreduce"
     accumulate: int = 1
     amp: str | None = None
     transport: str = "auto"
     bucket_mb: float = 25.0
+    balance: str | tuple | None = None
+    max_batch: int | None = None
+    profile_steps: int = 3
 
     def check(self) -> None:
         check_int("accumulate", self.accumulate, 1)
         check_choice("amp", self.amp, (None, "bf16", "fp16"))
         check_choice("transport", self.transport, ("auto", "process_group"))
+        check_balance(self.balance)
+        if self.max_batch is not None:
+            check_int("max_batch", self.max_batch, 1)
+        check_int("profile_steps", self.profile_steps, 1)
         if not self.bucket_mb > 0:
             raise ConfigError(f"bucket_mb must be > 0, got {self.bucket_mb!r}")
 
@@ -40,9 +55,17 @@ class AllReduce(Strategy):
             raise ConfigError("amp autocasts float32 weights; use dtype='float32' with amp")
 
     def run(self, job: Job) -> FitResult:
+        check_balance(self.balance, job.replicas)
+        if self.max_batch is not None and self.max_batch < job.stage["batch_size"]:
+            raise ConfigError(f"max_batch={self.max_batch} rows per replica cannot hold the "
+                              f"global batch of {job.stage['batch_size'] * job.replicas} rows "
+                              f"(batch_size={job.stage['batch_size']} x {job.replicas} "
+                              f"replicas): raise max_batch or lower batch_size")
+        balance = self.balance if self.balance in BALANCE_MODES else tuple(self.balance)
         cfg = _task.AllReduceConfig(**job.stage, **job.train, accumulate=self.accumulate,
                                     amp=self.amp, transport=self.transport,
-                                    bucket_mb=float(self.bucket_mb))
+                                    bucket_mb=float(self.bucket_mb), balance=balance,
+                                    max_batch=self.max_batch, profile_steps=self.profile_steps)
         run = Run(job, self, {**job.stage, **job.train})
         check_checkpoint(run, self.name)
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,

@@ -38,6 +38,9 @@ class AllReduceConfig(LocalStepConfig):
     bucket_mb: float = 25.0
     transport: str = "auto"       # "auto": shared memory when all replicas share a host, else
                                   # the process group (gloo/NCCL); "process_group": always that
+    balance: str | tuple | None = None   # None, "speed", "adaptive" or fixed shares
+    max_batch: int | None = None  # a replica's rows per micro-batch at most (balance)
+    profile_steps: int = 3        # timed steps per batch size when balance profiles
 
 
 class GradientSync:
@@ -176,7 +179,19 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
         client.send({"type": "resume", "epoch": start})
 
-    steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
+    balancer = None
+    if cfg.balance is not None:
+        from spark_dl.parallel.balance import Balancer
+        balancer = Balancer(cfg.balance, model=model, loss_fn=loss_fn, shard=shard,
+                            batch_size=cfg.batch_size, accumulate=cfg.accumulate, device=device,
+                            dtype=dtype, rank=rank, world=world, max_batch=cfg.max_batch,
+                            profile_steps=cfg.profile_steps, transform=cfg.transform,
+                            autocast=(lambda: _autocast(device, cfg.amp)) if cfg.amp else None)
+        if ckpt is not None:
+            balancer.restore(ckpt.get("balance"))
+        steps = balancer.steps
+    else:
+        steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
     val = None
     if validation is not None and rank == 0:
         val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
@@ -186,6 +201,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         def closure():
             sync.zero_grad()
             loss_sum, count = 0.0, 0
+            t0 = time.perf_counter()
             for x, y in micro:
                 x = x.to(device=device, dtype=dtype, non_blocking=True)
                 y = y.to(device=device, non_blocking=True)
@@ -197,6 +213,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 loss_sum += float(loss.detach()) * len(x)
                 count += len(x)
+            if balancer is not None:
+                balancer.computed(time.perf_counter() - t0, count)
             mean, total = sync(loss_sum, count)
             return torch.tensor(mean, dtype=dtype)
         if closure_opt:
@@ -216,6 +234,9 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     for epoch in range(start, cfg.epochs):
         model.train()
         it = reports.epoch(shard, epoch)
+        if balancer is not None:
+            it = balancer.epoch(shard, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank,
+                                epoch=epoch, accumulate=cfg.accumulate, transform=cfg.transform)
         loss_sum = samples = 0.0
         for step in range(steps):
             micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
@@ -226,6 +247,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         seconds = reports.seconds()
         row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
                "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps}
+        if balancer is not None:
+            row["balance"] = balancer.end_epoch()
         if val is not None:
             row.update(evaluate(model, val, loss_fn, cfg.loss == "cross_entropy"))
         history.append(row)
@@ -241,10 +264,12 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                                   "scaler": scaler.state_dict() if scaler else None,
                                   "scheduler": sched.state_dict(),
                                   "epoch": epoch + 1, "history": history,
-                                  "rng": states})
+                                  "rng": states,
+                                  "balance": balancer.state() if balancer else None})
     info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
             "allreduce_calls": sync.calls, "allreduce_bytes": sync.bytes,
             "buckets": len(sync.buckets), "transport": sync.transport,
+            "balance": balancer.info() if balancer is not None else None,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": setup_s, "train_s": time.perf_counter() - t_fit,

@@ -1,0 +1,343 @@
+"""Heterogeneous replicas in a synchronous step: the global batch split in proportion to each
+replica's measured speed (seed 001, §E of the seed notes), so that all finish their share of a
+step together instead of waiting for the slowest.
+
+The split. Each replica's speed s_p(b) (samples/s at batch b) is measured, before training,
+by timing forward + backward at two batch sizes on its own rows (``profile``), which fits
+t_p(b) = a_p + c_p b; the global batch |B| is then split with |B_p| ∝ s_p(|B_p|) (a fixed
+point: the batch sizes at which every replica's step takes as long), rounded by largest
+remainders and capped by what each task's memory holds (``split``). ``balance="adaptive"``
+re-splits after every epoch from the epoch's own step times (LB-BSP): a replica that slows
+down mid-fit is followed. The gradients are summed weighted by samples, so every step's
+gradient is the mean over the whole global batch, whatever the split.
+
+One pass over the data. A faster replica consumes its shard faster, so an epoch is fixed by
+the global batch: ceil(total rows / |B|) steps, each replica drawing |B_p| rows per step from
+its own shard in a fresh random order per pass, wrapping around into the next pass when its
+shard runs out (``balanced_batches``). An epoch thus trains on as many samples as there are
+rows; a fast replica's rows come round more often than a slow one's, which is unbiased as long
+as the partitions are random splits of the data (repartition them otherwise). Rows are never
+moved between executors: that would be a shuffle per re-split.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from ..errors import ConfigError, ResourceError
+
+__all__ = ["BALANCE_MODES", "check_balance", "split", "profile", "activation_bytes",
+           "memory_cap", "balanced_batches", "rebatch", "equal_time_split"]
+
+BALANCE_MODES = (None, "speed", "adaptive")
+
+
+def check_balance(balance, replicas: int | None = None) -> None:
+    """ConfigError unless ``balance`` is None, "speed", "adaptive" or a sequence of positive
+    finite shares (one per replica when ``replicas`` is known)."""
+    if balance in BALANCE_MODES:
+        return
+    if isinstance(balance, str) or not isinstance(balance, Sequence):
+        raise ConfigError(f"balance must be None, 'speed', 'adaptive' or a list of each "
+                          f"replica's share of the global batch (e.g. [2, 1]), got {balance!r}")
+    bad = [w for w in balance if isinstance(w, bool) or not isinstance(w, (int, float))
+           or not math.isfinite(w) or w <= 0]
+    if bad or not balance:
+        raise ConfigError(f"balance shares must be positive finite numbers, got "
+                          f"{list(balance)!r}")
+    if replicas is not None and len(balance) != replicas:
+        raise ConfigError(f"balance gives {len(balance)} shares but the fit has {replicas} "
+                          f"replicas: give one share per replica")
+
+
+def _check_speeds(speeds: Sequence[float]) -> None:
+    for p, s in enumerate(speeds):
+        if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+            raise ResourceError(
+                f"replica {p}'s measured speed is {s!r} samples/s: it cannot be given a share "
+                f"of the batch (a stalled or broken task, or a profile of zero steps); check "
+                f"that task's executor, or use balance=None")
+
+
+def split(total: int, speeds: Sequence[float], caps: Sequence[int] | None = None) -> list[int]:
+    """``total`` rows split ∝ ``speeds`` by largest remainders, no share above its cap.
+
+    A share whose proportional quota exceeds its cap is set to the cap and the rest is split
+    over the others ∝ their speeds (water filling). Every replica gets at least one row when
+    ``total`` allows, so its speed can still be measured. ResourceError when a cap is below one
+    sample or the caps together hold less than ``total``."""
+    n = len(speeds)
+    _check_speeds(speeds)
+    caps = [int(c) for c in caps] if caps is not None else [total] * n
+    if len(caps) != n:
+        raise ValueError(f"{n} speeds but {len(caps)} caps")
+    for p, c in enumerate(caps):
+        if c < 1:
+            raise ResourceError(f"replica {p}'s memory holds {c} samples per step, less than "
+                                f"one: give its executor more memory, or use a smaller model")
+    if sum(caps) < total:
+        raise ResourceError(f"the global batch of {total} rows does not fit the replicas' "
+                            f"memory (at most {caps} rows per step each, {sum(caps)} in all): "
+                            f"lower batch_size or give the executors more memory")
+    fixed: dict[int, int] = {}
+    while True:                               # water filling: shares over their cap are capped
+        free = [p for p in range(n) if p not in fixed]
+        left = total - sum(fixed.values())
+        weight = sum(speeds[p] for p in free)
+        quota = {p: left * speeds[p] / weight for p in free}
+        over = [p for p in free if quota[p] > caps[p]]
+        if not over:
+            break
+        for p in over:
+            fixed[p] = caps[p]
+    shares = {**fixed, **{p: math.floor(quota[p]) for p in free}}
+    order = sorted(free, key=lambda p: (-(quota[p] - math.floor(quota[p])), p))
+    rest = total - sum(shares.values())
+    for p in order:                           # largest remainders first, within the caps
+        if rest == 0:
+            break
+        if shares[p] < caps[p]:
+            shares[p] += 1
+            rest -= 1
+    out = [shares[p] for p in range(n)]
+    if total >= n:                            # nobody starves: its speed stays measurable
+        for p in range(n):
+            if out[p] == 0:
+                donor = max(range(n), key=lambda q: (out[q], -q))
+                out[donor] -= 1
+                out[p] = 1
+    return out
+
+
+def equal_time_split(total: int, step_time: Sequence[Callable[[float], float]],
+                     caps: Sequence[int] | None = None, rounds: int = 8) -> list[int]:
+    """Shares ∝ each replica's speed at its own share, s_p(b_p) = b_p / t_p(b_p): the fixed
+    point of ``split`` where every replica's step takes as long (starting from equal shares)."""
+    n = len(step_time)
+    shares = [max(total / n, 1.0)] * n
+    for _ in range(rounds):
+        speeds = [b / max(t(b), 1e-12) for b, t in zip(shares, step_time)]
+        shares = [max(s, 1) for s in split(total, speeds, caps)]
+    return [int(s) for s in split(total, [b / max(t(b), 1e-12) for b, t in
+                                          zip(shares, step_time)], caps)]
+
+
+def activation_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                     loss_fn: Callable) -> int:
+    """Bytes that one forward of the batch ``x`` keeps for backward (the tensors autograd
+    saves, the parameters themselves not counted), plus the batch itself."""
+    params = {p.data_ptr() for p in model.parameters()}
+    seen: dict[tuple, int] = {}
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            seen[(t.data_ptr(), t.numel(), t.dtype)] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_fn(model(x), y)
+    return sum(seen.values()) + x.numel() * x.element_size()
+
+
+def memory_cap(bytes_per_sample: float, device: torch.device, fraction: float = 0.5) -> int:
+    """Rows per step that fit ``fraction`` of what this task may still allocate (the GPU's
+    free memory, or the process's headroom on the CPU: its address-space limit under
+    spark.executor.pyspark.memory, else its share of the machine's available memory)."""
+    if device.type == "cuda":
+        room = torch.cuda.mem_get_info(device)[0]
+    else:
+        from ..data.stream import _memory_headroom
+        room = _memory_headroom()
+    return int(room * fraction // max(bytes_per_sample, 1.0))
+
+
+def profile(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable,
+            sizes: tuple[int, int], repeats: int = 3, autocast=None,
+            sync: Callable[[], None] = lambda: None) -> dict:
+    """Time forward + backward of this replica's own rows at two batch sizes (median of
+    ``repeats`` after one warm-up each) -> {"sizes", "seconds", "a", "c", "bytes_per_sample"}:
+    t(b) = a + c·b. The gradients are zeroed after: nothing is trained."""
+    import contextlib
+    x, y = batch
+    out = {"sizes": [], "seconds": []}
+    for b in sizes:
+        xb, yb = x[:b], y[:b]
+        times = []
+        for i in range(repeats + 1):
+            sync()
+            t0 = time.perf_counter()
+            with autocast() if autocast else contextlib.nullcontext():
+                loss = loss_fn(model(xb), yb)
+            loss.backward()
+            sync()
+            if i:
+                times.append(time.perf_counter() - t0)
+        out["sizes"].append(len(xb))
+        out["seconds"].append(statistics.median(times))
+    model.zero_grad(set_to_none=False)
+    (b1, b2), (t1, t2) = out["sizes"], out["seconds"]
+    c = (t2 - t1) / (b2 - b1) if b2 != b1 else t2 / max(b2, 1)
+    c = max(c, 1e-3 * t2 / max(b2, 1))       # noise must not make rows free
+    out.update(a=max(t2 - c * b2, 0.0), c=c,
+               bytes_per_sample=activation_bytes(model, xb, yb, loss_fn) / max(len(xb), 1))
+    model.zero_grad(set_to_none=False)
+    return out
+
+
+def rebatch(batches: Iterable[tuple], size: int) -> Iterator[tuple]:
+    """Batches of exactly ``size`` rows cut from a stream of (x, y) batches of any sizes."""
+    xs, ys, have = [], [], 0
+    for x, y in batches:
+        while len(x):
+            take = min(size - have, len(x))
+            xs.append(x[:take])
+            ys.append(None if y is None else y[:take])
+            have += take
+            x, y = x[take:], (None if y is None else y[take:])
+            if have == size:
+                yield (xs[0] if len(xs) == 1 else torch.cat(xs),
+                       None if ys[0] is None else ys[0] if len(ys) == 1 else torch.cat(ys))
+                xs, ys, have = [], [], 0
+
+
+def balanced_batches(shard, size: int, steps: int, *, shuffle: bool, seed: int, epoch: int,
+                     transform=None) -> Iterator[tuple]:
+    """``steps`` batches of exactly ``size`` rows of ``shard`` for ``epoch``: its rows in a
+    random order per pass (the first pass of an epoch in the order of the unbalanced epoch),
+    wrapping into the next pass when the shard runs out. An empty shard or a size of 0 gives
+    no rows."""
+    if size <= 0 or len(shard) == 0 or steps <= 0:
+        return iter(())
+
+    def passes():
+        k = 0
+        while True:
+            yield from shard.batches(size, shuffle=shuffle, transform=transform, seed=seed,
+                                     epoch=epoch if k == 0 else epoch * 1_000_003 + k)
+            k += 1
+
+    out = rebatch(passes(), size)
+    return (next(out) for _ in range(steps))
+
+
+class Balancer:
+    """A replica's side of a balanced synchronous stage (all-reduce): its share of the global
+    batch per epoch, the steps of an epoch, and the re-split after each epoch.
+
+    ``mode``: "speed" (profiled once, before training), "adaptive" (profiled, then re-split
+    from every epoch's step times) or a sequence of fixed shares. Every rank computes the same
+    split from the same all-gathered measurements."""
+
+    def __init__(self, mode, *, model, loss_fn, shard, batch_size: int, accumulate: int,
+                 device, dtype, rank: int, world: int, max_batch: int | None,
+                 profile_steps: int = 3, transform=None, autocast=None):
+        self.mode, self.rank, self.world, self.device = mode, rank, world, device
+        rng = torch.get_rng_state()               # profiling draws no random numbers of the fit
+        cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.total = batch_size * world
+        self.compute_s, self.samples = 0.0, 0
+        rows = self._gather([len(shard)])[:, 0]
+        self.rows = [int(r) for r in rows]
+        self.steps = max(1, math.ceil(sum(self.rows) / (self.total * accumulate)))
+        stats = [math.nan, math.nan, math.nan, 0.0]          # a, c, bytes per sample, cap
+        if len(shard):
+            b2 = max(1, min(2 * batch_size, len(shard)))
+            x, y = next(iter(shard.batches(b2, shuffle=False, transform=transform)))
+            x = x.to(device=device, dtype=dtype)
+            y = y.to(device=device, dtype=dtype if y.is_floating_point() else y.dtype)
+            sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+            if mode in ("speed", "adaptive"):
+                prof = profile(model, (x, y), loss_fn, (max(1, b2 // 4), b2), profile_steps,
+                               autocast, sync)
+            else:
+                prof = {"a": math.nan, "c": math.nan,
+                        "bytes_per_sample": activation_bytes(model, x[:batch_size],
+                                                             y[:batch_size], loss_fn)
+                        / len(x[:batch_size])}
+                model.zero_grad(set_to_none=False)
+            cap = memory_cap(prof["bytes_per_sample"], device)
+            if max_batch is not None:
+                cap = min(cap, max_batch)
+            stats = [prof["a"], prof["c"], prof["bytes_per_sample"], float(cap)]
+        table = self._gather(stats)
+        self.caps = [int(c) for c in table[:, 3]]
+        self.active = [p for p in range(world) if self.rows[p] > 0]
+        self.profile = [{"rows": self.rows[p], "a_s": float(table[p, 0]),
+                         "c_s_per_sample": float(table[p, 1]),
+                         "bytes_per_sample": float(table[p, 2]), "cap": self.caps[p]}
+                        for p in range(world)]
+        if mode in ("speed", "adaptive"):
+            fns = [lambda b, a=float(table[p, 0]), c=float(table[p, 1]): a + c * b
+                   for p in self.active]
+            for p in self.active:
+                a, c = float(table[p, 0]), float(table[p, 1])
+                self.profile[p]["samples_per_s_at_batch"] = batch_size / (a + c * batch_size)
+            shares = equal_time_split(self.total, fns, [self.caps[p] for p in self.active])
+        else:
+            shares = split(self.total, [float(mode[p]) for p in self.active],
+                           [self.caps[p] for p in self.active])
+        self.batches = [0] * world
+        for p, s in zip(self.active, shares):
+            self.batches[p] = s
+        self.first = list(self.batches)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
+
+    def _gather(self, values) -> torch.Tensor:
+        import torch.distributed as dist
+        mine = torch.tensor([float(v) for v in values], dtype=torch.float64,
+                            device=self.device)
+        parts = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(parts, mine)
+        return torch.stack(parts).cpu()
+
+    @property
+    def batch(self) -> int:
+        """This replica's rows per micro-batch this epoch."""
+        return self.batches[self.rank]
+
+    def epoch(self, shard, *, shuffle: bool, seed: int, epoch: int, accumulate: int,
+              transform=None) -> Iterator[tuple]:
+        """This epoch's batches of this replica (steps × accumulate of them)."""
+        self.compute_s, self.samples = 0.0, 0
+        return balanced_batches(shard, self.batch, self.steps * accumulate, shuffle=shuffle,
+                                seed=seed, epoch=epoch, transform=transform)
+
+    def computed(self, seconds: float, samples: int) -> None:
+        """Forward + backward time of this replica (not the wait for the others)."""
+        self.compute_s += seconds
+        self.samples += samples
+
+    def end_epoch(self) -> dict:
+        """Every replica's batch and compute seconds per step this epoch (for the history);
+        in adaptive mode, the next epoch's split from them."""
+        table = self._gather([self.batch, self.compute_s / self.steps, self.samples,
+                              self.compute_s])
+        row = {"batches": list(self.batches),
+               "step_s": [round(float(t), 6) for t in table[:, 1]]}
+        if self.mode == "adaptive":
+            speeds = [float(table[p, 2] / table[p, 3]) if table[p, 3] > 0 else math.nan
+                      for p in self.active]
+            shares = split(self.total, speeds, [self.caps[p] for p in self.active])
+            for p, s in zip(self.active, shares):
+                self.batches[p] = s
+        return row
+
+    def info(self) -> dict:
+        return {"mode": self.mode if isinstance(self.mode, str) else list(self.mode),
+                "global_batch": self.total, "steps_per_epoch": self.steps,
+                "first_split": self.first, "last_split": list(self.batches),
+                "replicas": self.profile}
+
+    def state(self) -> list[int]:
+        return list(self.batches)
+
+    def restore(self, batches) -> None:
+        if batches is not None and len(batches) == self.world:
+            self.batches = [int(b) for b in batches]

@@ -1,0 +1,134 @@
+"""Speed-proportional batches in the all-reduce engine (AllReduce(balance=...)) on real Spark:
+unequal batches give the full-batch gradient, the split follows measured speeds, and an
+adaptive fit moves rows away from a replica that a competing process slows down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from spark_dl import AllReduce, fit
+from spark_dl.errors import ConfigError
+
+from .test_allreduce import assert_same_weights, data, frame, small_fc
+
+
+def reference_wrapped(x, y, splits, shares, steps, epochs, lr, momentum):
+    """Single-process SGD where step s trains on the union of every replica's rows of that
+    step: replica p takes shares[p] rows at a time from its split, in order, wrapping around,
+    from its first row again each epoch (shuffle=False)."""
+    torch.manual_seed(0)
+    model = small_fc().double()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    bounds = np.cumsum([0] + list(splits))
+    xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
+    for _ in range(epochs):
+        for s in range(steps):
+            idx = np.concatenate([lo + (s * b + np.arange(b)) % (hi - lo)
+                                  for lo, hi, b in zip(bounds[:-1], bounds[1:], shares)])
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            opt.step()
+    return model
+
+
+def test_fixed_shares_train_as_one_process_on_the_global_batch(spark, tmp_path):
+    x, y = data(96, seed=5)
+    res = fit(frame(spark, x, y, [48, 48]), small_fc, strategy=AllReduce(balance=[1, 3]),
+              batch_size=16, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
+              run_dir=tmp_path / "run", log=None)
+    # global batch 2 x 16 = 32 split 1:3; an epoch is 96 / 32 = 3 steps; replica 1 wraps
+    assert res.info["balance"]["first_split"] == [8, 24]
+    assert res.info["steps_per_epoch"] == 3
+    assert [h["balance"]["batches"] for h in res.history] == [[8, 24], [8, 24]]
+    assert [h["samples"] for h in res.history] == [96, 96]
+    assert_same_weights(res.model, reference_wrapped(x, y, [48, 48], [8, 24], 3, 2, 0.5, 0.9))
+
+
+def test_speed_balance_profiles_every_replica(spark, tmp_path):
+    x, y = data(400, seed=6)
+    res = fit(frame(spark, x, y, [200, 200]), small_fc,
+              strategy=AllReduce(balance="speed", max_batch=40), batch_size=20, epochs=2,
+              lr=0.3, run_dir=tmp_path / "run", log=None)
+    bal = res.info["balance"]
+    assert bal["mode"] == "speed" and bal["global_batch"] == 40
+    assert sum(bal["first_split"]) == 40 and min(bal["first_split"]) >= 1
+    for rep in bal["replicas"]:
+        assert rep["rows"] == 200 and rep["cap"] == 40            # max_batch under the memory
+        assert rep["c_s_per_sample"] > 0 and rep["samples_per_s_at_batch"] > 0
+        assert rep["bytes_per_sample"] > 12 * 4
+    for h in res.history:
+        assert h["balance"]["batches"] == bal["first_split"]     # "speed": split once
+        assert len(h["balance"]["step_s"]) == 2 and min(h["balance"]["step_s"]) > 0
+        assert h["samples"] == 400
+
+
+def test_balance_options_are_checked_on_the_driver(spark, tmp_path):
+    x, y = data(40)
+    df = frame(spark, x, y, [20, 20])
+    with pytest.raises(ConfigError, match="'speed', 'adaptive' or a list"):
+        AllReduce(balance="fastest")
+    with pytest.raises(ConfigError, match="3 shares but the fit has 2 replicas"):
+        fit(df, small_fc, strategy=AllReduce(balance=[1, 1, 1]), log=None,
+            run_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match="max_batch=4 rows per replica cannot hold"):
+        fit(df, small_fc, strategy=AllReduce(balance="speed", max_batch=4), batch_size=8,
+            log=None, run_dir=tmp_path / "b")
+
+
+def pinned_cnn():
+    """The thesis CNN, built in a task whose Python worker is pinned to core (partition % 2):
+    with a CPU-bound process on core 1, replica 1 gets half a core (a real slowdown)."""
+    from pyspark import TaskContext
+
+    from spark_dl.models import build_model
+    ctx = TaskContext.get()
+    if ctx is not None:
+        os.sched_setaffinity(0, {ctx.partitionId() % 2})
+    return build_model("cnn")
+
+
+def competitor(core: int, start_when: str | None = None) -> subprocess.Popen:
+    """A CPU-bound process pinned to ``core`` (after ``start_when`` exists, when given)."""
+    code = ("import os, sys, time\n"
+            f"os.sched_setaffinity(0, {{{core}}})\n"
+            "w = sys.argv[1]\n"
+            "while w and not os.path.exists(w): time.sleep(0.01)\n"
+            "while True: pass\n")
+    return subprocess.Popen([sys.executable, "-c", code, start_when or ""])
+
+
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                     reason="needs 2 cores to slow one replica")
+
+
+@needs_two_cores
+def test_adaptive_balance_moves_rows_from_a_replica_slowed_mid_fit(spark, mnist, tmp_path):
+    images, labels = mnist
+    x = images[:6000].reshape(6000, -1).astype(np.float32) / 255
+    run = tmp_path / "run"
+    # the competing process starts on core 1 once epoch 1's checkpoint is written
+    hog = competitor(1, str(run / "checkpoint.pt"))
+    try:
+        res = fit(frame(spark, x, labels[:6000], [3000, 3000]), pinned_cnn,
+                  strategy=AllReduce(balance="adaptive"), shape=(1, 28, 28), num_classes=10,
+                  batch_size=32, epochs=4, lr=0.05, momentum=0.9, run_dir=run, log=None)
+    finally:
+        hog.kill()
+        hog.wait()
+    splits = [h["balance"]["batches"] for h in res.history]
+    times = [h["balance"]["step_s"] for h in res.history]
+    assert all(sum(s) == 64 for s in splits)
+    # epoch 2 ran slowed: replica 1's compute per row is clearly longer than replica 0's ...
+    per_row = [t[1] / s[1] / (t[0] / s[0]) for s, t in zip(splits, times)]
+    assert per_row[1] > 1.4, (splits, times)
+    # ... so epochs 3 and 4 give replica 0 the larger share
+    assert all(s[0] > 1.25 * s[1] for s in splits[2:]), (splits, times)
+    assert res.history[-1]["samples"] == 6000 + 64 - 6000 % 64 and \
+        res.info["steps_per_epoch"] == 94
