@@ -4,6 +4,7 @@ model; the checkpoints are the tasks')."""
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ...parallel.amp import check_amp
 from ...parallel.balance import BALANCE_MODES, check_balance
 from ...parallel.stage import RESULT_SCHEMA
 from ..base import FitResult, Job, Run, Strategy, check_checkpoint, check_choice, check_int, \
@@ -41,7 +42,7 @@ class AllReduce(Strategy):
 
     def check(self) -> None:
         check_int("accumulate", self.accumulate, 1)
-        check_choice("amp", self.amp, (None, "bf16", "fp16"))
+        check_amp(self.amp, "float32")
         check_choice("transport", self.transport, ("auto", "process_group"))
         check_balance(self.balance)
         if self.max_batch is not None:
@@ -51,8 +52,7 @@ class AllReduce(Strategy):
             raise ConfigError(f"bucket_mb must be > 0, got {self.bucket_mb!r}")
 
     def check_job(self, job: Job) -> None:
-        if self.amp is not None and job.stage["dtype"] == "float64":
-            raise ConfigError("amp autocasts float32 weights; use dtype='float32' with amp")
+        check_amp(self.amp, job.stage["dtype"])
 
     def run(self, job: Job) -> FitResult:
         check_balance(self.balance, job.replicas)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_dl.parallel.amp import autocast
 from spark_dl.parallel.stage import LocalStepConfig, StepReports, barrier_task, broadcast_bytes, \
     evaluate, most_batches, read_checkpoint, save_atomic, stage_info, state_bytes
 
@@ -138,13 +139,6 @@ def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: 
     return barrier_task(cfg, train, secret, channel, run_dir)
 
 
-def _autocast(device: torch.device, amp: str | None):
-    import contextlib
-    if amp is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-
-
 def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device, rank, world,
            statuses, client, run_dir, validation, ctx) -> dict:
     t_setup = time.perf_counter()
@@ -186,7 +180,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                             batch_size=cfg.batch_size, accumulate=cfg.accumulate, device=device,
                             dtype=dtype, rank=rank, world=world, max_batch=cfg.max_batch,
                             profile_steps=cfg.profile_steps, transform=cfg.transform,
-                            autocast=(lambda: _autocast(device, cfg.amp)) if cfg.amp else None)
+                            autocast=(lambda: autocast(device, cfg.amp)) if cfg.amp else None)
         if ckpt is not None:
             balancer.restore(ckpt.get("balance"))
         steps = balancer.steps
@@ -207,7 +201,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                 y = y.to(device=device, non_blocking=True)
                 if y.is_floating_point():
                     y = y.to(dtype)
-                with _autocast(device, cfg.amp):
+                with autocast(device, cfg.amp):
                     loss = loss_fn(model(x), y)
                 scaled = loss * len(x)
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()

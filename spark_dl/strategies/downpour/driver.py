@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError, ResourceError
+from ...parallel.amp import check_amp
 from ...parallel.ps import MODES, SERVER_OPTIMIZERS
 from ...parallel.stage import evaluate
 from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
@@ -33,8 +34,10 @@ class Downpour(Strategy):
     "sequential" (every push its own step, fetched right after). server_optimizer: "sgd",
     "momentum", "adagrad", "adam" (default: from fit's ``optimizer``/``momentum``).
     ps_shards: parameter blocks with their own lock and version (default 1, or 4 from a
-    million parameters on: transfers of big models pipeline better). wire_dtype: "float32",
-    "bfloat16" or "float64". max_staleness: a worker more than this many pushes ahead of the
+    million parameters on: transfers of big models pipeline better). amp: None, "bf16" or
+    "fp16": the workers' forward passes autocast (float32 master weights on the server; fp16
+    scales the loss and drops a push that overflowed). wire_dtype: "float32", "bfloat16" or
+    "float64" (default: "bfloat16" with amp, half the bytes, else "float32"). max_staleness: a worker more than this many pushes ahead of the
     slowest waits (None: unbounded). overlap (async): a push and its reply travel while the
     worker computes the next step, on parameters that miss that push: one more step of
     staleness, no waiting for the round trip. staleness (async): how the server allows for
@@ -58,7 +61,8 @@ class Downpour(Strategy):
     mode: str = "async"
     server_optimizer: str | None = None
     ps_shards: int | None = None
-    wire_dtype: str = "float32"
+    wire_dtype: str | None = None
+    amp: str | None = None
     max_staleness: int | None = None
     overlap: bool = False
     staleness: str = "momentum"
@@ -75,7 +79,8 @@ class Downpour(Strategy):
             check_int("ps_shards", self.ps_shards, 1)
         if self.max_staleness is not None:
             check_int("max_staleness", self.max_staleness, 0)
-        check_choice("wire_dtype", self.wire_dtype, ("float32", "bfloat16", "float64"))
+        check_choice("wire_dtype", self.wire_dtype, (None, "float32", "bfloat16", "float64"))
+        check_amp(self.amp, "float32")
         if self.partitions != "auto":
             check_int("partitions", self.partitions, 1)
         if self.partitions != 1 and (self.mode == "sync" or self.max_staleness is not None):
@@ -106,7 +111,11 @@ class Downpour(Strategy):
             raise ConfigError(f"optimizer {job.train['optimizer']!r} has no parameter-server "
                               f"form; use sgd, rmsprop, adagrad or adam (or set "
                               f"server_optimizer)")
+        check_amp(self.amp, job.stage["dtype"])
         if self.model_parallel == "thesis":
+            if self.amp:
+                raise ConfigError("model_parallel='thesis' computes its layers by hand, "
+                                  "without autocast: use model_parallel='collective' with amp")
             check_thesis(job.model_fn, job.loss_name, self.partitions)
 
     def barrier(self, job: Job) -> bool:
@@ -152,8 +161,8 @@ class Downpour(Strategy):
         server_momentum = _server_momentum(momentum, replicas, mode, staleness)
         cfg = _task.DownpourConfig(
             **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
-            mode=mode, wire_dtype=self.wire_dtype, overlap=self.overlap,
-            model_parallel=self.model_parallel)
+            mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
+            overlap=self.overlap, model_parallel=self.model_parallel, amp=self.amp)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
                               "partitions": partitions, "average": average,

@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from spark_dl.parallel.amp import LossScaler, autocast
 from spark_dl.parallel.failures import at, report as report_error
 from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
@@ -36,6 +37,7 @@ class DownpourConfig(StageConfig):
     wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
     overlap: bool = False              # async: a push travels while the next step computes
     model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "thesis"
+    amp: str | None = None             # autocast: "bf16" or "fp16" (float32 master weights)
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -247,6 +249,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     exchange = _Exchange(client, numel, client.dtype, shards) if cfg.overlap else None
     held = list(client.versions)                  # versions of the parameters in the model
     acc_samples = acc_steps = 0
+    scaler = LossScaler(cfg.amp == "fp16")
     staleness: Counter = Counter()
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
@@ -281,8 +284,9 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                                       grad_scale=len(x))
                     loss = torch.tensor(loss if master else 0.0)
                 else:
-                    loss = loss_fn(model(x), y)
-                    (loss * len(x)).backward()    # grad += the per-sample gradient sum
+                    with autocast(device, cfg.amp):
+                        loss = loss_fn(model(x), y)
+                    scaler(loss * len(x)).backward()  # grad += the per-sample gradient sum
                 acc_samples += len(x)
                 loss_sum += float(loss.detach()) * len(x)
                 samples += len(x)
@@ -290,7 +294,13 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
             last_step = step == steps - 1 or (rows_total is not None and cfg.mode != "sync"
                                               and samples >= rows_total)
             fetch = (step + 1) % n_fetch == 0 or cfg.mode == "sync"
-            if exchange is not None and (acc_steps >= cfg.n_push or last_step):
+            due = acc_steps >= cfg.n_push or last_step
+            if due and not scaler.unscale(grad):  # fp16 overflow: this gradient is dropped
+                grad.zero_()
+                acc_samples = 0                   # (a sync round still gets its empty push)
+                if cfg.mode != "sync":
+                    acc_steps, due = 0, False
+            if exchange is not None and due:
                 for s in exchange.wait():         # the previous push's reply: the
                     staleness[s] += 1             # parameters after it, into the model
                 computed_on = held
@@ -302,7 +312,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 pushes += 1
                 grad.zero_()
                 acc_samples = acc_steps = 0
-            elif acc_steps >= cfg.n_push or last_step:
+            elif due:
                 out = grad if grad.device.type == "cpu" else grad.cpu()
                 for s in client.push(out, acc_samples, acc_steps,
                                      pull_into=wire if fetch else None, shards=shards):
@@ -339,6 +349,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     client.close()
     progress.close()
     report = {"worker": worker, "task": rank, "partition": part, "rows": len(shard),
+              "amp_skipped_pushes": scaler.skipped,
               "data": shard.kind, "spill_dir": getattr(shard, "directory", None),
               "device": str(device), "note": note, "history": history, "pushes": pushes,
               "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}

@@ -4,6 +4,7 @@ replicas' average; the checkpoints, every replica's model, are the tasks')."""
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ...parallel.amp import check_amp
 from ...parallel.stage import RESULT_SCHEMA
 from ..base import FitResult, Job, Run, Strategy, check_checkpoint, check_choice, check_int, \
     options, run_barrier
@@ -24,12 +25,14 @@ class Gossip(Strategy):
     optimizer, momentum and weight decay). ``alpha=1`` is D-PSGD; the paper's 0.1 sends a
     tenth of the bytes. The result is the replicas' average; the history reports the
     consensus distance (mean squared distance of the replicas to it) and the bytes each
-    replica sent."""
+    replica sent. ``amp``: None, "bf16" or "fp16" autocast of the local steps (float32 weights;
+    the rounds mix float32 values)."""
 
     name = "gossip"
     alpha: float = 0.1
     topology: str = "ring"
     sync_every: int = 1
+    amp: str | None = None
     hints = {"partitions": "model parallelism (partitions=F) runs with Downpour",
              "n_push": "gossip has no parameter server; sync_every sets how often it mixes"}
 
@@ -40,8 +43,10 @@ class Gossip(Strategy):
             raise ConfigError(str(e)) from None
         check_choice("topology", self.topology, tuple(TOPOLOGIES))
         check_int("sync_every", self.sync_every, 1)
+        check_amp(self.amp, "float32")
 
     def check_job(self, job: Job) -> None:
+        check_amp(self.amp, job.stage["dtype"])
         if job.train["optimizer"] not in ("sgd", "adam", "adagrad", "rmsprop"):
             raise ConfigError(f"optimizer {job.train['optimizer']!r} takes several evaluations "
                               f"per step, which gossip's one round per step does not fit; use "
@@ -58,7 +63,7 @@ class Gossip(Strategy):
 
     def run(self, job: Job) -> FitResult:
         cfg = _task.GossipConfig(**job.stage, **job.train, alpha=float(self.alpha),
-                                 sync_every=self.sync_every)
+                                 sync_every=self.sync_every, amp=self.amp)
         run = Run(job, self, {**job.stage, **job.train})
         check_checkpoint(run, self.name)
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_dl.parallel.amp import autocast
 from spark_dl.parallel.stage import LocalStepConfig, StepReports, barrier_task, evaluate, \
     most_batches, read_checkpoint, save_atomic, stage_info, state_bytes
 
@@ -35,6 +36,7 @@ class GossipConfig(LocalStepConfig):
 
     alpha: float = 0.1
     sync_every: int = 1
+    amp: str | None = None
 
 
 def make_task(cfg: GossipConfig, model_fn: Callable[[], nn.Module], loss_fn: Callable,
@@ -92,6 +94,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
     rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world)
+    scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
 
     # Resume: replica 0 reads the checkpoint, every replica takes its own model from it.
     ckpt_path, ckpt = read_checkpoint(cfg, run_dir, rank, device)
@@ -129,8 +132,9 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                 x = batch[0].to(device=device, dtype=dtype, non_blocking=True)
                 y = batch[1].to(device=device, non_blocking=True)
                 y = y.to(dtype) if y.is_floating_point() else y
-                loss = loss_fn(model(x), y)
-                loss.backward()
+                with autocast(device, cfg.amp):
+                    loss = loss_fn(model(x), y)
+                (scaler.scale(loss) if scaler is not None else loss).backward()
                 loss_sum += float(loss.detach()) * len(x)
                 samples += len(x)
             if (k + 1) % cfg.sync_every == 0:         # x_k+1/2: the masked average
@@ -138,7 +142,10 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                 with torch.no_grad():
                     rounds.round(k // cfg.sync_every)
                 round_s += time.perf_counter() - t_round
-            if batch is not None:
+            if batch is not None and scaler is not None:
+                scaler.step(opt)                     # (skipped when fp16 overflowed)
+                scaler.update()
+            elif batch is not None:
                 opt.step()                           # x_k+1 = x_k+1/2 - lr g_i(x_k,i)
             reports.step(epoch, step, steps, loss_sum, samples)
         sched.step()
