@@ -132,3 +132,23 @@ def test_adaptive_balance_moves_rows_from_a_replica_slowed_mid_fit(spark, mnist,
     assert all(s[0] > 1.25 * s[1] for s in splits[2:]), (splits, times)
     assert res.history[-1]["samples"] == 6000 + 64 - 6000 % 64 and \
         res.info["steps_per_epoch"] == 94
+
+
+def test_uneven_column_widths_train_as_one_process(spark, tmp_path):
+    """Downpour(partitions=2, widths=[2, 1]): partition 0 holds two thirds of every layer's
+    columns (a task twice as fast), and the replica still computes single-process SGD."""
+    from spark_dl import Downpour
+
+    from .test_allreduce import reference_epochs
+    x, y = data(40, seed=12)
+    res = fit(frame(spark, x, y, [24, 16]), small_fc,
+              strategy=Downpour(partitions=2, widths=[2, 1], wire_dtype="float64"),
+              replicas=1, batch_size=8, epochs=2, lr=0.5, momentum=0.9, shuffle=False,
+              dtype="float64", run_dir=tmp_path / "run", log=None)
+    assert_same_weights(res.model, reference_epochs(x, y, [24, 16], 8, 2, 0.5, 0.9))
+    # 12-9-3: layer 1's 9 units as 6 + 3, layer 2's 3 as 2 + 1 (weights and biases)
+    assert res.info["model_parallel"]["parameters_per_partition"] == [6 * 13 + 2 * 10,
+                                                                      3 * 13 + 1 * 10]
+    assert res.info["model_parallel"]["widths"] == [2.0, 1.0]
+    with pytest.raises(ConfigError, match="give partitions=F > 1 and F shares"):
+        Downpour(partitions=2, widths=[1, 1, 1])

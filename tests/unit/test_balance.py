@@ -106,3 +106,10 @@ def test_activation_bytes_counts_what_backward_keeps():
     small, big = activation_bytes(model, x[:8], y[:8], loss), activation_bytes(model, x, y, loss)
     assert 1.8 < big / small < 2.2                     # grows with the batch, not with weights
     assert big >= 16 * (20 + 30) * 4                   # at least the inputs of both layers
+
+
+def test_column_widths_follow_the_shares():
+    from spark_dl.parallel.model_parallel import split_sizes
+    assert split_sizes(10, 4) == [3, 3, 2, 2]                      # even, as before
+    assert split_sizes(10, 2, (2, 1)) == [7, 3]
+    assert split_sizes(3, 3, (100, 1, 1)) == [1, 1, 1]             # one column each at least

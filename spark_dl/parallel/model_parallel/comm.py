@@ -28,14 +28,21 @@ import torch.distributed as dist
 __all__ = ["Comm", "CountingComm", "split_sizes"]
 
 
-def split_sizes(n: int, parts: int) -> list[int]:
+def split_sizes(n: int, parts: int, shares=None) -> list[int]:
     """``n`` columns over ``parts`` partitions, uniformly, the remainder spread over the first
-    ones: split_sizes(10, 4) == [3, 3, 2, 2]."""
+    ones: split_sizes(10, 4) == [3, 3, 2, 2]; or ∝ ``shares`` (one per partition, e.g. the
+    tasks' relative speeds) by largest remainders, at least one column each:
+    split_sizes(10, 2, (2, 1)) == [7, 3]."""
     if parts < 1:
         raise ValueError(f"partitions must be at least 1, got {parts}")
     if n < parts:
         raise ValueError(f"cannot split {n} columns over {parts} partitions: every partition "
                          f"needs at least one; use partitions <= {n}")
+    if shares is not None:
+        from ..balance import split
+        if len(shares) != parts:
+            raise ValueError(f"{len(shares)} shares for {parts} partitions")
+        return split(n, [float(s) for s in shares])
     return [n // parts + (1 if p < n % parts else 0) for p in range(parts)]
 
 
@@ -45,7 +52,8 @@ class Comm:
     ``group``: the torch group of those ranks when the caller made it (torch wants every
     rank of the default group to create every sub-group, in the same order)."""
 
-    def __init__(self, ranks: list[int] | None = None, group=None):
+    def __init__(self, ranks: list[int] | None = None, group=None, shares=None):
+        self.shares = None if shares is None else tuple(shares)
         self.initialized = dist.is_available() and dist.is_initialized()
         world = dist.get_world_size() if self.initialized else 1
         me = dist.get_rank() if self.initialized else 0
@@ -60,14 +68,19 @@ class Comm:
         self._init_counters()
 
     @classmethod
-    def layout(cls, rank: int, size: int) -> "Comm":
+    def layout(cls, rank: int, size: int, shares=None) -> "Comm":
         """A Comm that only describes rank ``rank`` of ``size`` (to cut a model into the
         slices of each partition, e.g. on the driver); it cannot communicate."""
         c = cls.__new__(cls)
         c.initialized, c.ranks, c.size, c.rank, c.group = False, list(range(size)), size, \
             rank, None
+        c.shares = None if shares is None else tuple(shares)
         c._init_counters()
         return c
+
+    def split(self, n: int) -> list[int]:
+        """Each rank's columns of a layer ``n`` wide (∝ ``shares`` when the group has them)."""
+        return split_sizes(n, self.size, self.shares)
 
     def _init_counters(self) -> None:
         self.messages: dict[str, int] = defaultdict(int)
@@ -191,6 +204,7 @@ class CountingComm(Comm):
         if not 0 <= rank < size:
             raise ValueError(f"rank must be in [0, {size}), got {rank}")
         self.ranks, self.size, self.rank, self.group = list(range(size)), size, rank, None
+        self.shares = None
         self.initialized = True           # "communicates": kept-whole layers broadcast
         self.per_rank = [Comm.layout(p, size) for p in range(size)]
         self._init_counters()

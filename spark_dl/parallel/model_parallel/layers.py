@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...models.ssda import DenoisingLayer
-from .comm import Comm, split_sizes
+from .comm import Comm
 from .mappings import (copy_to_partitions, gather_from_partitions, reduce_from_partitions,
                        scatter_to_partitions)
 
@@ -49,7 +49,7 @@ class ColumnLinear(nn.Module):
                  device=None, dtype=None):
         super().__init__()
         self.comm, self.in_features, self.out_features = comm, in_features, out_features
-        self.sizes = split_sizes(out_features, comm.size)
+        self.sizes = comm.split(out_features)
         n = self.sizes[comm.rank]
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(n, in_features, **kw))      # (out/F, in)
@@ -82,7 +82,7 @@ class ColumnConv2d(nn.Module):
         self.comm = comm
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels  # whole
         self.kernel_size = conv.kernel_size
-        self.sizes = split_sizes(conv.out_channels, comm.size)
+        self.sizes = comm.split(conv.out_channels)
         rows = _slice(self.sizes, comm.rank)
         self.stride, self.padding, self.dilation = conv.stride, conv.padding, conv.dilation
         self.weight = nn.Parameter(conv.weight.detach()[rows].clone())   # (f/F, C, k, k)
@@ -111,7 +111,7 @@ class _ColumnRecurrent(nn.Module):
             raise ValueError(f"Column{name} partitions batch-first, unidirectional {name}s with "
                              f"biases, without projections and without dropout between layers")
         self.comm, self.hidden, self.layers = comm, rnn.hidden_size, rnn.num_layers
-        self.sizes = split_sizes(rnn.hidden_size, comm.size)
+        self.sizes = comm.split(rnn.hidden_size)
         H, cols, G = rnn.hidden_size, _slice(self.sizes, comm.rank), self.gates
 
         def rows(w):                           # my units' rows of every gate
@@ -185,7 +185,7 @@ class ColumnDenoisingLayer(nn.Module):
         super().__init__()
         self.comm, self.spec = comm, layer.spec
         hidden, n_in = layer.weight.shape
-        self.sizes = split_sizes(hidden, comm.size)
+        self.sizes = comm.split(hidden)
         rows = _slice(self.sizes, comm.rank)
         self.weight = nn.Parameter(layer.weight.detach()[rows].clone())      # (hidden/F, in)
         self.bias = nn.Parameter(layer.bias.detach()[rows].clone())

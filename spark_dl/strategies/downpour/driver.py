@@ -13,6 +13,7 @@ import torch
 
 from ...errors import ConfigError, ResourceError
 from ...parallel.amp import check_amp
+from ...parallel.balance import check_balance
 from ...parallel.ps import MODES, SERVER_OPTIMIZERS
 from ...parallel.stage import evaluate
 from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
@@ -53,7 +54,10 @@ class Downpour(Strategy):
     model's planner picks F and the replicas, with the link measured by a probe job and a
     task's memory from spark.executor.pyspark.memory. model_parallel (partitions > 1):
     "collective" (each layer's all-gather and all-reduce, any supported model) or "thesis"
-    (the thesis's master algorithm of §3.2 for FC nets with cross-entropy)."""
+    (the thesis's master algorithm of §3.2 for FC nets with cross-entropy). widths
+    (collective): each partition's share of every layer's columns, e.g. [2, 1] when partition
+    0's tasks run twice as fast as partition 1's (default: even); largest remainders, at least
+    one column each."""
 
     name = "downpour"
     n_fetch: int = 1
@@ -69,6 +73,7 @@ class Downpour(Strategy):
     average: float | None = None
     partitions: int | str = 1
     model_parallel: str = "collective"
+    widths: tuple | None = None
 
     def check(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -88,6 +93,16 @@ class Downpour(Strategy):
                               "max_staleness (each partition is its own parameter-server "
                               "shard, pushed by the replicas' tasks of that partition)")
         check_choice("model_parallel", self.model_parallel, ("collective", "thesis"))
+        if self.widths is not None:
+            check_balance(self.widths)
+            if not isinstance(self.partitions, int) or len(self.widths) != self.partitions \
+                    or self.partitions < 2:
+                raise ConfigError(f"widths gives each of the partitions its share of every "
+                                  f"layer's columns: give partitions=F > 1 and F shares, got "
+                                  f"partitions={self.partitions!r}, widths={self.widths!r}")
+            if self.model_parallel == "thesis":
+                raise ConfigError("model_parallel='thesis' splits the columns evenly; use "
+                                  "model_parallel='collective' with widths")
         check_choice("staleness", self.staleness, STALENESS_RULES)
         if self.average is not None and not (isinstance(self.average, (int, float))
                                              and self.average >= 0):
@@ -162,7 +177,8 @@ class Downpour(Strategy):
         cfg = _task.DownpourConfig(
             **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
             mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
-            overlap=self.overlap, model_parallel=self.model_parallel, amp=self.amp)
+            overlap=self.overlap, model_parallel=self.model_parallel, amp=self.amp,
+            widths=None if self.widths is None else tuple(float(w) for w in self.widths))
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
                               "partitions": partitions, "average": average,
@@ -175,7 +191,7 @@ class Downpour(Strategy):
         numel = sum(p.numel() for p in params)
         ps_shards = self.ps_shards or (4 if numel >= 1_000_000 else 1)
         secret = run.secret.encode()
-        layout = Layout(net, partitions)
+        layout = Layout(net, partitions, self.widths)
         if partitions > 1:
             ps_shards = partitions                    # shard p: partition p's slices
         ps = ParameterServer(layout.flatten(), secret, job.host, bounds=layout.bounds,

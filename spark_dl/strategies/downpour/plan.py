@@ -87,10 +87,11 @@ class Layout:
     """How the parameter server lays out a model's parameters: the flat parameter vector, or
     with F partitions, partition 0's slices, then partition 1's, ... (shard p = partition p)."""
 
-    def __init__(self, net: torch.nn.Module, partitions: int):
+    def __init__(self, net: torch.nn.Module, partitions: int, widths=None):
         from ...parallel.model_parallel import Comm, partition_model
         self.net, self.F = net, partitions
-        self.parts = [partition_model(net, Comm.layout(p, partitions))
+        self.widths = None if widths is None else [float(w) for w in widths]
+        self.parts = [partition_model(net, Comm.layout(p, partitions, widths))
                       for p in range(partitions)] if partitions > 1 else [net]
         sizes = [sum(q.numel() for q in part.parameters() if q.requires_grad)
                  for part in self.parts]
@@ -101,7 +102,8 @@ class Layout:
         """For info.json: the partitions' sizes and the layers kept whole (too narrow to split:
         partition 0 trains them, the others receive its values every forward pass)."""
         from ...parallel.model_parallel import kept_whole
-        return {"partitions": self.F, "parameters_per_partition":
+        return {"partitions": self.F, "widths": self.widths,
+                "parameters_per_partition":
                 [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])],
                 "kept_whole": kept_whole(self.parts[0])}
 

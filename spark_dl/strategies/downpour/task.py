@@ -38,6 +38,7 @@ class DownpourConfig(StageConfig):
     overlap: bool = False              # async: a push travels while the next step computes
     model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "thesis"
     amp: str | None = None             # autocast: "bf16" or "fp16" (float32 master weights)
+    widths: tuple | None = None        # partitions' shares of every layer's columns
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -114,7 +115,7 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
         replicas = world // F
         groups = [dist.new_group(list(range(r * F, (r + 1) * F))) for r in range(replicas)]
         r = rank // F
-        comm = Comm(list(range(r * F, (r + 1) * F)), groups[r])
+        comm = Comm(list(range(r * F, (r + 1) * F)), groups[r], cfg.widths)
         # the replica trains on the union of its tasks' shards: as many steps as its largest
         replica = [statuses[r * F + q] for q in range(F)]
         steps = max(-(-s["rows"] // cfg.batch_size) for s in replica)
