@@ -22,9 +22,7 @@ the slowed ones), median over runs; accuracy: the model's after the last epoch o
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -61,6 +59,7 @@ def busy(core: int, start_when: str = "") -> subprocess.Popen:
 
 def engine(spark, path, epochs, batch, runs, balance, seed, late: bool):
     from bench_gossip import _validation
+
     from spark_dl import AllReduce, fit
     from spark_dl.data import read_shards
     run = runs / f"{time.time()}"
@@ -98,6 +97,7 @@ def main(argv=None):
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     from bench_downpour import plain
     from bench_gossip import make_data
+
     from spark_dl import get_session
     spark = get_session("local", master="local[2]")
     runs = Path(tempfile.mkdtemp(prefix="bench-balance-"))
@@ -143,15 +143,9 @@ def main(argv=None):
     plain_s = summary["plain-1t"]["epoch_s_median"]
     for k, s in summary.items():
         s["epoch_time_vs_plain_1t"] = round(s["epoch_s_median"] / plain_s, 3)
-    doc = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(),
-           "cpus": os.cpu_count(), "rows": args.rows, "epochs": E, "batch_per_replica": B,
-           "lr": LR, "momentum": MOMENTUM, "repeats": args.repeats,
-           "command": "benchmarks/bench_balance.py " + " ".join(argv or sys.argv[1:]),
-           "summary": summary, "raw": raw}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
-    print(json.dumps(summary, indent=1))
+    from _results import write_results
+    write_results(args.out, "bench_balance.py", argv, {"rows": args.rows, "epochs": E, "batch_per_replica": B,
+                   "lr": LR, "momentum": MOMENTUM, "repeats": args.repeats}, summary, raw)
 
 
 if __name__ == "__main__":

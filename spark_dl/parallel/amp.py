@@ -12,7 +12,7 @@ import torch
 
 from ..errors import ConfigError
 
-__all__ = ["AMP_MODES", "autocast", "check_amp", "LossScaler"]
+__all__ = ["AMP_MODES", "LossScaler", "autocast", "check_amp"]
 
 AMP_MODES = (None, "bf16", "fp16")
 

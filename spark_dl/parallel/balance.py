@@ -25,14 +25,23 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from ..errors import ConfigError, ResourceError
 
-__all__ = ["BALANCE_MODES", "check_balance", "split", "profile", "activation_bytes",
-           "memory_cap", "balanced_batches", "rebatch", "equal_time_split"]
+__all__ = [
+    "BALANCE_MODES",
+    "activation_bytes",
+    "balanced_batches",
+    "check_balance",
+    "equal_time_split",
+    "memory_cap",
+    "profile",
+    "rebatch",
+    "split",
+]
 
 BALANCE_MODES = (None, "speed", "adaptive")
 

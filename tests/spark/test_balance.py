@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -104,6 +103,15 @@ def competitor(core: int, start_when: str | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, start_when or ""])
 
 
+def unpin(spark) -> None:
+    """Give the Python workers (Spark reuses them) every core back: a barrier stage of 2
+    tasks runs on 2 distinct workers at once, the ones the fit pinned."""
+    def task(batches):
+        os.sched_setaffinity(0, range(os.cpu_count()))
+        yield from batches
+    spark.range(2, numPartitions=2).mapInArrow(task, "id long", barrier=True).collect()
+
+
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                                      reason="needs 2 cores to slow one replica")
 
@@ -122,6 +130,7 @@ def test_adaptive_balance_moves_rows_from_a_replica_slowed_mid_fit(spark, mnist,
     finally:
         hog.kill()
         hog.wait()
+        unpin(spark)
     splits = [h["balance"]["batches"] for h in res.history]
     times = [h["balance"]["step_s"] for h in res.history]
     assert all(sum(s) == 64 for s in splits)

@@ -11,8 +11,14 @@ import torch
 
 from spark_dl.data.bridge import ShardData
 from spark_dl.errors import ConfigError, ResourceError
-from spark_dl.parallel.balance import activation_bytes, balanced_batches, check_balance, \
-    equal_time_split, rebatch, split
+from spark_dl.parallel.balance import (
+    activation_bytes,
+    balanced_batches,
+    check_balance,
+    equal_time_split,
+    rebatch,
+    split,
+)
 
 
 def test_split_is_proportional_with_largest_remainders():
@@ -89,9 +95,9 @@ def test_balanced_batches_wrap_around_with_a_new_order_per_pass():
     got = [b[1].tolist() for b in balanced_batches(shard, 4, 5, shuffle=True, seed=3,
                                                    epoch=2)]
     assert [len(b) for b in got] == [4] * 5
-    rows = sum(got, [])
+    rows = [r for b in got for r in b]
     assert sorted(rows[:10]) == list(range(10)) and sorted(rows[10:20]) == list(range(10))
-    first = sum((b[1].tolist() for b in shard.batches(4, shuffle=True, seed=3, epoch=2)), [])
+    first = [r for b in shard.batches(4, shuffle=True, seed=3, epoch=2) for r in b[1].tolist()]
     assert rows[:10] == first                          # pass 0 is the unbalanced epoch's order
     assert rows[10:20] != first                        # the next pass is shuffled anew
     assert list(balanced_batches(shard, 0, 5, shuffle=True, seed=3, epoch=2)) == []
