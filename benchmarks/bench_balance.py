@@ -10,7 +10,7 @@ Systems, run in turn (A B C ... A B C ..., ``--repeats`` times; run i seeds ever
 i): AllReduce() (every replica batch_size rows a step), AllReduce(balance="speed") (split once
 from a profile before training), AllReduce(balance="adaptive") (re-split every epoch), and,
 as the calibration, plain single-process PyTorch with 1 thread on the same rows and global
-batch, on a core of its own (no busy process).
+batch, on a core of its own, and the unbalanced fit with no busy process (the best case).
 
 Epoch time: the history's seconds per epoch (slowed: every epoch; slowed-late: epochs 2..E,
 the slowed ones), median over runs; accuracy: the model's after the last epoch on the last
@@ -57,13 +57,13 @@ def busy(core: int, start_when: str = "") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, start_when])
 
 
-def engine(spark, path, epochs, batch, runs, balance, seed, late: bool):
+def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None):
     from bench_gossip import _validation
 
     from spark_dl import AllReduce, fit
     from spark_dl.data import read_shards
     run = runs / f"{time.time()}"
-    hog = busy(1, str(run / "checkpoint.pt") if late else "")
+    hog = busy(1, str(run / "checkpoint.pt") if late else "") if late is not None else None
     t0 = time.perf_counter()
     try:
         res = fit(read_shards(spark, path), pinned_cnn, strategy=AllReduce(balance=balance),
@@ -71,8 +71,9 @@ def engine(spark, path, epochs, batch, runs, balance, seed, late: bool):
                   batch_size=batch, epochs=epochs, replicas=2, validation=_validation(),
                   seed=seed, run_dir=run, log=None)
     finally:
-        hog.kill()
-        hog.wait()
+        if hog is not None:
+            hog.kill()
+            hog.wait()
     wall = time.perf_counter() - t0
     hist = [{"epoch": h["epoch"], "seconds": h["seconds"], "samples": h["samples"],
              "val_accuracy": h["val_accuracy"], **({"batches": h["balance"]["batches"],
@@ -103,7 +104,9 @@ def main(argv=None):
     runs = Path(tempfile.mkdtemp(prefix="bench-balance-"))
     E, B = args.epochs, args.batch
     path, local = make_data(spark, args.rows, 2, runs / "data")
-    systems = {"plain-1t": lambda seed: (plain(len(local[0]), E, local, seed, 2 * B), {})}
+    systems = {"plain-1t": lambda seed: (plain(len(local[0]), E, local, seed, 2 * B), {}),
+               "unslowed/unbalanced": lambda seed: engine(spark, path, E, B, runs, None, seed,
+                                                          None)}
     for scenario, late in (("slowed", False), ("slowed-late", True)):
         for name, balance in (("unbalanced", None), ("speed", "speed"),
                               ("adaptive", "adaptive")):

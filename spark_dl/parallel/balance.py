@@ -23,7 +23,6 @@ moved between executors: that would be a shuffle per re-split.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -167,31 +166,41 @@ def memory_cap(bytes_per_sample: float, device: torch.device, fraction: float = 
 
 def profile(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable,
             sizes: tuple[int, int], repeats: int = 3, autocast=None,
-            sync: Callable[[], None] = lambda: None) -> dict:
-    """Time forward + backward of this replica's own rows at two batch sizes (median of
-    ``repeats`` after one warm-up each) -> {"sizes", "seconds", "a", "c", "bytes_per_sample"}:
-    t(b) = a + c·b. The gradients are zeroed after: nothing is trained."""
+            sync: Callable[[], None] = lambda: None, min_seconds: float = 0.3) -> dict:
+    """Time forward + backward of this replica's own rows at two batch sizes, alternately,
+    after one warm-up each, at least ``repeats`` times each and for at least ``min_seconds`` in
+    all (a core shared with another process is shared by time slices of a few ms: a short
+    window would see a whole slice or none) -> {"sizes", "seconds" (mean per step), "a",
+    "c", "bytes_per_sample"}: t(b) = a + c·b. The gradients are zeroed after: nothing is
+    trained."""
     import contextlib
     x, y = batch
-    out = {"sizes": [], "seconds": []}
-    for b in sizes:
-        xb, yb = x[:b], y[:b]
-        times = []
-        for i in range(repeats + 1):
-            sync()
-            t0 = time.perf_counter()
-            with autocast() if autocast else contextlib.nullcontext():
-                loss = loss_fn(model(xb), yb)
-            loss.backward()
-            sync()
-            if i:
-                times.append(time.perf_counter() - t0)
-        out["sizes"].append(len(xb))
-        out["seconds"].append(statistics.median(times))
+    parts = [(x[:b], y[:b]) for b in sizes]
+    spent, counts = [0.0] * len(parts), [0] * len(parts)
+
+    def step(xb, yb) -> float:
+        sync()
+        t0 = time.perf_counter()
+        with autocast() if autocast else contextlib.nullcontext():
+            loss = loss_fn(model(xb), yb)
+        loss.backward()
+        sync()
+        return time.perf_counter() - t0
+
+    for xb, yb in parts:
+        step(xb, yb)                                     # warm-up
+    t_start = time.perf_counter()
+    while min(counts) < repeats or time.perf_counter() - t_start < min_seconds:
+        for i, (xb, yb) in enumerate(parts):
+            spent[i] += step(xb, yb)
+            counts[i] += 1
     model.zero_grad(set_to_none=False)
+    out = {"sizes": [len(xb) for xb, _ in parts],
+           "seconds": [t / n for t, n in zip(spent, counts)], "steps": counts}
     (b1, b2), (t1, t2) = out["sizes"], out["seconds"]
     c = (t2 - t1) / (b2 - b1) if b2 != b1 else t2 / max(b2, 1)
     c = max(c, 1e-3 * t2 / max(b2, 1))       # noise must not make rows free
+    xb, yb = parts[-1]
     out.update(a=max(t2 - c * b2, 0.0), c=c,
                bytes_per_sample=activation_bytes(model, xb, yb, loss_fn) / max(len(xb), 1))
     model.zero_grad(set_to_none=False)
@@ -249,7 +258,7 @@ class Balancer:
         rng = torch.get_rng_state()               # profiling draws no random numbers of the fit
         cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         self.total = batch_size * world
-        self.compute_s, self.samples = 0.0, 0
+        self.compute_s, self.samples, self.mark = 0.0, 0, time.perf_counter()
         rows = self._gather([len(shard)])[:, 0]
         self.rows = [int(r) for r in rows]
         self.steps = max(1, math.ceil(sum(self.rows) / (self.total * accumulate)))
@@ -280,9 +289,9 @@ class Balancer:
                          "c_s_per_sample": float(table[p, 1]),
                          "bytes_per_sample": float(table[p, 2]), "cap": self.caps[p]}
                         for p in range(world)]
+        self.model = {p: (float(table[p, 0]), float(table[p, 1])) for p in self.active}
         if mode in ("speed", "adaptive"):
-            fns = [lambda b, a=float(table[p, 0]), c=float(table[p, 1]): a + c * b
-                   for p in self.active]
+            fns = [lambda b, a=a, c=c: a + c * b for a, c in self.model.values()]
             for p in self.active:
                 a, c = float(table[p, 0]), float(table[p, 1])
                 self.profile[p]["samples_per_s_at_batch"] = batch_size / (a + c * batch_size)
@@ -314,14 +323,19 @@ class Balancer:
     def epoch(self, shard, *, shuffle: bool, seed: int, epoch: int, accumulate: int,
               transform=None) -> Iterator[tuple]:
         """This epoch's batches of this replica (steps × accumulate of them)."""
-        self.compute_s, self.samples = 0.0, 0
+        self.compute_s, self.samples, self.mark = 0.0, 0, time.perf_counter()
         return balanced_batches(shard, self.batch, self.steps * accumulate, shuffle=shuffle,
                                 seed=seed, epoch=epoch, transform=transform)
 
-    def computed(self, seconds: float, samples: int) -> None:
-        """Forward + backward time of this replica (not the wait for the others)."""
-        self.compute_s += seconds
+    def syncing(self, samples: int) -> None:
+        """Called as the step's gradients go out: this replica's own work since the last
+        all-reduce came back (its batch read, forward, backward, the optimizer step), not
+        the wait for the others, counts towards its step time."""
+        self.compute_s += time.perf_counter() - self.mark
         self.samples += samples
+
+    def synced(self) -> None:
+        self.mark = time.perf_counter()
 
     def end_epoch(self) -> dict:
         """Every replica's batch and compute seconds per step this epoch (for the history);
@@ -331,9 +345,21 @@ class Balancer:
         row = {"batches": list(self.batches),
                "step_s": [round(float(t), 6) for t in table[:, 1]]}
         if self.mode == "adaptive":
-            speeds = [float(table[p, 2] / table[p, 3]) if table[p, 3] > 0 else math.nan
-                      for p in self.active]
-            shares = split(self.total, speeds, [self.caps[p] for p in self.active])
+            # each replica's step-time model t(b) = a + c b, scaled by how much longer (or
+            # shorter) its steps took this epoch than the model says: a slowdown factor
+            fns = []
+            for p in self.active:
+                a, c = self.model[p]
+                measured, b = float(table[p, 1]), self.batches[p]
+                k = measured / (a + c * b) if measured > 0 and a + c * b > 0 else math.nan
+                if not math.isfinite(k) or k <= 0:
+                    raise ResourceError(
+                        f"replica {p}'s measured step time this epoch is {measured!r} s: it "
+                        f"cannot be given a share of the batch; check that task's executor, "
+                        f"or use balance='speed'")
+                self.model[p] = (a * k, c * k)
+                fns.append(lambda b, a=a * k, c=c * k: a + c * b)
+            shares = equal_time_split(self.total, fns, [self.caps[p] for p in self.active])
             for p, s in zip(self.active, shares):
                 self.batches[p] = s
         return row

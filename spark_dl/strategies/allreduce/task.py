@@ -195,7 +195,6 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         def closure():
             sync.zero_grad()
             loss_sum, count = 0.0, 0
-            t0 = time.perf_counter()
             for x, y in micro:
                 x = x.to(device=device, dtype=dtype, non_blocking=True)
                 y = y.to(device=device, non_blocking=True)
@@ -208,8 +207,10 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                 loss_sum += float(loss.detach()) * len(x)
                 count += len(x)
             if balancer is not None:
-                balancer.computed(time.perf_counter() - t0, count)
+                balancer.syncing(count)
             mean, total = sync(loss_sum, count)
+            if balancer is not None:
+                balancer.synced()
             return torch.tensor(mean, dtype=dtype)
         if closure_opt:
             opt.step(closure)
