@@ -30,7 +30,7 @@ import torch
 
 from ..errors import ConfigError, ResourceError
 
-__all__ = [
+__all__ = ["measure", 
     "BALANCE_MODES",
     "activation_bytes",
     "balanced_batches",
@@ -243,6 +243,39 @@ def balanced_batches(shard, size: int, steps: int, *, shuffle: bool, seed: int, 
     return (next(out) for _ in range(steps))
 
 
+def measure(mode, *, model, loss_fn, shard, batch_size: int, device, dtype,
+            max_batch: int | None = None, profile_steps: int = 3, transform=None,
+            autocast=None) -> list[float]:
+    """This replica's [a, c, bytes per sample, cap] for a split: its step time t(b) = a + c b
+    profiled on its own first rows ("speed", "adaptive"; NaN for fixed shares), the bytes a
+    row keeps for backward and the rows per step its memory holds (at most ``max_batch``).
+    An empty shard gives [NaN, NaN, NaN, 0]. Draws no random numbers of the fit."""
+    if not len(shard):
+        return [math.nan, math.nan, math.nan, 0.0]
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    b2 = max(1, min(2 * batch_size, len(shard)))
+    x, y = next(iter(shard.batches(b2, shuffle=False, transform=transform)))
+    x = x.to(device=device, dtype=dtype)
+    y = y.to(device=device, dtype=dtype if y.is_floating_point() else y.dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if mode in ("speed", "adaptive"):
+        prof = profile(model, (x, y), loss_fn, (max(1, b2 // 4), b2), profile_steps, autocast,
+                       sync)
+    else:
+        prof = {"a": math.nan, "c": math.nan,
+                "bytes_per_sample": activation_bytes(model, x[:batch_size], y[:batch_size],
+                                                     loss_fn) / len(x[:batch_size])}
+        model.zero_grad(set_to_none=False)
+    cap = memory_cap(prof["bytes_per_sample"], device)
+    if max_batch is not None:
+        cap = min(cap, max_batch)
+    torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, device)
+    return [prof["a"], prof["c"], prof["bytes_per_sample"], float(cap)]
+
+
 class Balancer:
     """A replica's side of a balanced synchronous stage (all-reduce): its share of the global
     batch per epoch, the steps of an epoch, and the re-split after each epoch.
@@ -255,33 +288,14 @@ class Balancer:
                  device, dtype, rank: int, world: int, max_batch: int | None,
                  profile_steps: int = 3, transform=None, autocast=None):
         self.mode, self.rank, self.world, self.device = mode, rank, world, device
-        rng = torch.get_rng_state()               # profiling draws no random numbers of the fit
-        cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         self.total = batch_size * world
         self.compute_s, self.samples, self.mark = 0.0, 0, time.perf_counter()
         rows = self._gather([len(shard)])[:, 0]
         self.rows = [int(r) for r in rows]
         self.steps = max(1, math.ceil(sum(self.rows) / (self.total * accumulate)))
-        stats = [math.nan, math.nan, math.nan, 0.0]          # a, c, bytes per sample, cap
-        if len(shard):
-            b2 = max(1, min(2 * batch_size, len(shard)))
-            x, y = next(iter(shard.batches(b2, shuffle=False, transform=transform)))
-            x = x.to(device=device, dtype=dtype)
-            y = y.to(device=device, dtype=dtype if y.is_floating_point() else y.dtype)
-            sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-            if mode in ("speed", "adaptive"):
-                prof = profile(model, (x, y), loss_fn, (max(1, b2 // 4), b2), profile_steps,
-                               autocast, sync)
-            else:
-                prof = {"a": math.nan, "c": math.nan,
-                        "bytes_per_sample": activation_bytes(model, x[:batch_size],
-                                                             y[:batch_size], loss_fn)
-                        / len(x[:batch_size])}
-                model.zero_grad(set_to_none=False)
-            cap = memory_cap(prof["bytes_per_sample"], device)
-            if max_batch is not None:
-                cap = min(cap, max_batch)
-            stats = [prof["a"], prof["c"], prof["bytes_per_sample"], float(cap)]
+        stats = measure(mode, model=model, loss_fn=loss_fn, shard=shard, batch_size=batch_size,
+                        device=device, dtype=dtype, max_batch=max_batch,
+                        profile_steps=profile_steps, transform=transform, autocast=autocast)
         table = self._gather(stats)
         self.caps = [int(c) for c in table[:, 3]]
         self.active = [p for p in range(world) if self.rows[p] > 0]
@@ -303,9 +317,6 @@ class Balancer:
         for p, s in zip(self.active, shares):
             self.batches[p] = s
         self.first = list(self.batches)
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng, device)
 
     def _gather(self, values) -> torch.Tensor:
         import torch.distributed as dist

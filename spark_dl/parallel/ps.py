@@ -252,6 +252,8 @@ class ParameterServer:
         self._stats_lock = threading.Lock()
         self._hello = threading.Condition()
         self._registered: dict[int, tuple[int, int]] = {}      # worker -> (rows, batch)
+        self._profiles: dict[int, tuple[float, float, int]] = {}  # worker -> (a, c, cap)
+        self.split: dict[int, int] | None = None  # sync + balance: worker -> rows per step
         self.start_epoch = 0                # restored from a checkpoint: epochs done before
         self._stop = threading.Event()
         self._sock = socket.create_server((host, 0))
@@ -451,8 +453,9 @@ class ParameterServer:
         raise PSError(f"unknown op {op}")
 
     def _on_hello(self, conn, worker, payload) -> bool:
-        if len(payload) != 16:
-            raise PSError("hello carries [rows, batch_size] as two int64")
+        if len(payload) not in (16, 40):
+            raise PSError("hello carries [rows, batch_size] (and a profile [a_ps, c_ps, cap]) "
+                          "as int64")
         info = np.frombuffer(payload, np.int64)
         conn.worker = worker
         rows, batch = int(info[0]), int(info[1])
@@ -461,9 +464,12 @@ class ParameterServer:
             self._clocks[worker] = min(others) if others else 0
         with self._hello:
             self._registered[worker] = (rows, max(batch, 1))
+            if len(info) == 5:                    # t(b) = a + c b in picoseconds, memory cap
+                self._profiles[worker] = (info[2] * 1e-12, info[3] * 1e-12, int(info[4]))
             self._hello.notify_all()
             per_worker = [-(-r // b) for r, b in self._registered.values()]
             self.epoch_steps = max(per_worker) if self.mode == "sync" else sum(per_worker)
+            mine = batch
             if self.mode == "sync":          # everyone runs the steps of the largest shard
                 deadline = time.monotonic() + self.timeout_s
                 while len(self._registered) < self.workers and not self._stop.is_set():
@@ -471,12 +477,34 @@ class ParameterServer:
                         raise PSError(f"sync mode: only {len(self._registered)} of "
                                       f"{self.workers} workers arrived")
                 steps = max(-(-r // b) for r, b in self._registered.values())
+                if self._profiles:           # balanced rounds: the global batch split
+                    steps, mine = self._balanced(worker)
+                    self.epoch_steps = steps
             else:
                 steps = -(-rows // max(batch, 1))
             done = [s.done[worker] + self.start_epoch * steps for s in self.shards]
-        conn.send(OPS["ok"], np.array(self.bounds + done + [steps], np.int64),
+        conn.send(OPS["ok"], np.array(self.bounds + done + [steps, mine], np.int64),
                   count=self.numel, version=sum(self.versions))
         return True
+
+    def _balanced(self, worker: int) -> tuple[int, int]:
+        """(steps per epoch, ``worker``'s rows per step) of balanced sync rounds: the workers'
+        global batch split so that their steps take as long (spark_dl.parallel.balance), once
+        for the fit (a retried worker gets its share again); an epoch is ceil(rows / global
+        batch) rounds. Called with every worker registered, under the hello lock."""
+        from .balance import equal_time_split
+        ids = sorted(self._registered)
+        total = sum(self._registered[w][1] for w in ids)
+        if self.split is None:
+            if set(self._profiles) != set(ids):
+                raise PSError(f"balanced sync rounds need every worker's profile; workers "
+                              f"{sorted(set(ids) - set(self._profiles))} sent none")
+            fns = [lambda b, a=self._profiles[w][0], c=self._profiles[w][1]: a + c * b
+                   for w in ids]
+            shares = equal_time_split(total, fns, [self._profiles[w][2] for w in ids])
+            self.split = dict(zip(ids, shares))
+        rows = sum(r for r, _ in self._registered.values())
+        return max(1, -(-rows // total)), self.split[worker]
 
     def _wait_for_slowest(self, worker: int) -> None:
         """Stale-synchronous bound: a worker more than max_staleness pushes ahead of the
@@ -564,18 +592,24 @@ class PSClient:
             raise PSError("parameter server: " + bytes(payload).decode(errors="replace"))
         return code, shard, version, count, payload
 
-    def hello(self, rows: int, batch_size: int, shards: list[int] | None = None) -> int:
+    def hello(self, rows: int, batch_size: int, shards: list[int] | None = None,
+              profile: tuple[float, float, int] | None = None) -> int:
         """Register; returns the steps per epoch (sync: those of the largest shard). Sets
         ``shard_done``: per shard, the mini-batch steps of this worker id the server already
         has (a retried task's earlier attempts), and ``done_steps``, the least of them over
         the ``shards`` this worker pushes to (default: all), where a retried worker goes on
         from. A task killed between the shards of one push left that step on some shards
         only: the push that redoes it skips those shards, so that no shard counts a step
-        twice and, in sync mode, the round the dead task left open is closed."""
-        self.conn.send(OPS["hello"], np.array([rows, batch_size], np.int64), worker=self.worker)
+        twice and, in sync mode, the round the dead task left open is closed. ``profile``:
+        this worker's step time t(b) = a + c b (seconds) and memory cap (rows), for balanced
+        sync rounds: ``batch`` is then this worker's share of the global batch."""
+        values = [rows, batch_size]
+        if profile is not None:
+            values += [round(profile[0] * 1e12), round(profile[1] * 1e12), int(profile[2])]
+        self.conn.send(OPS["hello"], np.array(values, np.int64), worker=self.worker)
         _, _, _, numel, payload = self._reply(1 << 20)
         info = np.frombuffer(payload, np.int64)
-        k = (len(info) - 2) // 2                       # bounds (k + 1), done (k), steps
+        k = (len(info) - 3) // 2                 # bounds (k + 1), done (k), steps, batch
         self.bounds = [int(b) for b in info[:k + 1]]
         self.shard_done = [int(d) for d in info[k + 1:2 * k + 1]]
         mine = range(k) if shards is None else shards
@@ -584,7 +618,8 @@ class PSClient:
                       for i in range(k)]
         self.versions = [0] * k
         self.numel = numel
-        return int(info[-1])
+        self.batch = int(info[-1])
+        return int(info[-2])
 
     def _layout(self, shards, n: int) -> list[tuple[int, int, int]]:
         """(shard, its size, its offset in the caller's buffer) for ``shards`` (None: all),

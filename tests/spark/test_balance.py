@@ -161,3 +161,25 @@ def test_uneven_column_widths_train_as_one_process(spark, tmp_path):
     assert res.info["model_parallel"]["widths"] == [2.0, 1.0]
     with pytest.raises(ConfigError, match="give partitions=F > 1 and F shares"):
         Downpour(partitions=2, widths=[1, 1, 1])
+
+
+def test_sync_parameter_server_rounds_split_the_batch_too(spark, tmp_path):
+    """Downpour(mode="sync", balance=[1, 3]): every round the server averages the workers'
+    gradients weighted by samples, 8 and 24 rows: single-process SGD on the union."""
+    from spark_dl import Downpour
+    x, y = data(96, seed=5)
+    res = fit(frame(spark, x, y, [48, 48]), small_fc,
+              strategy=Downpour(mode="sync", balance=[1, 3], wire_dtype="float64"),
+              batch_size=16, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
+              run_dir=tmp_path / "run", log=None)
+    assert res.info["balance"] == [8, 24]
+    assert res.info["server"]["versions"] == [6]                  # 2 epochs x 96 / 32 rounds
+    assert_same_weights(res.model, reference_wrapped(x, y, [48, 48], [8, 24], 3, 2, 0.5, 0.9))
+    speed = fit(frame(spark, x, y, [48, 48]), small_fc,
+                strategy=Downpour(mode="sync", balance="speed"), batch_size=16, epochs=1,
+                lr=0.5, run_dir=tmp_path / "speed", log=None)
+    assert sum(speed.info["balance"]) == 32 and min(speed.info["balance"]) >= 1
+    with pytest.raises(ConfigError, match="balance='adaptive' is AllReduce's"):
+        Downpour(mode="sync", balance="adaptive")
+    with pytest.raises(ConfigError, match="with mode='sync' and partitions=1"):
+        Downpour(balance="speed")

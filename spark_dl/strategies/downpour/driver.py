@@ -57,7 +57,10 @@ class Downpour(Strategy):
     (the thesis's master algorithm of §3.2 for FC nets with cross-entropy). widths
     (collective): each partition's share of every layer's columns, e.g. [2, 1] when partition
     0's tasks run twice as fast as partition 1's (default: even); largest remainders, at least
-    one column each."""
+    one column each. balance (mode="sync"): "speed", every worker's step timed on its own
+    rows before training and the rounds' global batch (batch_size x replicas) split so that
+    all finish together, or fixed shares per worker (spark_dl.parallel.balance; AllReduce
+    also re-splits every epoch)."""
 
     name = "downpour"
     n_fetch: int = 1
@@ -74,6 +77,7 @@ class Downpour(Strategy):
     partitions: int | str = 1
     model_parallel: str = "collective"
     widths: tuple | None = None
+    balance: str | tuple | None = None
 
     def check(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -93,6 +97,14 @@ class Downpour(Strategy):
                               "max_staleness (each partition is its own parameter-server "
                               "shard, pushed by the replicas' tasks of that partition)")
         check_choice("model_parallel", self.model_parallel, ("collective", "thesis"))
+        if self.balance is not None:
+            check_balance(self.balance)
+            if self.mode != "sync" or self.balance == "adaptive" or self.partitions != 1:
+                raise ConfigError(f"Downpour balances the batch of sync rounds: balance="
+                                  f"'speed' or fixed shares with mode='sync' and partitions=1 "
+                                  f"(got mode={self.mode!r}, balance={self.balance!r}, "
+                                  f"partitions={self.partitions!r}); balance='adaptive' is "
+                                  f"AllReduce's")
         if self.widths is not None:
             check_balance(self.widths)
             if not isinstance(self.partitions, int) or len(self.widths) != self.partitions \
@@ -168,6 +180,7 @@ class Downpour(Strategy):
         """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
         from ...parallel.ps import ParameterServer
         replicas, partitions = job.replicas, job.plan["partitions"]
+        check_balance(self.balance, replicas)
         mode, staleness = self.mode, self.staleness
         lr, lr_decay, momentum = job.train["lr"], job.train["lr_decay"], job.train["momentum"]
         server_optimizer = self.server_optimizer or \
@@ -178,7 +191,9 @@ class Downpour(Strategy):
             **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
             mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
             overlap=self.overlap, model_parallel=self.model_parallel, amp=self.amp,
-            widths=None if self.widths is None else tuple(float(w) for w in self.widths))
+            widths=None if self.widths is None else tuple(float(w) for w in self.widths),
+            balance=self.balance if self.balance in (None, "speed") else
+            tuple(float(w) for w in self.balance))
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
                               "partitions": partitions, "average": average,
@@ -312,6 +327,8 @@ class Downpour(Strategy):
                                      for r in reports],
                 "devices": [r["device"] for r in reports], "workers": tasks,
                 "partitions": partitions,
+                "balance": None if ps.split is None else
+                [ps.split[w] for w in sorted(ps.split)],
                 "total_rows": sum(t["rows"] for t in tasks),
                 "train_seconds": max((t["task_seconds"] for t in tasks), default=0.0)}
         if partitions > 1:

@@ -10,6 +10,7 @@ retries a failed one, which registers again, fetches, and goes on.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import threading
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from spark_dl.parallel.amp import LossScaler, autocast
+from spark_dl.parallel.balance import balanced_batches
 from spark_dl.parallel.failures import at, report as report_error
 from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
@@ -39,6 +41,7 @@ class DownpourConfig(StageConfig):
     model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "thesis"
     amp: str | None = None             # autocast: "bf16" or "fp16" (float32 master weights)
     widths: tuple | None = None        # partitions' shares of every layer's columns
+    balance: str | tuple | None = None  # sync rounds: "speed" or fixed shares per worker
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -160,6 +163,22 @@ def _partitioned_model(model_fn: Callable, comm, dtype, algorithm: str = "collec
     return partition_model(full, comm)
 
 
+def _profile(cfg, model, loss_fn, shard, device, dtype, worker: int):
+    """Balanced sync rounds: this worker's (a, c, cap) for the server's split (step time
+    t(b) = a + c b, profiled; fixed shares as c = 1 / share), or None."""
+    if cfg.balance is None:
+        return None
+    from spark_dl.parallel.balance import measure
+    a, c, _, cap = measure(cfg.balance, model=model, loss_fn=loss_fn, shard=shard,
+                           batch_size=cfg.batch_size, device=device, dtype=dtype,
+                           transform=cfg.transform,
+                           autocast=(lambda: autocast(device, cfg.amp)) if cfg.amp else None)
+    model.zero_grad(set_to_none=True)
+    if cfg.balance != "speed":                       # fixed shares
+        a, c = 0.0, 1.0 / float(cfg.balance[worker])
+    return (a, c, int(cap)) if len(shard) else (0.0, 1.0, 1)
+
+
 def _gather_batch(comm, x: torch.Tensor, y: torch.Tensor | None):
     """The replica's mini-batch: every task's micro-batch, on every task (uneven sizes)."""
     n = torch.tensor([len(x)], dtype=torch.int64)
@@ -212,8 +231,12 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     # progress and epoch reports come from one task per replica
     progress = MessageClient(channel if part == 0 else None, secret)
     resume_epoch = resume_step = 0
+    batch_size = cfg.batch_size
     if comm is None:
-        steps = client.hello(len(shard), cfg.batch_size)
+        prof = _profile(cfg, model, loss_fn, shard, device, dtype, worker)
+        steps = client.hello(len(shard), cfg.batch_size, profile=prof)
+        if prof is not None:                      # balanced sync rounds: this worker's share
+            batch_size = client.batch
         shards = None
         if client.done_steps and steps:   # a retried task: go on where the server is
             resume_epoch, resume_step = divmod(client.done_steps, steps)
@@ -259,8 +282,14 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     rows_total = len(shard) if comm is None else None
     for epoch in range(resume_epoch, cfg.epochs):
         first = resume_step if epoch == resume_epoch else 0
-        it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
-                                seed=cfg.seed * 1000003 + rank, epoch=epoch, skip=first))
+        if cfg.balance is None:
+            it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+                                    transform=cfg.transform, seed=cfg.seed * 1000003 + rank,
+                                    epoch=epoch, skip=first))
+        else:
+            it = itertools.islice(balanced_batches(
+                shard, batch_size, steps, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank,
+                epoch=epoch, transform=cfg.transform), first, None)
         t0 = last = time.perf_counter()
         loss_sum = samples = 0.0
         for step in range(first, steps):
