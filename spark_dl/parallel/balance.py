@@ -30,12 +30,13 @@ import torch
 
 from ..errors import ConfigError, ResourceError
 
-__all__ = ["measure", 
+__all__ = [
     "BALANCE_MODES",
     "activation_bytes",
     "balanced_batches",
     "check_balance",
     "equal_time_split",
+    "measure",
     "memory_cap",
     "profile",
     "rebatch",
