@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 
 from .model_parallel.comm import Comm, split_sizes
@@ -360,6 +361,37 @@ def probe_cluster(spark, timeout_s: float = 120.0, with_flops: bool = False):
     got = _json.loads(out[0].probe)
     flops = got.pop("flops")
     return (Link(**got), flops) if with_flops else Link(**got)
+
+
+def probe_task_speeds(spark, tasks: int) -> list[dict]:
+    """Every task's matmul rate (``probe_flops``) in a barrier stage of ``tasks`` tasks, as
+    the training stage of that many tasks will be placed: [{"task", "host", "flops"}] by task
+    index. A second or two."""
+    import json as _json
+
+    def task(batches):
+        import pyarrow as pa
+        import torch
+        from pyspark import BarrierTaskContext
+        ctx = BarrierTaskContext.get()
+        torch.set_num_threads(int(ctx.cpus() or 1))
+        ctx.barrier()                                          # all measure at the same time
+        flops = probe_flops(repeats=9)
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"probe": [_json.dumps(
+            {"task": ctx.partitionId(), "host": os.uname().nodename, "flops": flops})]})
+
+    rows = spark.range(tasks, numPartitions=tasks).mapInArrow(task, "probe string",
+                                                                 barrier=True).collect()
+    return sorted((_json.loads(r.probe) for r in rows), key=lambda r: r["task"])
+
+
+def partition_speeds(flops: list[float], partitions: int) -> list[float]:
+    """Each partition's speed from its tasks' (task r F + p is partition p of replica r): the
+    median over the replicas, the widths that the replicas share."""
+    import statistics
+    return [statistics.median(flops[p::partitions]) for p in range(partitions)]
 
 
 def flat_input_shape(model) -> tuple[int] | None:

@@ -183,3 +183,18 @@ def test_sync_parameter_server_rounds_split_the_batch_too(spark, tmp_path):
         Downpour(mode="sync", balance="adaptive")
     with pytest.raises(ConfigError, match="with mode='sync' and partitions=1"):
         Downpour(balance="speed")
+
+
+def test_column_widths_from_the_tasks_measured_speeds(spark, tmp_path):
+    from spark_dl import Downpour
+    x, y = data(96, seed=13)
+    res = fit(frame(spark, x, y, [48, 48]), small_fc,
+              strategy=Downpour(partitions=2, widths="speed"), replicas=1, batch_size=8,
+              epochs=2, lr=0.5, run_dir=tmp_path / "run", log=None)
+    mp = res.info["model_parallel"]
+    assert [p["task"] for p in mp["probed_speeds"]] == [0, 1]
+    assert all(p["flops"] > 1e6 for p in mp["probed_speeds"])
+    assert mp["widths"] == [p["flops"] for p in mp["probed_speeds"]]   # one replica: its own
+    assert sum(mp["parameters_per_partition"]) == sum(p.numel() for p in
+                                                      res.model.parameters())
+    assert res.history[-1]["loss"] < res.history[0]["loss"]

@@ -119,3 +119,9 @@ def test_column_widths_follow_the_shares():
     assert split_sizes(10, 4) == [3, 3, 2, 2]                      # even, as before
     assert split_sizes(10, 2, (2, 1)) == [7, 3]
     assert split_sizes(3, 3, (100, 1, 1)) == [1, 1, 1]             # one column each at least
+
+
+def test_partition_speeds_are_the_median_over_replicas():
+    from spark_dl.parallel.cost_model import partition_speeds
+    # tasks r F + p: 3 replicas x 2 partitions; partition 1 is slower on every replica
+    assert partition_speeds([4.0, 2.0, 5.0, 1.0, 3.0, 2.5], 2) == [4.0, 2.0]

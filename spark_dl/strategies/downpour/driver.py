@@ -106,9 +106,12 @@ class Downpour(Strategy):
                                   f"partitions={self.partitions!r}); balance='adaptive' is "
                                   f"AllReduce's")
         if self.widths is not None:
+            if self.widths == "adaptive":
+                raise ConfigError("widths must be 'speed' (measured by a probe stage before "
+                                  "the fit) or a list of shares, one per partition")
             check_balance(self.widths)
-            if not isinstance(self.partitions, int) or len(self.widths) != self.partitions \
-                    or self.partitions < 2:
+            if not isinstance(self.partitions, int) or self.partitions < 2 or \
+                    self.widths != "speed" and len(self.widths) != self.partitions:
                 raise ConfigError(f"widths gives each of the partitions its share of every "
                                   f"layer's columns: give partitions=F > 1 and F shares, got "
                                   f"partitions={self.partitions!r}, widths={self.widths!r}")
@@ -187,17 +190,29 @@ class Downpour(Strategy):
             _server_optimizer(job.train["optimizer"], momentum)
         average = _server_average(self.average, replicas, mode)
         server_momentum = _server_momentum(momentum, replicas, mode, staleness)
-        cfg = _task.DownpourConfig(
-            **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
-            mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
-            overlap=self.overlap, model_parallel=self.model_parallel, amp=self.amp,
-            widths=None if self.widths is None else tuple(float(w) for w in self.widths),
-            balance=self.balance if self.balance in (None, "speed") else
-            tuple(float(w) for w in self.balance))
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
                               "partitions": partitions, "average": average,
                               "server_momentum": server_momentum})
+        widths, measured = self.widths, None
+        kept = run.path / "widths.json"
+        if widths == "speed" and kept.exists() and job.stage["resume"]:  # a resumed fit
+            widths = json.loads(kept.read_text())                           # keeps its layout
+            widths = json.loads(kept.read_text())
+        elif widths == "speed":               # each partition's tasks' matmul rate, measured
+            from ...parallel.cost_model import partition_speeds, probe_task_speeds
+            measured = probe_task_speeds(job.spark, replicas * partitions)
+            widths = partition_speeds([m["flops"] for m in measured], partitions)
+            kept.write_text(json.dumps(widths))
+            job.say(f"downpour: column widths ∝ the partitions' measured speeds "
+                    f"{[round(w / 1e9, 2) for w in widths]} GFLOP/s")
+        cfg = _task.DownpourConfig(
+            **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
+            mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
+            overlap=self.overlap, model_parallel=self.model_parallel, amp=self.amp,
+            widths=None if widths is None else tuple(float(w) for w in widths),
+            balance=self.balance if self.balance in (None, "speed") else
+            tuple(float(w) for w in self.balance))
         run_path, tracker, log = run.path, job.tracker, job.log
         dtype = job.dtype
         torch.manual_seed(cfg.seed)
@@ -206,7 +221,7 @@ class Downpour(Strategy):
         numel = sum(p.numel() for p in params)
         ps_shards = self.ps_shards or (4 if numel >= 1_000_000 else 1)
         secret = run.secret.encode()
-        layout = Layout(net, partitions, self.widths)
+        layout = Layout(net, partitions, widths)
         if partitions > 1:
             ps_shards = partitions                    # shard p: partition p's slices
         ps = ParameterServer(layout.flatten(), secret, job.host, bounds=layout.bounds,
@@ -332,7 +347,8 @@ class Downpour(Strategy):
                 "total_rows": sum(t["rows"] for t in tasks),
                 "train_seconds": max((t["task_seconds"] for t in tasks), default=0.0)}
         if partitions > 1:
-            info["model_parallel"] = {**described, "algorithm": cfg.model_parallel}
+            info["model_parallel"] = {**described, "algorithm": cfg.model_parallel,
+                                      "probed_speeds": measured}
         info["resumed_from_epoch"] = resumed["epoch"] if resumed is not None else None
         return run.finish(net, history, info, f"downpour {cfg.mode}, {replicas} worker(s)")
 
