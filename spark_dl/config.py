@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping, TypeVar
 
 from .errors import ConfigError
 
@@ -49,6 +49,7 @@ class DataConfig:
 class TrainConfig:
     """The model and the optimisation of one fit."""
 
+    MODELS: ClassVar[tuple] = ("cnn", "fc")
     model: str = "cnn"              # "cnn" (thesis CNN) or "fc" (784-480-160-10)
     epochs: int = 1
     batch_size: int = 16
@@ -68,7 +69,8 @@ class TrainConfig:
         _check(len(self.fc_hidden) >= 1 and all(isinstance(w, int) and w >= 1
                                                  for w in self.fc_hidden),
                "train.fc_hidden", list(self.fc_hidden), "must list positive widths")
-        _check(self.model in ("cnn", "fc"), "train.model", self.model, "must be 'cnn' or 'fc'")
+        _check(self.model in self.MODELS, "train.model", self.model,
+               f"must be one of {', '.join(map(repr, self.MODELS))}")
         _strategy_spec(self, "train.strategy")
         _check(self.replicas >= 0, "train.replicas", self.replicas, "must be >= 0")
         from .optim.factory import OPTIMIZERS
