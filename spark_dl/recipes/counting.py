@@ -132,6 +132,7 @@ def count_objects(cfg: CountingJobConfig, log=print, spark=None) -> dict:
     from ..fit import fit
     from ..session import get_session
     d, t = cfg.data, cfg.train
+    say = log or (lambda _: None)
     spark = spark or get_session()
     down = 1 if t.model == "mcnn-deconv" else 4
     side = d.size // down
@@ -142,7 +143,7 @@ def count_objects(cfg: CountingJobConfig, log=print, spark=None) -> dict:
                                 d.max_objects, down)
     vx = tx.astype(np.float32) / 255
     vy = tmaps.reshape(-1, 1, side, side) * np.float32(t.density_scale)
-    log(f"counting: {d.n_train} training scenes of {d.size}x{d.size} made in the executors, "
+    say(f"counting: {d.n_train} training scenes of {d.size}x{d.size} made in the executors, "
         f"{d.n_test} held-out scenes here ({time.perf_counter() - t0:.1f} s); "
         f"{t.model}, density maps {side}x{side}")
     out_dir = Path(cfg.run.out_dir)
@@ -162,7 +163,7 @@ def count_objects(cfg: CountingJobConfig, log=print, spark=None) -> dict:
     picture = out_dir / f"{t.model}-density.png"
     _picture(picture, tx[:4], tmaps[:4].reshape(-1, side, side), pred[:4, 0].numpy(),
              tcounts[:4], predicted[:4])
-    log(f"held-out counts: MAE {errors['mae']:.2f}, RMSE {errors['rmse']:.2f} (mean count "
+    say(f"held-out counts: MAE {errors['mae']:.2f}, RMSE {errors['rmse']:.2f} (mean count "
         f"{errors['mean_count']:.1f}); " + ", ".join(
             f"{b['counts']}: MAE {b['mae']:.2f}" for b in errors["bins"]) + f"; {picture}")
     return {"model": t.model, "strategy": t.strategy, "replicas": res.info["world"],
