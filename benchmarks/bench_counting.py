@@ -79,6 +79,7 @@ def main(argv=None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     from _results import write_results
+
     from spark_dl import AllReduce, Downpour, get_session
     from spark_dl.data.counting import counting_scenes
     systems = {"ps-sync": lambda: Downpour(mode="sync"),

@@ -15,14 +15,14 @@ Scene i depends only on (seed, i), never on the number of partitions:
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError
 
-__all__ = ["COUNTING_SCHEMA", "scene", "scenes", "density_map", "counting_scenes"]
+__all__ = ["COUNTING_SCHEMA", "counting_scenes", "density_map", "scene", "scenes"]
 
 COUNTING_SCHEMA = "features binary, label array<float>, count int"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["MCNN", "COLUMNS"]
+__all__ = ["COLUMNS", "MCNN"]
 
 # (kernel sizes, channels) per column: Zhang et al.'s large, medium and small columns
 COLUMNS = {"large": ((9, 7, 7, 7), (16, 32, 16, 8)),

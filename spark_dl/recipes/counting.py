@@ -17,8 +17,14 @@ import torch
 from ..config import TrainConfig, _check
 from .common import RunConfig
 
-__all__ = ["CountingData", "CountingTrainConfig", "CountingJobConfig", "DensityLoss",
-           "count_objects", "count_errors"]
+__all__ = [
+    "CountingData",
+    "CountingJobConfig",
+    "CountingTrainConfig",
+    "DensityLoss",
+    "count_errors",
+    "count_objects",
+]
 
 TEST_START = 10_000_000           # held-out scene ids: never those of the training scenes
 
