@@ -1,0 +1,86 @@
+"""Seed 000's U-Net for ship segmentation: an encoder of bottleneck blocks (1×1 conv from in
+to out − in channels, 3×3, 1×1 to out − in, concatenated with the block's input: out
+channels), max pooling between them, a decoder of transposed convolutions and skip
+concatenations, and a sigmoid output (a per-pixel ship probability).
+
+Its loss is the Airbus kernels' mixed loss the seed used: α × focal(γ) − log(dice), α = 10,
+γ = 2 (the seed's "α = 10, β = 2"); ``segmentation`` scores the masks (IoU, Dice and the
+Airbus challenge's object-level F2).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["Bottleneck", "FocalDiceLoss", "UNet"]
+
+
+class Bottleneck(nn.Module):
+    """in -> out channels, same size: [x, 1×1 -> 3×3 -> 1×1 (out − in channels)]."""
+
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        if cout <= cin:
+            raise ValueError(f"a bottleneck block widens: out ({cout}) must exceed in ({cin})")
+        grow = cout - cin
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, grow, 1), nn.BatchNorm2d(grow), nn.ReLU(inplace=True),
+            nn.Conv2d(grow, grow, 3, padding=1), nn.BatchNorm2d(grow), nn.ReLU(inplace=True),
+            nn.Conv2d(grow, grow, 1), nn.BatchNorm2d(grow), nn.ReLU(inplace=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, self.body(x)], 1)
+
+
+class UNet(nn.Module):
+    """(B, in_channels, H, W) -> (B, 1, H, W) ship probabilities; H, W multiples of
+    2 ** (len(widths) - 1)."""
+
+    def __init__(self, in_channels: int = 3, widths: tuple = (16, 32, 64, 128)):
+        super().__init__()
+        self.widths = tuple(widths)
+        chans = (in_channels, *widths)
+        self.down = nn.ModuleList(Bottleneck(a, b) for a, b in zip(chans[:-1], chans[1:]))
+        self.pool = nn.MaxPool2d(2)
+        self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i], widths[i - 1], 2, stride=2)
+                                for i in range(len(widths) - 1, 0, -1))
+        self.merge = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(2 * widths[i - 1], widths[i - 1], 3, padding=1),
+                          nn.BatchNorm2d(widths[i - 1]), nn.ReLU(inplace=True))
+            for i in range(len(widths) - 1, 0, -1))
+        self.head = nn.Conv2d(widths[0], 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = 2 ** (len(self.widths) - 1)
+        if x.shape[-1] % k or x.shape[-2] % k:
+            raise ValueError(f"this U-Net needs image sides that are multiples of {k}, got "
+                             f"{tuple(x.shape[-2:])}")
+        skips = []
+        for i, block in enumerate(self.down):
+            x = block(x if i == 0 else self.pool(x))
+            skips.append(x)
+        for up, merge, skip in zip(self.up, self.merge, reversed(skips[:-1])):
+            x = merge(torch.cat([up(x), skip], 1))
+        return torch.sigmoid(self.head(x))
+
+
+class FocalDiceLoss:
+    """α × focal loss (γ) − log(soft Dice) on probabilities ``p`` against masks ``y``:
+    focal = mean(−(1 − p_t)^γ log p_t), p_t = p where y = 1 else 1 − p; dice = (2 Σ p y + 1) /
+    (Σ p + Σ y + 1) over the whole batch."""
+
+    def __init__(self, alpha: float = 10.0, gamma: float = 2.0, eps: float = 1e-6):
+        self.alpha, self.gamma, self.eps = alpha, gamma, eps
+
+    def __call__(self, p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if p.shape != y.shape:
+            from ..errors import DataError
+            raise DataError(f"the masks are {tuple(y.shape[1:])} but the model outputs "
+                            f"{tuple(p.shape[1:])}: give one mask per image, as large as the "
+                            f"image")
+        p = p.clamp(self.eps, 1 - self.eps)
+        pt = torch.where(y > 0.5, p, 1 - p)
+        focal = (-(1 - pt) ** self.gamma * torch.log(pt)).mean()
+        dice = (2 * (p * y).sum() + 1) / (p.sum() + y.sum() + 1)
+        return self.alpha * focal - torch.log(dice)
