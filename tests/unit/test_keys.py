@@ -1,0 +1,81 @@
+"""The data-key scheduler (seed 000): every key exactly once per epoch, a faster worker takes
+more keys, a dead worker's key is served again (to its retry, or to anyone after the lease)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from spark_dl.errors import ConfigError
+from spark_dl.parallel.keys import KeyScheduler
+
+
+def test_every_key_once_per_epoch_and_the_faster_worker_takes_more():
+    s = KeyScheduler(12, epochs=2, workers=2, seed=1)
+    t = 0.0
+    # worker 0 finishes a key every tick, worker 1 every third tick
+    busy = {}
+    while not s.finished:
+        t += 1
+        for w, every in ((0, 1), (1, 3)):
+            if w in busy and t - busy[w] >= every:
+                s.applied(w)
+                del busy[w]
+            if w not in busy:
+                got = s.next(w, now=t)
+                if "key" in got:
+                    busy[w] = t
+    assert len(s.served) == 2
+    for ep in s.served:
+        assert sorted(k for k, _ in ep) == list(range(12))
+    per_worker = s.state()["keys_per_worker"]
+    assert all(a > 2 * b for a, b in per_worker)              # ~3x the keys of the slow one
+    assert [k for k, _ in s.served[0]] != [k for k, _ in s.served[1]]  # reshuffled
+
+
+def test_a_retried_worker_gets_its_unfinished_key_and_none_is_trained_twice():
+    s = KeyScheduler(4, epochs=1, workers=2, seed=0)
+    k0 = s.next(0, now=0)["key"]
+    k1 = s.next(1, now=0)["key"]
+    # worker 1 dies before its push; Spark retries it: it gets the same key back
+    assert s.next(1, now=1) == {"key": k1, "epoch": 0}
+    assert s.applied(1) == k1 and s.applied(0) == k0
+    rest = [s.next(0, now=2)["key"], s.next(1, now=2)["key"]]
+    s.applied(0), s.applied(1)
+    assert s.finished and sorted([k0, k1, *rest]) == [0, 1, 2, 3]
+    assert s.state()["reissued"] == 1
+
+
+def test_a_worker_gone_for_good_loses_its_key_after_the_lease():
+    s = KeyScheduler(2, epochs=1, workers=2, seed=0, lease_s=10)
+    lost = s.next(1, now=0)["key"]
+    other = s.next(0, now=0)["key"]
+    s.applied(0)
+    assert s.next(0, now=5) == {"wait": 0.05}                # the epoch's last key is out
+    assert s.next(0, now=11) == {"key": lost, "epoch": 0}    # its lease ran out
+    assert s.applied(1) is None                              # the late push is not counted
+    assert s.applied(0) == lost and s.finished and {lost, other} == {0, 1}
+
+
+def test_more_workers_than_keys_is_a_clear_error():
+    with pytest.raises(ConfigError, match="3 data keys for 4 workers.*more keys"):
+        KeyScheduler(3, epochs=1, workers=4)
+
+
+def test_concurrent_workers_see_each_key_once():
+    s = KeyScheduler(200, epochs=3, workers=4, seed=2)
+
+    def work(w):
+        while True:
+            got = s.next(w)
+            if got.get("finished"):
+                return
+            if "key" in got:
+                s.applied(w)
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [sorted(k for k, _ in ep) for ep in s.served] == [list(range(200))] * 3
