@@ -79,7 +79,8 @@ class FocalDiceLoss:
             raise DataError(f"the masks are {tuple(y.shape[1:])} but the model outputs "
                             f"{tuple(p.shape[1:])}: give one mask per image, as large as the "
                             f"image")
-        p = p.clamp(self.eps, 1 - self.eps)
+        dtype = torch.promote_types(p.dtype, torch.float32)   # bf16/fp16 round 1 - eps to 1
+        p, y = p.to(dtype).clamp(self.eps, 1 - self.eps), y.to(dtype)
         pt = torch.where(y > 0.5, p, 1 - p)
         focal = (-(1 - pt) ** self.gamma * torch.log(pt)).mean()
         dice = (2 * (p * y).sum() + 1) / (p.sum() + y.sum() + 1)

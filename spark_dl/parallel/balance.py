@@ -237,7 +237,7 @@ def balanced_batches(shard, size: int, steps: int, *, shuffle: bool, seed: int, 
         k = 0
         while True:
             yield from shard.batches(size, shuffle=shuffle, transform=transform, seed=seed,
-                                     epoch=epoch if k == 0 else epoch * 1_000_003 + k)
+                                     epoch=epoch if k == 0 else (epoch + 1) * 1_000_003 + k)
             k += 1
 
     out = rebatch(passes(), size)
@@ -255,6 +255,7 @@ def measure(mode, *, model, loss_fn, shard, batch_size: int, device, dtype,
         return [math.nan, math.nan, math.nan, 0.0]
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    buffers = [b.detach().clone() for b in model.buffers()]     # BatchNorm's running stats
     b2 = max(1, min(2 * batch_size, len(shard)))
     x, y = next(iter(shard.batches(b2, shuffle=False, transform=transform)))
     x = x.to(device=device, dtype=dtype)
@@ -274,6 +275,9 @@ def measure(mode, *, model, loss_fn, shard, batch_size: int, device, dtype,
     torch.set_rng_state(rng)
     if cuda_rng is not None:
         torch.cuda.set_rng_state(cuda_rng, device)
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
     return [prof["a"], prof["c"], prof["bytes_per_sample"], float(cap)]
 
 
@@ -343,6 +347,8 @@ class Balancer:
         """Called as the step's gradients go out: this replica's own work since the last
         all-reduce came back (its batch read, forward, backward, the optimizer step), not
         the wait for the others, counts towards its step time."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)       # the step's kernels, not their launch
         self.compute_s += time.perf_counter() - self.mark
         self.samples += samples
 
@@ -386,5 +392,12 @@ class Balancer:
         return list(self.batches)
 
     def restore(self, batches) -> None:
-        if batches is not None and len(batches) == self.world:
-            self.batches = [int(b) for b in batches]
+        """The checkpoint's split for the next epoch, when it still fits: the same global
+        batch, rows for the same replicas, within their caps (else the fresh split stays)."""
+        if batches is None or len(batches) != self.world:
+            return
+        batches = [int(b) for b in batches]
+        if sum(batches) == self.total and all(
+                (b > 0) == (p in self.active) and b <= self.caps[p]
+                for p, b in enumerate(batches)):
+            self.batches = batches

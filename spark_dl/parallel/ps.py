@@ -499,10 +499,11 @@ class ParameterServer:
             if set(self._profiles) != set(ids):
                 raise PSError(f"balanced sync rounds need every worker's profile; workers "
                               f"{sorted(set(ids) - set(self._profiles))} sent none")
+            rows = [w for w in ids if self._registered[w][0] > 0]  # empty shards: no share
             fns = [lambda b, a=self._profiles[w][0], c=self._profiles[w][1]: a + c * b
-                   for w in ids]
-            shares = equal_time_split(total, fns, [self._profiles[w][2] for w in ids])
-            self.split = dict(zip(ids, shares))
+                   for w in rows]
+            shares = equal_time_split(total, fns, [self._profiles[w][2] for w in rows])
+            self.split = {w: 0 for w in ids} | dict(zip(rows, shares))
         rows = sum(r for r, _ in self._registered.values())
         return max(1, -(-rows // total)), self.split[worker]
 

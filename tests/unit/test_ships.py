@@ -88,3 +88,9 @@ def test_accumulated_micro_batches_equal_one_big_batch():
         (focal(net(x[i:i + 2]), y[i:i + 2]) * 2).backward()
     for p, g in zip(net.parameters(), big):
         assert torch.allclose(p.grad / 8, g, atol=1e-12, rtol=0)
+
+
+def test_focal_dice_loss_is_finite_under_bf16():
+    p = torch.tensor([0.9999, 0.00001, 0.5], dtype=torch.bfloat16).view(1, 1, 1, 3)
+    y = torch.tensor([1.0, 0.0, 1.0], dtype=torch.bfloat16).view(1, 1, 1, 3)
+    assert torch.isfinite(FocalDiceLoss()(p, y))

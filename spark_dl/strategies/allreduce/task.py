@@ -152,6 +152,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
     closure_opt = needs_closure(opt)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
+    if scaler is not None:              # a rank whose first steps have no rows can step too
+        scaler.scale(torch.zeros((), device=device))
     same_host = len({s["machine"] for s in statuses}) == 1
     shm_name = None
     if cfg.transport == "auto" and same_host and world > 1 and device.type == "cpu":

@@ -90,6 +90,10 @@ class Downpour(Strategy):
             check_int("max_staleness", self.max_staleness, 0)
         check_choice("wire_dtype", self.wire_dtype, (None, "float32", "bfloat16", "float64"))
         check_amp(self.amp, "float32")
+        if self.amp == "fp16" and self.partitions != 1:
+            raise ConfigError("amp='fp16' scales each task's loss on its own, which the "
+                              "partitions of a model-parallel replica would not agree on: use "
+                              "amp='bf16' (no loss scaling) with partitions > 1")
         if self.partitions != "auto":
             check_int("partitions", self.partitions, 1)
         if self.partitions != 1 and (self.mode == "sync" or self.max_staleness is not None):
