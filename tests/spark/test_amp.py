@@ -55,7 +55,7 @@ def test_amp_options_are_checked(spark, tmp_path):
         with pytest.raises(ConfigError, match="use dtype='float32' with amp"):
             fit(df, small_fc, strategy=cls(amp="bf16"), dtype="float64", log=None,
                 run_dir=tmp_path / cls.__name__)
-    with pytest.raises(ConfigError, match="use amp=.bf16. \(no loss scaling\) with partitions > 1"):
+    with pytest.raises(ConfigError, match=r"use amp='bf16' \(no loss scaling\) with partitions"):
         Downpour(amp="fp16", partitions=2)
     with pytest.raises(ConfigError, match="use model_parallel=.collective. with amp"):
         fit(df, small_fc, strategy=Downpour(amp="bf16", partitions=2, model_parallel="thesis"),
