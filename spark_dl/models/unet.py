@@ -16,6 +16,14 @@ from torch import nn
 __all__ = ["Bottleneck", "FocalDiceLoss", "UNet"]
 
 
+def _norm(channels: int) -> nn.Module:
+    """Group normalisation (one group): the same in training and evaluation and free of
+    running statistics, which a parameter server (it carries parameters only) would leave
+    at their initial values; BatchNorm's batch dependence would also make micro-batch
+    accumulation differ from the big batch."""
+    return nn.GroupNorm(1, channels)
+
+
 class Bottleneck(nn.Module):
     """in -> out channels, same size: [x, 1×1 -> 3×3 -> 1×1 (out − in channels)]."""
 
@@ -25,9 +33,9 @@ class Bottleneck(nn.Module):
             raise ValueError(f"a bottleneck block widens: out ({cout}) must exceed in ({cin})")
         grow = cout - cin
         self.body = nn.Sequential(
-            nn.Conv2d(cin, grow, 1), nn.BatchNorm2d(grow), nn.ReLU(inplace=True),
-            nn.Conv2d(grow, grow, 3, padding=1), nn.BatchNorm2d(grow), nn.ReLU(inplace=True),
-            nn.Conv2d(grow, grow, 1), nn.BatchNorm2d(grow), nn.ReLU(inplace=True))
+            nn.Conv2d(cin, grow, 1), _norm(grow), nn.ReLU(inplace=True),
+            nn.Conv2d(grow, grow, 3, padding=1), _norm(grow), nn.ReLU(inplace=True),
+            nn.Conv2d(grow, grow, 1), _norm(grow), nn.ReLU(inplace=True))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, self.body(x)], 1)
@@ -47,7 +55,7 @@ class UNet(nn.Module):
                                 for i in range(len(widths) - 1, 0, -1))
         self.merge = nn.ModuleList(
             nn.Sequential(nn.Conv2d(2 * widths[i - 1], widths[i - 1], 3, padding=1),
-                          nn.BatchNorm2d(widths[i - 1]), nn.ReLU(inplace=True))
+                          _norm(widths[i - 1]), nn.ReLU(inplace=True))
             for i in range(len(widths) - 1, 0, -1))
         self.head = nn.Conv2d(widths[0], 1, 1)
 

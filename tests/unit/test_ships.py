@@ -70,9 +70,9 @@ def test_f2_on_a_worked_example():
 def test_accumulated_micro_batches_equal_one_big_batch():
     """What a boosting worker pushes after k micro-batches (Downpour's n_push: the sum of
     n_i x the gradient of each micro-batch's mean loss, divided by the samples) is the gradient
-    of the k-times batch (float64; the per-pixel focal loss, BatchNorm on running stats)."""
+    of the k-times batch (float64; the per-pixel focal loss; group norms are per sample)."""
     torch.manual_seed(0)
-    net = UNet(3, (4, 8)).double().eval()
+    net = UNet(3, (4, 8)).double()
     loss = FocalDiceLoss(alpha=1.0)
 
     def focal(p, y):                                    # the decomposable (mean) part

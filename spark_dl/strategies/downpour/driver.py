@@ -140,6 +140,12 @@ class Downpour(Strategy):
                               "give partitions=F (or leave model_parallel alone)")
 
     def check_job(self, job: Job) -> None:
+        stats = job.signature.get("running_stats") or []
+        if stats:
+            job.say(f"downpour: the model has running statistics ({', '.join(stats[:3])}"
+                    f"{', ...' if len(stats) > 3 else ''}) that the parameter server does not "
+                    f"carry: the model returned keeps their initial values (use GroupNorm or "
+                    f"LayerNorm, or strategy='allreduce')")
         if self.server_optimizer is None and \
                 job.train["optimizer"] not in ("sgd", "adagrad", "adam", "rmsprop"):
             raise ConfigError(f"optimizer {job.train['optimizer']!r} has no parameter-server "
