@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError
+from .mnist import images_to_arrow
 
 __all__ = ["COUNTING_SCHEMA", "counting_scenes", "density_map", "scene", "scenes"]
 
@@ -101,19 +102,6 @@ def scenes(lo: int, hi: int, seed: int = 0, size: int = 64, max_objects: int = 4
             np.array([len(m[2]) for m in made], np.int32))
 
 
-def _to_arrow(images: np.ndarray, maps: np.ndarray, counts: np.ndarray) -> pa.RecordBatch:
-    n = len(images)
-    flat = np.ascontiguousarray(images).reshape(-1)
-    dim = flat.size // n if n else 0
-    features = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
-        np.arange(0, (n + 1) * dim, dim, dtype=np.int32)), pa.py_buffer(flat)])
-    m = maps.shape[1] if n else 0
-    label = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * m, m, dtype=np.int32)),
-                                     pa.array(np.ascontiguousarray(maps).reshape(-1)))
-    return pa.RecordBatch.from_arrays([features, label, pa.array(counts, pa.int32())],
-                                      ["features", "label", "count"])
-
-
 def counting_scenes(spark, n: int, size: int = 64, partitions: int = 2, seed: int = 0,
                     max_objects: int = 40, down: int = 4, start: int = 0):
     """A DataFrame of ``n`` scenes (ids start..start+n-1) generated inside the executors,
@@ -127,13 +115,11 @@ def counting_scenes(spark, n: int, size: int = 64, partitions: int = 2, seed: in
 
     def generate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
-            ids = b.column(0).to_numpy()
-            for lo in range(0, len(ids), 64):           # 64 scenes an Arrow batch
-                part = ids[lo:lo + 64]
-                made = [scene(int(i), seed, size, max_objects, down) for i in part]
-                yield _to_arrow(np.stack([m[0] for m in made]),
-                                np.stack([m[1].reshape(-1) for m in made]),
-                                np.array([len(m[2]) for m in made], np.int32))
+            ids = b.column(0).to_numpy()              # spark.range: consecutive ids
+            for lo in range(int(ids.min()), int(ids.max()) + 1, 64):   # 64 scenes a batch
+                x, maps, counts = scenes(lo, min(lo + 64, int(ids.max()) + 1), seed, size,
+                                         max_objects, down)
+                yield images_to_arrow(x, maps, count=counts)
 
     return spark.range(start, start + n, 1, numPartitions=partitions).mapInArrow(
         generate, COUNTING_SCHEMA)

@@ -49,9 +49,8 @@ def arrays_to_arrow(features: np.ndarray, labels: np.ndarray) -> pa.RecordBatch:
                                       ["features", "label"])
 
 
-def pixels_to_arrow(pixels: np.ndarray, labels: np.ndarray) -> pa.RecordBatch:
-    """(n, ...) uint8 images + (n,) labels -> RecordBatch(features binary, label int64): one
-    image's bytes a row, built from the array's buffer without per-row objects."""
+def _binary_rows(pixels: np.ndarray) -> pa.Array:
+    """(n, ...) uint8 -> a binary array, one row's bytes each, from the array's buffer."""
     if pixels.dtype != np.uint8:
         raise TypeError(f"pixels must be uint8, got {pixels.dtype}; scale and round floats "
                         f"(np.rint(x * 255).astype(np.uint8)) or use arrays_to_arrow")
@@ -62,10 +61,29 @@ def pixels_to_arrow(pixels: np.ndarray, labels: np.ndarray) -> pa.RecordBatch:
         raise ValueError(f"{flat.size} bytes exceed one Arrow binary array's int32 offsets; "
                          f"pass at most {(2**31 - 1) // max(dim, 1)} rows")
     offsets = np.arange(0, (n + 1) * dim, dim, dtype=np.int32) if n else np.zeros(1, np.int32)
-    col = pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                       pa.py_buffer(flat)])
-    return pa.RecordBatch.from_arrays([col, pa.array(np.asarray(labels).astype(np.int64))],
+    return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                        pa.py_buffer(flat)])
+
+
+def pixels_to_arrow(pixels: np.ndarray, labels: np.ndarray) -> pa.RecordBatch:
+    """(n, ...) uint8 images + (n,) labels -> RecordBatch(features binary, label int64): one
+    image's bytes a row, built from the array's buffer without per-row objects."""
+    return pa.RecordBatch.from_arrays([_binary_rows(pixels),
+                                       pa.array(np.asarray(labels).astype(np.int64))],
                                       ["features", "label"])
+
+
+def images_to_arrow(images: np.ndarray, targets: np.ndarray, **columns) -> pa.RecordBatch:
+    """(n, ...) uint8 images + (n, ...) float targets (density maps, masks) ->
+    RecordBatch(features binary, label list<float>, then ``columns``, one value a row)."""
+    n = len(images)
+    flat = np.ascontiguousarray(targets, dtype=np.float32).reshape(-1)
+    m = flat.size // n if n else 0
+    label = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * m, m, dtype=np.int32)),
+                                     pa.array(flat, pa.float32()))
+    return pa.RecordBatch.from_arrays(
+        [_binary_rows(images), label, *(pa.array(v) for v in columns.values())],
+        ["features", "label", *columns])
 
 
 def mnist_dataframe(spark, images: np.ndarray, labels: np.ndarray, partitions: int = 2):

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
+from .mnist import images_to_arrow
+
 __all__ = ["SHIP_SCHEMA", "ship_batch", "ship_scene", "ship_scenes"]
 
 SHIP_SCHEMA = "features binary, label array<float>, ships int"
@@ -98,18 +100,6 @@ def ship_batch(lo: int, hi: int, seed: int = 0, size: int = 64, max_ships: int =
             np.array([m[2] for m in made], np.int32))
 
 
-def _to_arrow(images: np.ndarray, masks: np.ndarray, ships: np.ndarray) -> pa.RecordBatch:
-    n, dim = len(images), images[0].size
-    features = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
-        np.arange(0, (n + 1) * dim, dim, dtype=np.int32)), pa.py_buffer(
-            np.ascontiguousarray(images).reshape(-1))])
-    m = masks[0].size
-    label = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * m, m, dtype=np.int32)),
-                                     pa.array(np.ascontiguousarray(masks).reshape(-1)))
-    return pa.RecordBatch.from_arrays([features, label, pa.array(ships, pa.int32())],
-                                      ["features", "label", "ships"])
-
-
 def ship_scenes(spark, n: int, size: int = 64, partitions: int = 2, seed: int = 0,
                 max_ships: int = 4, start: int = 0):
     """A DataFrame of ``n`` scenes (ids start..start+n-1) made inside the executors."""
@@ -119,11 +109,11 @@ def ship_scenes(spark, n: int, size: int = 64, partitions: int = 2, seed: int = 
 
     def generate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
-            ids = b.column(0).to_numpy()
-            for lo in range(0, len(ids), 64):
-                made = [ship_scene(int(i), seed, size, max_ships) for i in ids[lo:lo + 64]]
-                yield _to_arrow(np.stack([m[0] for m in made]), np.stack([m[1] for m in made]),
-                                np.array([m[2] for m in made], np.int32))
+            ids = b.column(0).to_numpy()              # spark.range: consecutive ids
+            for lo in range(int(ids.min()), int(ids.max()) + 1, 64):   # 64 scenes a batch
+                x, masks, ships = ship_batch(lo, min(lo + 64, int(ids.max()) + 1), seed, size,
+                                             max_ships)
+                yield images_to_arrow(x, masks, ships=ships)
 
     return spark.range(start, start + n, 1, numPartitions=partitions).mapInArrow(
         generate, SHIP_SCHEMA)

@@ -124,16 +124,16 @@ def split(total: int, speeds: Sequence[float], caps: Sequence[int] | None = None
 
 
 def equal_time_split(total: int, step_time: Sequence[Callable[[float], float]],
-                     caps: Sequence[int] | None = None, rounds: int = 8) -> list[int]:
+                     caps: Sequence[int] | None = None, rounds: int = 9) -> list[int]:
     """Shares ∝ each replica's speed at its own share, s_p(b_p) = b_p / t_p(b_p): the fixed
-    point of ``split`` where every replica's step takes as long (starting from equal shares)."""
+    point of ``split`` where every replica's step takes as long (starting from equal shares;
+    a share of 0 is timed as 1 row)."""
     n = len(step_time)
-    shares = [max(total / n, 1.0)] * n
+    shares = [total / n] * n
     for _ in range(rounds):
-        speeds = [b / max(t(b), 1e-12) for b, t in zip(shares, step_time)]
-        shares = [max(s, 1) for s in split(total, speeds, caps)]
-    return [int(s) for s in split(total, [b / max(t(b), 1e-12) for b, t in
-                                          zip(shares, step_time)], caps)]
+        sizes = [max(b, 1) for b in shares]
+        shares = split(total, [b / max(t(b), 1e-12) for b, t in zip(sizes, step_time)], caps)
+    return shares
 
 
 def activation_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -366,11 +366,13 @@ class StepReports:
         self.cfg, self.client, self.rank, self.on = cfg, client, rank, rank == 0
         self.t0 = self.last = time.perf_counter()
 
-    def epoch(self, shard, epoch: int) -> Iterator:
-        """Start timing ``epoch``; returns its mini-batches (epoch_batches)."""
+    def epoch(self, shard, epoch: int, batches: Iterator | None = None) -> Iterator:
+        """Start timing ``epoch``; returns its mini-batches: ``batches`` when the strategy
+        draws them itself, else epoch_batches."""
         self.t0 = self.last = time.perf_counter()
         at(epoch, 0)
-        return epoch_batches(self.cfg, shard, self.rank, epoch)
+        return batches if batches is not None else epoch_batches(self.cfg, shard, self.rank,
+                                                                 epoch)
 
     def seconds(self) -> float:
         """Since the epoch started."""

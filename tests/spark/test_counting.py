@@ -36,4 +36,5 @@ def test_count_objects_job_runs_tiny(spark, tmp_path, model, strategy):
     assert np.isfinite(r["mae"]) and r["rmse"] >= r["mae"]
     assert sum(b["scenes"] for b in r["bins"]) == 12
     assert (tmp_path / f"{model}-density.png").stat().st_size > 1000
-    assert json.loads((tmp_path / f"{model}-{r['strategy']}" / "info.json").read_text())
+    info = json.loads((tmp_path / f"{model}-{r['strategy']}" / "info.json").read_text())
+    assert info["world"] == 2

@@ -230,10 +230,9 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     reports = StepReports(cfg, client, rank)
     for epoch in range(start, cfg.epochs):
         model.train()
-        it = reports.epoch(shard, epoch)
-        if balancer is not None:
-            it = balancer.epoch(shard, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank,
-                                epoch=epoch, accumulate=cfg.accumulate, transform=cfg.transform)
+        it = reports.epoch(shard, epoch, None if balancer is None else balancer.epoch(
+            shard, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank, epoch=epoch,
+            accumulate=cfg.accumulate, transform=cfg.transform))
         loss_sum = samples = 0.0
         for step in range(steps):
             micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
