@@ -40,6 +40,13 @@ Modes:
   sequential  "workers as boosters": every worker pushes the sum of k mini-batch gradients,
               each push is its own optimizer step in arrival order, and the worker fetches the
               result before going on.
+
+Data keys (``keys``, a spark_dl.parallel.keys.KeyScheduler; sequential mode, one shard): the
+workers ask the server for their next key (op "key", reply int64 [status, key, epoch]: status
+0 a key, 1 wait that many milliseconds, 2 finished) and push once per key; a push is applied
+only when its worker still holds the key's lease (else it is dropped: the key went to another
+worker), and when it completes an epoch the server keeps its state of that moment
+(``epoch_states``) for the driver to validate and checkpoint.
 """
 
 from __future__ import annotations
@@ -62,7 +69,8 @@ __all__ = ["ParameterServer", "PSClient", "PSError", "MODES", "SERVER_OPTIMIZERS
 MAGIC = b"SDPS"
 MODES = ("async", "sync", "sequential")
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
-OPS = {"hello": 1, "pull": 2, "push": 3, "bye": 4, "pushpull": 5, "ok": 10, "error": 11}
+OPS = {"hello": 1, "pull": 2, "push": 3, "bye": 4, "pushpull": 5, "key": 6, "ok": 10,
+       "error": 11}
 DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.bfloat16, 3: torch.int64}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 _HEAD = struct.Struct("!4sBBHIIqqQ")          # without the MAC
@@ -215,7 +223,7 @@ class ParameterServer:
                  momentum: float = 0.9, mode: str = "async", workers: int = 1,
                  max_staleness: int | None = None, timeout_s: float = 300.0,
                  lr_decay: float = 1.0, bounds: list[int] | None = None,
-                 staleness_lr: bool = False, average: float = 0.0):
+                 staleness_lr: bool = False, average: float = 0.0, keys=None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -255,6 +263,12 @@ class ParameterServer:
         self._profiles: dict[int, tuple[float, float, int]] = {}  # worker -> (a, c, cap)
         self.split: dict[int, int] | None = None  # sync + balance: worker -> rows per step
         self.start_epoch = 0                # restored from a checkpoint: epochs done before
+        if keys is not None and (mode != "sequential" or len(self.shards) != 1):
+            raise ValueError("data keys need mode='sequential' and one shard (a push is "
+                             "applied whole, or dropped whole)")
+        self.keys = keys
+        self.epoch_states: dict[int, dict] = {}   # keys: epoch -> state_dict() at its end
+        self._epochs_cv = threading.Condition()
         self._stop = threading.Event()
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.2)
@@ -357,6 +371,8 @@ class ParameterServer:
             self._clock_cv.notify_all()
         with self._hello:
             self._hello.notify_all()
+        with self._epochs_cv:
+            self._epochs_cv.notify_all()
         self._thread.join(timeout=2)
 
     # -- serving -------------------------------------------------------------------------
@@ -401,9 +417,9 @@ class ParameterServer:
         bound = conn.worker
         if bound is not None and worker != bound:
             raise PSError(f"this connection registered as worker {bound}, a frame says {worker}")
-        if op in (OPS["bye"], OPS["pull"]) and len(payload):
-            raise PSError(f"a {'bye' if op == OPS['bye'] else 'pull'} frame carries no payload, "
-                          f"got {len(payload)} bytes")
+        if op in (OPS["bye"], OPS["pull"], OPS["key"]) and len(payload):
+            raise PSError(f"a {next(k for k, v in OPS.items() if v == op)} frame carries no "
+                          f"payload, got {len(payload)} bytes")
         if op == OPS["bye"]:
             with self._clock_cv:
                 self._clocks.pop(worker, None)    # a finished worker holds nobody back
@@ -411,6 +427,15 @@ class ParameterServer:
             return False
         if op == OPS["hello"]:
             return self._on_hello(conn, worker, payload)
+        if op == OPS["key"]:
+            if self.keys is None or bound is None:
+                raise PSError("a key request needs a fit with data keys and a hello first")
+            got = self.keys.next(worker)
+            reply = [2, 0, 0] if got.get("finished") else \
+                [1, max(1, round(got["wait"] * 1000)), 0] if "wait" in got else \
+                [0, got["key"], got["epoch"]]
+            conn.send(OPS["ok"], np.array(reply, np.int64))
+            return True
         if not 0 <= shard < len(self.shards):
             raise PSError(f"shard {shard} does not exist (0..{len(self.shards) - 1})")
         s = self.shards[shard]
@@ -468,7 +493,8 @@ class ParameterServer:
                 self._profiles[worker] = (info[2] * 1e-12, info[3] * 1e-12, int(info[4]))
             self._hello.notify_all()
             per_worker = [-(-r // b) for r, b in self._registered.values()]
-            self.epoch_steps = max(per_worker) if self.mode == "sync" else sum(per_worker)
+            if self.keys is None:                 # with keys: the owner sets it
+                self.epoch_steps = max(per_worker) if self.mode == "sync" else sum(per_worker)
             mine = batch
             if self.mode == "sync":          # everyone runs the steps of the largest shard
                 deadline = time.monotonic() + self.timeout_s
@@ -486,6 +512,16 @@ class ParameterServer:
         conn.send(OPS["ok"], np.array(self.bounds + done + [steps, mine], np.int64),
                   count=self.numel, version=sum(self.versions))
         return True
+
+    def next_epoch_state(self, epoch: int, timeout_s: float) -> dict | None:
+        """Data keys: the server's state_dict() when epoch ``epoch`` (1-based) ended, waiting
+        up to ``timeout_s`` for it (None if it did not end, or the server closed)."""
+        deadline = time.monotonic() + timeout_s
+        with self._epochs_cv:
+            while epoch not in self.epoch_states and not self._stop.is_set():
+                if not self._epochs_cv.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+            return self.epoch_states.pop(epoch, None)
 
     def _balanced(self, worker: int) -> tuple[int, int]:
         """(steps per epoch, ``worker``'s rows per step) of balanced sync rounds: the workers'
@@ -534,6 +570,11 @@ class ParameterServer:
         shard's values after it, copied under the lock so that they belong to that version)."""
         with s.lock:
             staleness = s.version - base
+            if self.keys is not None:            # a push of a key this worker must hold
+                epoch = self.keys.epoch
+                if self.keys.applied(worker) is None:
+                    self.dropped += 1
+                    return s.version, staleness, s.param.detach().clone() if pull else None
             if self.mode != "sync":
                 self.staleness[staleness] += 1
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
@@ -542,6 +583,11 @@ class ParameterServer:
                     scale /= staleness
                 s.apply(grad, scale, steps, self.epoch_steps, summed=steps)
                 s.done[worker] += steps
+                if self.keys is not None and self.keys.epoch > epoch:   # the epoch's last key
+                    state = self.state_dict()
+                    with self._epochs_cv:
+                        self.epoch_states[epoch + 1] = state
+                        self._epochs_cv.notify_all()
                 return s.version, staleness, s.param.detach().clone() if pull else None
             if staleness > 0:                     # computed on an older round: dropped
                 self.dropped += 1
@@ -621,6 +667,13 @@ class PSClient:
         self.numel = numel
         self.batch = int(info[-1])
         return int(info[-2])
+
+    def next_key(self) -> tuple[str, int, int]:
+        """Data keys: ("key", key, epoch), ("wait", milliseconds, 0) or ("finished", 0, 0)."""
+        self.conn.send(OPS["key"], worker=self.worker)
+        _, _, _, _, payload = self._reply(24)
+        status, a, b = (int(v) for v in np.frombuffer(payload, np.int64))
+        return ("key", "wait", "finished")[status], a, b
 
     def _layout(self, shards, n: int) -> list[tuple[int, int, int]]:
         """(shard, its size, its offset in the caller's buffer) for ``shards`` (None: all),

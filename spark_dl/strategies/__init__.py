@@ -17,16 +17,18 @@ from collections.abc import Mapping
 from ..errors import ConfigError
 from .allreduce import AllReduce
 from .base import FitResult, Job, Strategy
+from .boosting import Boosting
 from .downpour import Downpour
 from .gossip import Gossip
 
-__all__ = ["STRATEGIES", "make_strategy", "Strategy", "AllReduce", "Downpour", "Gossip",
-           "FitResult", "Job"]
+__all__ = ["STRATEGIES", "make_strategy", "Strategy", "AllReduce", "Boosting", "Downpour",
+           "Gossip", "FitResult", "Job"]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "allreduce": AllReduce,
     "downpour": Downpour,
     "gossip": Gossip,
+    "boosting": Boosting,
 }
 
 

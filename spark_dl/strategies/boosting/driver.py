@@ -1,0 +1,268 @@
+"""``Boosting``: seed 000's "workers as weak-learner boosters". The parameter server on the
+driver applies every push as its own step in arrival order (Downpour's sequential mode); the
+training data is cut into keys (chunks of ``n_push`` mini-batches of a Parquet copy of the
+DataFrame) which a data-key scheduler on the driver hands out, reshuffled every epoch, one at
+a time to whichever worker asks next: a faster worker takes more keys, a restarted worker
+gets back the key it held, and every key is trained exactly once per epoch whatever dies
+(spark_dl.parallel.keys). The task half is task.py.
+
+The workers read their keys' rows from Parquet themselves (pyarrow), so the data must be
+where every executor can read it: the DataFrame's own files when it is a plain Parquet scan,
+else a copy written once to ``data_dir`` (default: the run directory, fine on one machine;
+on a cluster give a shared URI: hdfs://, s3a://, an NFS path).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from ...errors import ConfigError, DataError
+from ...parallel.amp import check_amp
+from ...parallel.ps import SERVER_OPTIMIZERS
+from ...parallel.stage import evaluate
+from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
+from . import task as _task
+
+__all__ = ["Boosting", "cut_keys", "parquet_files"]
+
+
+@options
+class Boosting(Strategy):
+    """Seed 000's boosting parameter server with a data-key scheduler.
+
+    n_push: mini-batches per key; a worker sums their gradients and pushes once per key, the
+    server applies each push as one step in arrival order and the worker fetches the result
+    (default 4, the seed's). server_optimizer: "sgd", "momentum", "adagrad", "adam",
+    "rmsprop" (default: from fit's ``optimizer``/``momentum``). lease_s: a key leased to a
+    worker that has not pushed it after this long goes to the next worker that asks (its late
+    push is then dropped). data_dir: where the DataFrame's Parquet copy goes when it is not
+    a plain Parquet scan (default: the run directory; on a cluster a URI every executor
+    reads). amp: None, "bf16" or "fp16" (autocast forward passes, float32 on the server,
+    bfloat16 on the wire)."""
+
+    name = "boosting"
+    n_push: int = 4
+    server_optimizer: str | None = None
+    lease_s: float = 300.0
+    data_dir: str | None = None
+    amp: str | None = None
+
+    def check(self) -> None:
+        check_int("n_push", self.n_push, 1)
+        check_choice("server_optimizer", self.server_optimizer, (None, *SERVER_OPTIMIZERS))
+        if not isinstance(self.lease_s, (int, float)) or not self.lease_s > 0:
+            raise ConfigError(f"lease_s must be a number of seconds > 0, got {self.lease_s!r}")
+        check_amp(self.amp, "float32")
+
+    def check_job(self, job: Job) -> None:
+        if self.server_optimizer is None and \
+                job.train["optimizer"] not in ("sgd", "adagrad", "adam", "rmsprop"):
+            raise ConfigError(f"optimizer {job.train['optimizer']!r} has no parameter-server "
+                              f"form; use sgd, rmsprop, adagrad or adam (or set "
+                              f"server_optimizer)")
+        if job.stage["transform"] is not None:
+            raise ConfigError("Boosting reads its keys' rows from Parquet in the tasks and "
+                              "converts them itself: fit(transform=...) is not supported, "
+                              "transform the DataFrame instead")
+        check_amp(self.amp, job.stage["dtype"])
+
+    def barrier(self, job: Job) -> bool:
+        return False
+
+    def run(self, job: Job) -> FitResult:
+        from ...parallel.keys import KeyScheduler
+        from ...parallel.ps import ParameterServer
+        from ..downpour.driver import _server_optimizer
+        from ..downpour.plan import Layout
+        workers = job.replicas
+        momentum, lr = job.train["momentum"], job.train["lr"]
+        server_optimizer = self.server_optimizer or \
+            _server_optimizer(job.train["optimizer"], momentum)
+        run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
+                              "lr_decay": job.train["lr_decay"], "momentum": momentum})
+        stage = job.stage
+        key_rows = self.n_push * stage["batch_size"]
+        files = parquet_files(job, Path(self.data_dir) if self.data_dir else run.path / "data",
+                              run.say)
+        keys = cut_keys(files, key_rows)
+        if not keys:
+            raise DataError("the DataFrame's Parquet files hold no rows: nothing to train on")
+        start_epoch, history = 0, []
+        ckpt_path = run.path / "checkpoint.pt"
+        torch.manual_seed(stage["seed"])
+        dtype = job.dtype
+        net = job.model_fn().to(dtype)
+        layout = Layout(net, 1, None)
+        scheduler = KeyScheduler(len(keys), stage["epochs"], workers, seed=stage["seed"],
+                                 lease_s=self.lease_s)
+        ps = ParameterServer(layout.flatten(), run.secret.encode(), job.host,
+                             optimizer=server_optimizer, lr=lr, momentum=momentum,
+                             mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
+                             lr_decay=job.train["lr_decay"], keys=scheduler)
+        ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
+        if stage["resume"]:
+            start_epoch, history = _resume(ckpt_path, ps, run.say)
+            if start_epoch:
+                scheduler = KeyScheduler(len(keys), stage["epochs"], workers,
+                                         seed=stage["seed"], lease_s=self.lease_s,
+                                         start_epoch=start_epoch)
+                ps.keys = scheduler
+        val = None
+        if job.validation is not None:
+            val = (torch.as_tensor(job.validation[0], dtype=dtype),
+                   torch.as_tensor(job.validation[1]))
+        losses: dict[int, list[float]] = {}           # epoch -> [loss sum, samples]
+        lock = threading.Lock()
+
+        def on_message(m: dict) -> None:
+            run.record(m)
+            if m.get("type") == "key":
+                with lock:
+                    acc = losses.setdefault(m["epoch"], [0.0, 0])
+                    acc[0] += m["loss"] * m["samples"]
+                    acc[1] += m["samples"]
+                if job.progress:
+                    run.live.update(f"  epoch {m['epoch']}/{stage['epochs']} key "
+                                    f"{m['done']}/{len(keys)} loss {m['loss']:.4f} (worker "
+                                    f"{m['worker']})")
+
+        def epochs_thread() -> None:
+            """Validate and checkpoint each epoch's server state as the scheduler ends it."""
+            t_epoch = time.perf_counter()
+            for epoch in range(start_epoch + 1, stage["epochs"] + 1):
+                state = None
+                while state is None and not stopped.is_set():
+                    state = ps.next_epoch_state(epoch, 0.5)
+                if state is None:
+                    return
+                with lock:
+                    loss, n = losses.pop(epoch, [0.0, 0])
+                now = time.perf_counter()
+                served = scheduler.state()["keys_per_worker"][epoch - 1 - start_epoch]
+                row = {"epoch": epoch, "loss": loss / max(n, 1), "samples": n,
+                       "seconds": now - t_epoch, "since_start_s": now - run.t_start,
+                       "samples_per_s": n / max(now - t_epoch, 1e-9),
+                       "server_versions": list(state["versions"]),
+                       "keys_per_worker": served}
+                t_epoch = now
+                if val is not None:
+                    layout.load(state["values"][0].to(dtype))
+                    row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
+                history.append(row)
+                job.tracker.epoch(row)
+                run.record({"type": "server_epoch", **row})
+                _checkpoint(ckpt_path, state, history, epoch)
+                run.epoch_line(row, f", keys per worker {served}")
+
+        stopped = threading.Event()
+        watcher = threading.Thread(target=epochs_thread, name="spark_dl-boosting-epochs",
+                                   daemon=True)
+        channel = run.serve(on_message)
+        cfg = _task.BoostingConfig(**stage, n_push=self.n_push, amp=self.amp,
+                                   wire_dtype="float64" if stage["dtype"] == "float64" else
+                                   "bfloat16" if self.amp else "float32")
+        task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret.encode(), ps.address,
+                               channel.address, str(run.path), keys)
+        job.say(f"boosting: {len(keys)} keys of {key_rows} rows ({self.n_push} mini-batches) "
+                f"from {len(files)} Parquet file(s), {workers} worker(s), parameter server "
+                f"{ps.address[0]}:{ps.address[1]} ({server_optimizer}), run directory "
+                f"{run.path}")
+        job.tracker.start(run.path, run.config)
+        frame = job.spark.range(0, workers, numPartitions=workers)
+        watcher.start()
+        try:
+            try:
+                rows = run.collect(frame.mapInArrow(task, _task.RESULT_SCHEMA))
+            except BaseException:
+                job.tracker.close(failed=True)
+                raise
+            watcher.join(timeout=30)           # the last epoch's validation
+        finally:
+            stopped.set()
+            watcher.join(timeout=5)
+            run.close()
+            ps.close()
+        layout.load(ps.parameters().to(dtype))
+        reports = sorted((json.loads(r.report) for r in rows), key=lambda r: r["worker"])
+        state = scheduler.state()
+        info = {"world": workers, "mode": "sequential", "n_push": self.n_push,
+                "keys": {"count": len(keys), "rows_per_key": key_rows, "files": len(files),
+                         "served": [[list(p) for p in ep] for ep in scheduler.served],
+                         "keys_per_worker": state["keys_per_worker"],
+                         "reissued": state["reissued"]},
+                "server": ps.stats(), "served": {"parameter_server": list(ps.address)},
+                "workers": reports, "devices": [r["device"] for r in reports],
+                "rows_per_replica": [r["rows"] for r in reports],
+                "total_rows": sum(r["rows"] for r in reports),
+                "train_seconds": max((r["task_seconds"] for r in reports), default=0.0),
+                "resumed_from_epoch": start_epoch or None}
+        return run.finish(net, history, info, f"boosting PS, {workers} worker(s)")
+
+
+def parquet_files(job: Job, data_dir: Path | str, say) -> list[str]:
+    """The Parquet files the keys come from: the DataFrame's own when it is a plain Parquet
+    scan (spark.read.parquet(...), nothing on top), else those of a copy of its feature and
+    label columns written once to ``data_dir`` (reused when complete)."""
+    df, stage = job.df, job.stage
+    cols = [c for c in (stage["features"], stage["label"]) if c]
+    if _plain_parquet(df):
+        return sorted(df.inputFiles())
+    path = str(data_dir)
+    uri = path if "://" in path else Path(path).resolve().as_uri()
+    done = Path(path) / "_SUCCESS" if "://" not in path else None
+    if done is None or not done.exists():
+        say(f"boosting: writing the DataFrame's {', '.join(cols)} columns as Parquet to "
+            f"{path} (the workers read their keys from there)")
+        df.select(*cols).write.mode("overwrite").parquet(uri)
+    return sorted(job.spark.read.parquet(uri).inputFiles())
+
+
+def _plain_parquet(df) -> bool:
+    try:
+        plan = df._jdf.queryExecution().optimizedPlan().toString().strip()
+    except Exception:                     # Spark Connect: no JVM handle, write a copy
+        return False
+    return "\n" not in plan and plan.startswith("Relation") and "parquet" in plan
+
+
+def cut_keys(files: list[str], key_rows: int) -> list[tuple[str, int, int]]:
+    """Every file's rows in chunks of ``key_rows`` (the last of a file may be shorter):
+    (file URI, first row, end row)."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    keys = []
+    for uri in files:
+        fs, path = pafs.FileSystem.from_uri(uri)
+        with fs.open_input_file(path) as f:
+            n = pq.ParquetFile(f).metadata.num_rows
+        keys += [(uri, a, min(a + key_rows, n)) for a in range(0, n, key_rows)]
+    return keys
+
+
+def _checkpoint(path: Path, state: dict, history: list[dict], epoch: int) -> None:
+    from ...parallel.stage import save_atomic
+    save_atomic(path, {"strategy": "boosting", "epoch": epoch, "server": state,
+                       "history": [h for h in history if h["epoch"] <= epoch]})
+
+
+def _resume(path: Path, ps, say) -> tuple[int, list[dict]]:
+    from ...parallel.stage import load_checkpoint
+    ckpt = load_checkpoint(path, say)
+    if ckpt is None:
+        return 0, []
+    if ckpt.get("strategy") != "boosting":
+        raise ConfigError(f"{path} is a checkpoint of strategy "
+                          f"{ckpt.get('strategy', 'allreduce')!r}, not of this boosting fit: "
+                          f"give a new run_dir, or resume=False to start over in this one")
+    try:
+        ps.load_state_dict(ckpt["server"])
+    except ValueError as e:
+        raise ConfigError(f"{path} does not fit this fit's model: {e}; give a new run_dir, or "
+                          f"resume=False to start over in this one") from None
+    say(f"resumed from the checkpoint of epoch {ckpt['epoch']} ({path})")
+    return int(ckpt["epoch"]), list(ckpt["history"])

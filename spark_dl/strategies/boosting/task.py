@@ -1,0 +1,178 @@
+"""The boosting parameter server's workers: Spark tasks (one per worker, over a range of
+worker ids) that ask the server for their next data key, read its rows from Parquet, sum the
+gradients of its ``n_push`` mini-batches, push once and fetch the result, until the server
+says the fit is finished. A task Spark retries asks again and gets back the key its last
+attempt held (spark_dl.parallel.keys)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from spark_dl.parallel.amp import LossScaler, autocast
+from spark_dl.parallel.failures import at, report as report_error
+from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
+
+__all__ = ["BoostingConfig", "make_task", "read_key", "RESULT_SCHEMA"]
+
+RESULT_SCHEMA = "worker int, report string"
+_TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class BoostingConfig(StageConfig):
+    n_push: int = 4
+    amp: str | None = None
+    wire_dtype: str = "float32"
+
+
+def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
+              ps_address, channel, run_dir: str | None, keys: list[tuple[str, int, int]]):
+    """The function ``spark.range(workers).mapInArrow(task, RESULT_SCHEMA)`` runs: worker id =
+    the task's partition; ``keys``: (Parquet file URI, first row, end row) per key."""
+
+    def task(batches: Iterator) -> Iterator:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        for _ in batches:                   # the worker ids' range: nothing to read
+            pass
+        ctx = TaskContext.get()
+        rank = ctx.partitionId()
+        at(None, None)
+        try:
+            report = _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
+                           keys)
+        except BaseException as e:          # the driver hears of it first, and cancels the fit
+            report_error(channel, secret, rank, e)
+            raise
+        yield pa.RecordBatch.from_pydict({"worker": [rank], "report": [json.dumps(report)]},
+                                         schema=pa.schema([("worker", pa.int32()),
+                                                           ("report", pa.string())]))
+
+    return task
+
+
+class _Files:
+    """The Parquet files a task has opened (kept open: keys come from the same few files)."""
+
+    def __init__(self):
+        self.open: dict = {}
+
+    def get(self, uri: str):
+        import pyarrow.fs as pafs
+        import pyarrow.parquet as pq
+        if uri not in self.open:
+            fs, path = pafs.FileSystem.from_uri(uri)
+            self.open[uri] = pq.ParquetFile(fs.open_input_file(path))
+        return self.open[uri]
+
+    def close(self) -> None:
+        for f in self.open.values():
+            f.close()
+        self.open.clear()
+
+
+def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
+    """The rows [first, end) of a Parquet file as record batches, reading only the row groups
+    that hold them."""
+    uri, first, end = key
+    f = files.get(uri)
+    meta = f.metadata
+    groups, start, offset = [], 0, None
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if start < end and start + n > first:
+            groups.append(g)
+            offset = start if offset is None else offset
+        start += n
+    table = f.read_row_groups(groups, columns=columns)
+    return table.slice(first - (offset or 0), end - first).to_batches()
+
+
+def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
+    from spark_dl.parallel.channel import MessageClient
+    from spark_dl.parallel.ps import PSClient
+    from spark_dl.parallel.rendezvous import task_device
+    from spark_dl.strategies.downpour.task import _flatten
+
+    t_start = time.perf_counter()
+    rank = ctx.partitionId()
+    gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
+    device, note = task_device(cfg.device, gpus, rank)
+    torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
+    if run_dir is not None:
+        write_task_info(run_dir, f"worker-{rank}", {"worker": rank, "device": str(device),
+                                                    "attempt": ctx.attemptNumber()})
+    dtype = _TORCH[cfg.dtype]
+    torch.manual_seed(cfg.seed)
+    model = model_fn().to(device=device, dtype=dtype)
+    client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
+    progress = MessageClient(channel, secret)
+    client.hello(0, cfg.batch_size)
+    flat, grad = _flatten(model, client.numel, device, dtype)
+    direct = flat.dtype == client.dtype and flat.device.type == "cpu"
+    wire = flat if direct else torch.empty(flat.numel(), dtype=client.dtype)
+    client.pull(wire)
+    if not direct:
+        flat.copy_(wire)
+    scaler = LossScaler(cfg.amp == "fp16")
+    files = _Files()
+    columns = [c for c in (cfg.features, cfg.label) if c]
+    mine = dataclasses.replace(cfg, data="memory")
+    trained, rows, waited, pushes, done = [], 0, 0.0, 0, 0
+    try:
+        while True:
+            what, key, epoch = client.next_key()
+            if what == "finished":
+                break
+            if what == "wait":              # the epoch's last keys are being trained
+                time.sleep(key / 1000)
+                waited += key / 1000
+                continue
+            at(epoch, key)
+            shard = read_shard(mine, iter(read_key(files, keys[key], columns)), f"key {key}")
+            loss_sum = samples = 0.0
+            steps = 0
+            for x, y in shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+                                      seed=cfg.seed * 1000003 + key, epoch=epoch):
+                x = x.to(device=device, dtype=dtype)
+                y = y.to(device=device)
+                if y.is_floating_point():
+                    y = y.to(dtype)
+                with autocast(device, cfg.amp):
+                    loss = loss_fn(model(x), y)
+                scaler(loss * len(x)).backward()     # grad += the per-sample gradient sum
+                loss_sum += float(loss.detach()) * len(x)
+                samples += len(x)
+                steps += 1
+            shard.close()
+            if not scaler.unscale(grad):             # fp16 overflow: an empty push
+                grad.zero_()
+            out = grad if grad.device.type == "cpu" else grad.cpu()
+            client.push(out, int(samples), max(steps, 1), pull_into=wire)
+            if not direct:
+                flat.copy_(wire)
+            grad.zero_()
+            pushes += 1
+            done += 1
+            rows += int(samples)
+            trained.append([epoch, key])
+            progress.send({"type": "key", "worker": rank, "epoch": epoch + 1, "key": key,
+                           "done": done, "loss": loss_sum / max(samples, 1),
+                           "samples": int(samples)})
+    finally:
+        files.close()
+    client.close()
+    progress.close()
+    return {"worker": rank, "device": str(device), "note": note, "keys": trained,
+            "rows": rows, "pushes": pushes, "waited_s": waited,
+            "amp_skipped_pushes": scaler.skipped,
+            "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
+            "bytes_sent": client.conn.bytes_sent, "bytes_received": client.conn.bytes_received,
+            "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber(),
+            **peak_memory_mb()}

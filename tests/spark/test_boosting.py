@@ -1,0 +1,89 @@
+"""The boosting parameter server with its data-key scheduler on real Spark (local[2])."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from spark_dl import Boosting, fit
+from spark_dl.errors import ConfigError
+
+from .test_allreduce import assert_same_weights, data, frame, small_fc
+
+
+def _key_rows(keys, x_of_file):
+    """(x, y) of every key (file URI, first, end), read back from the Parquet files."""
+    from spark_dl.data.bridge import ShardData
+    out = []
+    for uri, a, b in keys:
+        shard = ShardData.from_arrow(x_of_file(uri).slice(a, b - a).to_batches(),
+                                     "features", "label", (12,))
+        xk, yk = next(shard.batches(b - a, shuffle=False))
+        out.append((xk.double(), yk))
+    return out
+
+
+def test_one_worker_applies_every_key_once_per_epoch_as_one_step(spark, tmp_path):
+    # one worker: the server's steps are one per key in the scheduler's order, each the sum of
+    # the key's n_push mini-batch mean gradients; replayed in one process, float64
+    from spark_dl.strategies.boosting.driver import cut_keys
+    x, y = data(80, seed=3)
+    res = fit(frame(spark, x, y, [80]), small_fc, strategy=Boosting(n_push=2), replicas=1,
+              batch_size=8, epochs=2, lr=0.2, momentum=0.5, shuffle=False, dtype="float64",
+              run_dir=tmp_path / "run", log=None)
+    keys = res.info["keys"]
+    assert keys["count"] == 5 and keys["rows_per_key"] == 16     # 80 rows in keys of 2 x 8
+    served = keys["served"]
+    assert [sorted(k for k, _ in ep) for ep in served] == [list(range(5))] * 2
+    files = sorted(str(p.resolve().as_uri()) for p in (tmp_path / "run" / "data")
+                   .glob("*.parquet"))
+    cut = cut_keys(files, 16)
+    rows = _key_rows(cut, lambda uri: pq.read_table(uri.removeprefix("file://")))
+    torch.manual_seed(0)
+    ref = small_fc().double()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.5)
+    for ep in served:
+        for k, _ in ep:
+            xk, yk = rows[k]
+            opt.zero_grad()
+            steps = -(-len(xk) // 8)
+            (torch.nn.functional.cross_entropy(ref(xk), yk, reduction="sum")
+             * steps / len(xk)).backward()
+            opt.step()
+    assert_same_weights(res.model, ref)
+    assert res.info["server"]["versions"] == [10] and res.info["server"]["dropped_stale"] == 0
+    assert [h["keys_per_worker"] for h in res.history] == [[5], [5]]
+
+
+def test_two_workers_share_the_keys_of_a_parquet_dataset_exactly_once(spark, tmp_path):
+    x, y = data(320, seed=5)
+    path = tmp_path / "ds"
+    frame(spark, x, y, [160, 160]).write.parquet(str(path))
+    df = spark.read.parquet(str(path))
+    res = fit(df, small_fc, strategy="boosting", batch_size=8, epochs=2, lr=0.3,
+              momentum=0.5, validation=(x[:64], y[:64]), run_dir=tmp_path / "run", log=None)
+    keys = res.info["keys"]
+    assert keys["files"] == len(df.inputFiles())                # its own files, not a copy
+    assert not (tmp_path / "run" / "data").exists()
+    for ep in keys["served"]:                                   # every key once per epoch
+        assert sorted(k for k, _ in ep) == list(range(keys["count"]))
+    per_worker = keys["keys_per_worker"]
+    assert all(sum(ep) == keys["count"] for ep in per_worker)
+    assert sum(r["rows"] for r in res.info["workers"]) == 2 * 320
+    assert len(res.history) == 2 and res.history[-1]["val_accuracy"] > 0.6
+    # both workers ran (which takes how many keys depends on when each started: a fast one
+    # may take them all)
+    assert res.info["world"] == 2 and [r["worker"] for r in res.info["workers"]] == [0, 1]
+
+
+def test_bad_options_and_more_workers_than_keys(spark, tmp_path):
+    with pytest.raises(ConfigError, match="n_push"):
+        Boosting(n_push=0)
+    with pytest.raises(ConfigError, match="lease_s"):
+        Boosting(lease_s=0)
+    x, y = data(16)
+    with pytest.raises(ConfigError, match="1 data keys for 2 workers"):
+        fit(frame(spark, x, y, [16]), small_fc, strategy=Boosting(n_push=4), batch_size=8,
+            replicas=2, run_dir=tmp_path / "run", log=None)
