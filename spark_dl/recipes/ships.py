@@ -1,7 +1,8 @@
 """Ship segmentation (seed 000): synthetic satellite-like scenes made in the executors, the
-bottleneck U-Net trained with the seed's "boosting" parameter server by default (Downpour in
-sequential mode: each worker accumulates 4 mini-batches and pushes, the server applies every
-push as its own step in arrival order), then IoU, Dice and the Airbus F2 of held-out scenes
+bottleneck U-Net trained with the seed's "boosting" parameter server by default (Boosting:
+the driver's data-key scheduler hands out chunks of 4 mini-batches, reshuffled every epoch; a
+worker accumulates a key's 4 mini-batches and pushes, the server applies every push as its
+own step in arrival order), then IoU, Dice and the Airbus F2 of held-out scenes
 and a picture strip (scene | true mask | predicted mask).
 
     python jobs/segment_ships.py --config conf/jobs/ships.toml
@@ -43,7 +44,7 @@ class ShipsData:
 class ShipsTrainConfig(TrainConfig):
     MODELS = ("unet",)
     model: str = "unet"
-    strategy: str | dict = "downpour"
+    strategy: str | dict = "boosting"
     optimizer: str = "sgd"
     lr: float = 0.01
     momentum: float = 0.9
@@ -104,10 +105,7 @@ def segment_ships(cfg: ShipsJobConfig, log=print, spark=None) -> dict:
         f"{d.n_test} held-out scenes here ({time.perf_counter() - t0:.1f} s, "
         f"{int((tships == 0).sum())} without ships)")
     widths = tuple(t.widths)
-    strategy = t.make_strategy()
-    if t.strategy == "downpour" and not t.strategy_options:
-        from ..strategies import Downpour  # the seed's boosting parameter server
-        strategy = Downpour(mode="sequential", n_push=4)
+    strategy = t.make_strategy()          # "boosting": the seed's n_push=4 by default
     out_dir = Path(cfg.run.out_dir)
     res = fit(df, lambda: UNet(3, widths), strategy=strategy, shape=(3, d.size, d.size),
               label_shape=(1, d.size, d.size), loss=FocalDiceLoss(10.0, 2.0),

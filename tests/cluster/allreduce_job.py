@@ -2,7 +2,7 @@
 
     spark-submit --properties-file conf/spark/local-cluster.conf allreduce_job.py OUT RUNS \
         [--device auto|cpu|cuda|by-name] [--fits clean,faulty] [--epochs 3]
-        [--strategy allreduce|downpour]
+        [--strategy allreduce|downpour|gossip|boosting]
         [--optimizer adam] [--lr 0.003] [--momentum 0] [--lr-decay 1] [--batch-size 32]
         [--model cnn|fc] [--partitions 1] [--replicas N]
 
@@ -80,7 +80,7 @@ def main():
                       run_dir=Path(args.runs) / name)
             report["fits"][name] = {"history": res.history, "info": res.info,
                                     "still_open": _still_open(res.info["served"])}
-            if args.strategy == "downpour":
+            if args.strategy in ("downpour", "boosting"):
                 versions = [json.loads(line) for line in
                             (Path(args.runs) / name / "metrics.jsonl").read_text().splitlines()]
                 report["fits"][name]["server_versions_per_epoch"] = [

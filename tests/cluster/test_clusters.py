@@ -352,6 +352,37 @@ def test_downpour_survives_three_worker_kills_and_an_executor_kill(venv_bin, tmp
     _nothing_left(tmp_path, report, seen)
 
 
+def test_boosting_keys_are_trained_once_per_epoch_when_a_worker_is_killed(venv_bin, tmp_path):
+    """The boosting parameter server on local-cluster, 3 epochs of 64 keys over 2 workers:
+    SIGKILL worker 1's Python process during epoch 2 (it holds a key's lease nearly all the
+    time: reading, training or pushing it). Spark retries the task, whose worker asks again and
+    gets back the key it held; every key is applied exactly once in every epoch, the killed
+    attempt's key included, and the fit ends as accurate as an uninterrupted one."""
+    log, report, seen = _fit_with_kills(
+        venv_bin, tmp_path, ["--epochs", "3", "--strategy", "boosting", "--model", "fc",
+                             "--optimizer", "adam", "--lr", "0.001",
+                             "--batch-size", "32"],
+        [(_after(1), "worker-1.json", "python")], timeout=300)
+    assert "Python worker exited unexpectedly" in log
+    fits = report["fits"]
+    for name in ("clean", "faulty"):
+        keys = fits[name]["info"]["keys"]
+        assert keys["count"] == 64, keys["count"]     # 2 files of 4,000 rows, keys of 4 x 32
+        for ep in keys["served"]:                     # (key, worker) in the order applied
+            assert sorted(k for k, _ in ep) == list(range(64)), (name, ep)
+        assert fits[name]["info"]["server"]["versions"] == [3 * 64]
+    faulty = fits["faulty"]["info"]
+    workers = {w["worker"]: w for w in faulty["workers"]}
+    assert workers[1]["attempt"] >= 1                 # the report is the retry's
+    assert faulty["keys"]["reissued"] >= 1            # ... which got its key back
+    assert fits["clean"]["info"]["keys"]["reissued"] == 0
+    versions = fits["faulty"]["server_versions_per_epoch"]
+    assert versions == [64, 128, 192]
+    acc = {k: fits[k]["history"][-1]["val_accuracy"] for k in ("clean", "faulty")}
+    assert min(acc.values()) > 0.85 and abs(acc["clean"] - acc["faulty"]) < 0.03, acc
+    _nothing_left(tmp_path, report, seen)
+
+
 def _server_epoch_done(run, epoch=1):
     metrics = run / "metrics.jsonl"
     return metrics.exists() and metrics.read_text().count('"type": "server_epoch"') >= epoch

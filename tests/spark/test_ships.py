@@ -1,8 +1,10 @@
 """The ship segmentation job (seed 000) on real Spark with a tiny config: scenes made in the
-executors, the U-Net trained by the boosting parameter server (Downpour, sequential mode,
-a push every 4 mini-batches), held-out IoU / Dice / F2 and the picture written."""
+executors, the U-Net trained by the boosting parameter server (keys of 4
+mini-batches from the data-key scheduler, a push per key), held-out IoU / Dice / F2 and the picture written."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 
@@ -26,11 +28,14 @@ def test_segment_ships_job_runs_tiny_with_the_boosting_server(spark, tmp_path):
         "train": {"epochs": 1, "widths": [4, 8, 16, 32]},
         "run": {"out_dir": str(tmp_path)}})
     r = segment_ships(cfg, log=None, spark=spark)
-    assert r["strategy"] == "downpour" and r["replicas"] == 2
+    assert r["strategy"] == "boosting" and r["replicas"] == 2
     assert 0 <= r["f2"] <= 1 and 0 <= r["iou"] <= 1
-    # 32 rows per worker in batches of 8 = 4 mini-batches: one push each, applied in turn
-    info = (tmp_path / "unet-downpour" / "info.json").read_text()
-    assert '"mode": "sequential"' in info and '"n_push": 4' in info
+    # 64 rows in keys of 4 mini-batches of 8: one push per key, every key once
+    info = json.loads((tmp_path / "unet-boosting" / "info.json").read_text())
+    assert info["mode"] == "sequential" and info["n_push"] == 4
+    assert [sorted(k for k, _ in ep) for ep in info["keys"]["served"]] == \
+        [list(range(info["keys"]["count"]))]
+    assert info["server"]["versions"] == [info["keys"]["count"]]
     assert (tmp_path / "unet-masks.png").stat().st_size > 500
 
 
