@@ -1,6 +1,6 @@
 """Segment ships with the seed-000 U-Net on synthetic satellite scenes made in the executors,
-trained by default with the boosting parameter server (Downpour, sequential mode, pushes
-every 4 mini-batches); IoU / Dice / Airbus F2 of held-out scenes and a picture strip.
+trained by default with the boosting parameter server and its data-key scheduler (a push
+per key of 4 mini-batches, keys reshuffled every epoch); IoU / Dice / Airbus F2 of held-out scenes and a picture strip.
 
     spark-submit jobs/segment_ships.py --config conf/jobs/ships.toml
     python jobs/segment_ships.py --set train.strategy=allreduce

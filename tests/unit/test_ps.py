@@ -360,3 +360,45 @@ def test_the_server_averages_its_values_over_a_fraction_of_an_epoch(server):
     assert torch.equal(fresh.parameters(averaged=False), ps.parameters(averaged=False))
     with pytest.raises(ValueError, match="average must be >= 0"):
         server(n=4, average=-1)
+
+
+def test_data_keys_a_push_counts_only_under_its_lease_and_epochs_keep_their_state(server):
+    from spark_dl.parallel.keys import KeyScheduler
+    keys = KeyScheduler(3, epochs=2, workers=2, seed=0, lease_s=0.2)
+    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, keys=keys)
+    a, b = (PSClient(ps.address, SECRET, w, torch.float64) for w in (0, 1))
+    for c in (a, b):
+        c.hello(0, 1)
+        c.pull(torch.empty(10, dtype=torch.float64))
+    one = torch.ones(10, dtype=torch.float64)
+    what, k0, epoch = a.next_key()
+    assert what == "key" and epoch == 0
+    time.sleep(0.3)                          # a's lease runs out: b takes k0 back first
+    assert b.next_key() == ("key", k0, 0)
+    a.push(one, 1)                           # a's late push: dropped, nothing applied
+    assert ps.versions == [0] and ps.dropped == 1
+    b.push(one, 1)
+    assert ps.versions == [1]
+    for _ in range(2):                       # the epoch's other two keys, by b
+        what, _, _ = b.next_key()
+        assert what == "key"
+        b.push(one, 1)
+    state = ps.next_epoch_state(1, 1.0)      # the server as the epoch's last push left it
+    assert state["versions"] == [3]
+    assert torch.allclose(state["values"][0], torch.linspace(-1, 1, 10, dtype=torch.float64)
+                          - 3)
+    assert [sorted(k for k, _ in ep) for ep in keys.served] == [[0, 1, 2], []]
+    assert a.next_key()[0] == "key"          # epoch 2 has begun
+    for c in (a, b):
+        c.close()
+
+
+def test_a_key_request_needs_a_fit_with_keys(server):
+    ps = server(n=10)
+    c = PSClient(ps.address, SECRET, 0)
+    c.hello(10, 1)
+    with pytest.raises(PSError, match="data keys"):
+        c.next_key()
+    with pytest.raises(ValueError, match="sequential"):
+        from spark_dl.parallel.keys import KeyScheduler
+        ParameterServer(torch.zeros(10), SECRET, mode="async", keys=KeyScheduler(2, 1, 1))
