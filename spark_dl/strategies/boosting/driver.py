@@ -116,20 +116,22 @@ class Boosting(Strategy):
         if job.validation is not None:
             val = (torch.as_tensor(job.validation[0], dtype=dtype),
                    torch.as_tensor(job.validation[1]))
-        losses: dict[int, list[float]] = {}           # epoch -> [loss sum, samples]
-        lock = threading.Lock()
+        losses: dict[int, list[float]] = {}     # epoch -> [loss sum, samples, keys reported]
+        lock = threading.Condition()
 
         def on_message(m: dict) -> None:
             run.record(m)
             if m.get("type") == "key":
                 with lock:
-                    acc = losses.setdefault(m["epoch"], [0.0, 0])
+                    acc = losses.setdefault(m["epoch"], [0.0, 0, 0])
                     acc[0] += m["loss"] * m["samples"]
                     acc[1] += m["samples"]
+                    acc[2] += 1
+                    lock.notify_all()
                 if job.progress:
                     run.live.update(f"  epoch {m['epoch']}/{stage['epochs']} key "
-                                    f"{m['done']}/{len(keys)} loss {m['loss']:.4f} (worker "
-                                    f"{m['worker']})")
+                                    f"{min(acc[2], len(keys))}/{len(keys)} loss "
+                                    f"{m['loss']:.4f} (worker {m['worker']})")
 
         def epochs_thread() -> None:
             """Validate and checkpoint each epoch's server state as the scheduler ends it."""
@@ -140,8 +142,9 @@ class Boosting(Strategy):
                     state = ps.next_epoch_state(epoch, 0.5)
                 if state is None:
                     return
-                with lock:
-                    loss, n = losses.pop(epoch, [0.0, 0])
+                with lock:                     # the epoch's last key reports (best effort)
+                    lock.wait_for(lambda: losses.get(epoch, [0, 0, 0])[2] >= len(keys), 2.0)
+                    loss, n, _ = losses.pop(epoch, [0.0, 0, 0])
                 now = time.perf_counter()
                 served = scheduler.state()["keys_per_worker"][epoch - 1 - start_epoch]
                 row = {"epoch": epoch, "loss": loss / max(n, 1), "samples": n,
