@@ -37,6 +37,7 @@ EPOCHS, LR, MOMENTUM = 3, 0.01, 0.9
 
 def _load(rows):
     import numpy as np
+
     from spark_dl.data import load_mnist
     x, y = load_mnist(IMAGES, LABELS)
     return (x[:rows].reshape(rows, -1).astype(np.float32) / 255), y[:rows].astype(np.int64)
@@ -45,6 +46,7 @@ def _load(rows):
 def plain(model_name, rows, batch, threads):
     """Single-process reference: returns (steady samples/s, wall seconds)."""
     import torch
+
     from spark_dl.models import build_model
     t_wall = time.perf_counter()
     torch.set_num_threads(threads)

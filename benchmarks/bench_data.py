@@ -27,8 +27,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spark_dl.data import ShardData, arrays_to_arrow, distort_range, extended_mnist  # noqa: E402
-from spark_dl.data import mnist_split  # noqa: E402
+from spark_dl.data import (  # noqa: E402
+    ShardData,
+    arrays_to_arrow,
+    distort_range,
+    extended_mnist,
+    mnist_split,
+)
 
 
 def _timed(fn):

@@ -76,6 +76,7 @@ class _Explodes:
 
     def __call__(self):
         import torch
+
         from spark_dl.models.fc import FCNet
         exc, at = self.exc, self.at
 

@@ -30,7 +30,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["RUNTIME", "runtime_requirements", "build_env", "pack_env", "zip_package", "main"]
+__all__ = ["RUNTIME", "build_env", "main", "pack_env", "runtime_requirements", "zip_package"]
 
 RUNTIME = ("torch", "numpy", "pandas", "pyarrow", "pillow")   # what executors import
 

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +33,7 @@ class CharVocab:
         self._table = None
 
     @classmethod
-    def from_text(cls, text: str) -> "CharVocab":
+    def from_text(cls, text: str) -> CharVocab:
         return cls(sorted(set(text)))
 
     def __len__(self) -> int:
@@ -66,7 +66,7 @@ class CharVocab:
         return json.dumps({"chars": self.chars})
 
     @classmethod
-    def from_json(cls, s: str) -> "CharVocab":
+    def from_json(cls, s: str) -> CharVocab:
         return cls(json.loads(s)["chars"])
 
 

@@ -26,13 +26,13 @@ What the stack outputs after pretraining:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["LayerSpec", "DenoisingLayer", "SSDA", "kl_sparsity", "THESIS_SSDA_LAYERS",
-           "app_b_layers"]
+__all__ = ["SSDA", "THESIS_SSDA_LAYERS", "DenoisingLayer", "LayerSpec", "app_b_layers",
+           "kl_sparsity"]
 
 
 @dataclasses.dataclass(frozen=True)

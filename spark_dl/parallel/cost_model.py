@@ -31,9 +31,9 @@ import time
 
 from .model_parallel.comm import Comm, split_sizes
 
-__all__ = ["thesis_published", "thesis_counts", "collective_counts", "predict_seconds",
-           "probe", "probe_flops", "Link", "Cluster", "plan", "Plan", "activation_bytes",
-           "StepCost", "step_cost", "fc_step_cost", "flat_input_shape"]
+__all__ = ["Cluster", "Link", "Plan", "StepCost", "activation_bytes", "collective_counts",
+           "fc_step_cost", "flat_input_shape", "plan", "predict_seconds", "probe", "probe_flops",
+           "step_cost", "thesis_counts", "thesis_published"]
 
 
 def thesis_published(sizes: list[int], F: int, M: int, unit: int = 1) -> dict:
@@ -67,7 +67,7 @@ def thesis_counts(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> di
                          for i in range(1, n - 1))),
     }
     if F == 1:
-        phases = {k: (0, 0) for k in phases}
+        phases = dict.fromkeys(phases, (0, 0))
     return {"phases": phases, "messages": sum(m for m, _ in phases.values()),
             "bytes": sum(b for _, b in phases.values())}
 

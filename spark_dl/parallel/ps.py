@@ -57,7 +57,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-__all__ = ["ParameterServer", "PSClient", "PSError", "MODES", "SERVER_OPTIMIZERS", "OPS"]
+__all__ = ["MODES", "OPS", "SERVER_OPTIMIZERS", "PSClient", "PSError", "ParameterServer"]
 
 MAGIC = b"SDPS"
 MODES = ("async", "sync", "sequential")
@@ -364,7 +364,7 @@ class ParameterServer:
         while not self._stop.is_set():
             try:
                 sock, _ = self._sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -503,7 +503,7 @@ class ParameterServer:
             fns = [lambda b, a=self._profiles[w][0], c=self._profiles[w][1]: a + c * b
                    for w in rows]
             shares = equal_time_split(total, fns, [self._profiles[w][2] for w in rows])
-            self.split = {w: 0 for w in ids} | dict(zip(rows, shares))
+            self.split = dict.fromkeys(ids, 0) | dict(zip(rows, shares))
         rows = sum(r for r, _ in self._registered.values())
         return max(1, -(-rows // total)), self.split[worker]
 

@@ -20,8 +20,8 @@ from .base import FitResult, Job, Strategy
 from .downpour import Downpour
 from .gossip import Gossip
 
-__all__ = ["STRATEGIES", "make_strategy", "Strategy", "AllReduce", "Downpour", "Gossip",
-           "FitResult", "Job"]
+__all__ = ["STRATEGIES", "AllReduce", "Downpour", "FitResult", "Gossip", "Job", "Strategy",
+           "make_strategy"]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "allreduce": AllReduce,

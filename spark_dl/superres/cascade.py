@@ -19,7 +19,7 @@ from ..models.srcnn import SRCNN
 from ..models.ssda import SSDA
 from .images import bicubic
 
-__all__ = ["Bicubic", "resize_matrix", "Cascade", "Upscaler", "takes_noisy", "load_cascade"]
+__all__ = ["Bicubic", "Cascade", "Upscaler", "load_cascade", "resize_matrix", "takes_noisy"]
 
 
 def takes_noisy(cnn: SRCNN) -> bool:

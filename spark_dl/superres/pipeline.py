@@ -23,7 +23,7 @@ from ..models.srcnn import SRCNN
 from ..models.ssda import SSDA, THESIS_SSDA_LAYERS, kl_sparsity
 from .cascade import Cascade, Upscaler
 
-__all__ = ["train_ssda", "train_cnn", "train_cnn_on_clean", "finetune_cascade"]
+__all__ = ["finetune_cascade", "train_cnn", "train_cnn_on_clean", "train_ssda"]
 
 
 def _encoder(ssda: SSDA, depth: int):

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import uuid
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -28,8 +28,8 @@ from ..compat import default_parallelism, is_connect
 from ..errors import ConfigError, DataError
 from .images import bicubic, patches, rgb_to_y
 
-__all__ = ["Degradation", "degrade", "dihedral", "make_pairs", "prepare_patches",
-           "PreparedPatches", "PATCH_SCHEMA"]
+__all__ = ["PATCH_SCHEMA", "Degradation", "PreparedPatches", "degrade", "dihedral", "make_pairs",
+           "prepare_patches"]
 
 PATCH_SCHEMA = "image string, hr array<float>, lr_clean array<float>, lr array<float>"
 KINDS = ("gaussian", "blur", "salt_pepper", "blur+gaussian", "none")

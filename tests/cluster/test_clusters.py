@@ -10,7 +10,6 @@ import time
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from spark_dl.data import distort_range, mnist_split

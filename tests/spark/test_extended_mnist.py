@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-
 import torch
 
 from spark_dl.data import ShardData, distort_range, extended_mnist, mnist_dataframe

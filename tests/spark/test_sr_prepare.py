@@ -120,6 +120,7 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
         ["cascade", "cnn", "cnn-clean", "ssda-finetune", "ssda-layer1", "ssda-layer2"]
     assert all((p / "history.csv").exists() for p in fits[0].iterdir())
     import torch
+
     from spark_dl.superres.cascade import load_cascade
     cascade = load_cascade(out["models"]["cascade"])
     assert cascade.ssda.n_in == 256 and cascade.hr_size == 32

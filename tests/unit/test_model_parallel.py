@@ -18,8 +18,7 @@ FC_SIZES = [20, 13, 7, 5]           # widths not divisible by 2, 3 or 4: uneven 
 def _rank_main(rank, world):
     from spark_dl.models import FCNet, ThesisCNN
     from spark_dl.models.rnn import CharRNN
-    from spark_dl.parallel.model_parallel import (Comm, ThesisFC, parameter_bytes,
-                                                  partition_model)
+    from spark_dl.parallel.model_parallel import Comm, ThesisFC, parameter_bytes, partition_model
     report = {}
     comm = Comm()
 

@@ -15,7 +15,7 @@ from spark_dl.parallel.model_parallel import CountingComm, partition_model
 
 from .ranks import run_on_ranks
 from .test_model_parallel import FC_SIZES
-from .test_model_parallel_zoo import narrow_fc     # Linear(8, 1) kept whole at F = 2
+from .test_model_parallel_zoo import narrow_fc  # Linear(8, 1) kept whole at F = 2
 
 BATCH = 5
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +15,7 @@ import torch
 
 from spark_dl.data import ShardData
 from spark_dl.data.stream import StreamShard, open_shard, parse_buffer
-from spark_dl.errors import ConfigError, DataError, ResourceError
+from spark_dl.errors import ConfigError, DataError
 
 
 def _pixels(n, d=16, seed=0):

@@ -5,12 +5,21 @@ import pytest
 import torch
 
 from spark_dl.data import ShardData
-from spark_dl.models import (SSDA, SRCNN, CharRNN, DenoisingLayer, FCNet, LayerSpec,
-                             kl_sparsity, masked_cross_entropy, pad_sequences, sample,
-                             train_tbptt)
+from spark_dl.models import (
+    SRCNN,
+    SSDA,
+    CharRNN,
+    DenoisingLayer,
+    FCNet,
+    LayerSpec,
+    kl_sparsity,
+    masked_cross_entropy,
+    pad_sequences,
+    sample,
+    train_tbptt,
+)
 from spark_dl.optim import NonlinearCG, make_optimizer
 from spark_dl.train import evaluate, fit, load_checkpoint, seed_everything, train_step
-
 
 # ---- SSDA -------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, optio
 from . import task as _task
 from .plan import Layout, check_thesis, plan_partitions
 
-__all__ = ["Downpour", "MODES", "STALENESS_RULES"]
+__all__ = ["MODES", "STALENESS_RULES", "Downpour"]
 
 STALENESS_RULES = ("none", "lr", "momentum", "lr+momentum")
 
@@ -115,7 +115,7 @@ class Downpour(Strategy):
                                   "the fit) or a list of shares, one per partition")
             check_balance(self.widths)
             if not isinstance(self.partitions, int) or self.partitions < 2 or \
-                    self.widths != "speed" and len(self.widths) != self.partitions:
+                    (self.widths != "speed" and len(self.widths) != self.partitions):
                 raise ConfigError(f"widths gives each of the partitions its share of every "
                                   f"layer's columns: give partitions=F > 1 and F shares, got "
                                   f"partitions={self.partitions!r}, widths={self.widths!r}")

@@ -6,12 +6,21 @@ from __future__ import annotations
 from ...errors import ConfigError
 from ...parallel.amp import check_amp
 from ...parallel.stage import RESULT_SCHEMA
-from ..base import FitResult, Job, Run, Strategy, check_checkpoint, check_choice, check_int, \
-    options, run_barrier
+from ..base import (
+    FitResult,
+    Job,
+    Run,
+    Strategy,
+    check_checkpoint,
+    check_choice,
+    check_int,
+    options,
+    run_barrier,
+)
 from . import task as _task
 from .rounds import check_alpha
 
-__all__ = ["Gossip", "TOPOLOGIES"]
+__all__ = ["TOPOLOGIES", "Gossip"]
 
 TOPOLOGIES = {"ring": 2}                 # topology -> the fewest replicas it needs
 
