@@ -183,12 +183,13 @@ def main(argv=None):
     for spec in args.configs.split(","):
         model_name, batch = spec.split(":")
         batch = int(batch)
+        # the systems run within this iteration (below), with this iteration's values
         systems = {
-            "plain-1t": lambda: plain(model_name, args.rows, batch, 1),
-            "plain-2t": lambda: plain(model_name, args.rows, batch, 2),
-            "spark_dl": lambda: spark_dl_fit(spark, model_name, args.rows, batch, runs_dir,
-                                             profile),
-            "torchdist": lambda: torchdist(spark, model_name, args.rows, batch),
+            "plain-1t": lambda: plain(model_name, args.rows, batch, 1),  # noqa: B023
+            "plain-2t": lambda: plain(model_name, args.rows, batch, 2),  # noqa: B023
+            "spark_dl": lambda: spark_dl_fit(spark, model_name, args.rows, batch,  # noqa: B023
+                                             runs_dir, profile),  # noqa: B023
+            "torchdist": lambda: torchdist(spark, model_name, args.rows, batch),  # noqa: B023
         }
         profile: list = []
         spark_dl_fit(spark, model_name, args.rows, batch, runs_dir, [])   # warm the workers

@@ -49,7 +49,7 @@ def runtime_requirements(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed ({' '.join(map(str, cmd))}):\n{proc.stderr[-3000:]}")
 

@@ -42,6 +42,8 @@ class CharVocab:
     def __eq__(self, other) -> bool:
         return isinstance(other, CharVocab) and other.chars == self.chars
 
+    __hash__ = None                 # as __eq__ alone would leave it: not hashable
+
     def encode(self, text: str) -> np.ndarray:
         """text -> int64 ids; a character outside the vocabulary is a DataError."""
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)

@@ -162,7 +162,7 @@ class SSDA(nn.Module):
     def finetune_loss(self, noisy: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
         """Eq. 5.4: reconstruction of the whole stack plus weight decay of every layer."""
         recon = 0.5 * ((self(noisy) - clean.reshape(len(clean), -1)) ** 2).sum(1).mean()
-        decay = sum(0.5 * l.spec.weight_decay * l.weight_norm2() for l in self.layers)
+        decay = sum(0.5 * layer.spec.weight_decay * layer.weight_norm2() for layer in self.layers)
         return recon + decay
 
     def pretrain(self, batches_fn, optimizer_fn, epochs: int = 1) -> list[list[float]]:

@@ -25,6 +25,7 @@ held from the forward pass until the gradients are computed).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import time
@@ -171,7 +172,7 @@ class StepCost:
 def fc_step_cost(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> StepCost:
     """The step of an FC net of widths ``sizes`` by formula: 6 B P / F flops (forward 2 B P,
     backward 4 B P), ``collective_counts``, P / F parameters, ``activation_bytes``."""
-    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    params = sum(a * b + b for a, b in itertools.pairwise(sizes))
     counts = collective_counts(sizes, F, batch, itemsize)
     return StepCost(F, 6 * batch * params / F, counts["messages"], counts["bytes"], params / F,
                     activation_bytes(sizes, F, batch, itemsize), params)
@@ -415,6 +416,6 @@ def fc_sizes(model) -> list[int] | None:
     layers = [m for m in model.modules() if len(list(m.parameters(recurse=False)))]
     if not layers or not all(isinstance(m, nn.Linear) for m in layers):
         return None
-    if any(a.out_features != b.in_features for a, b in zip(layers[:-1], layers[1:])):
+    if any(a.out_features != b.in_features for a, b in itertools.pairwise(layers)):
         return None
     return [layers[0].in_features] + [m.out_features for m in layers]

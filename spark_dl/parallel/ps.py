@@ -47,6 +47,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import hmac
+import itertools
 import os
 import socket
 import struct
@@ -224,7 +225,7 @@ class ParameterServer:
         n = initial.numel()
         if bounds is not None:                    # shards as the caller cut them
             if bounds[0] != 0 or bounds[-1] != n or any(
-                    a >= b for a, b in zip(bounds[:-1], bounds[1:])):
+                    a >= b for a, b in itertools.pairwise(bounds)):
                 raise ValueError(f"bounds must rise strictly from 0 to {n}, got {bounds}")
             shards = len(bounds) - 1
         if not 1 <= shards <= n:
@@ -587,8 +588,8 @@ class PSClient:
         self.push_seconds = self.pull_seconds = 0.0
 
     def _reply(self, max_payload: int, into=None):
-        op, code, steps, worker, shard, version, count, payload = self.conn.recv(max_payload,
-                                                                                 into)
+        op, code, _steps, _worker, shard, version, count, payload = self.conn.recv(max_payload,
+                                                                                   into)
         if op == OPS["error"]:
             raise PSError("parameter server: " + bytes(payload).decode(errors="replace"))
         return code, shard, version, count, payload

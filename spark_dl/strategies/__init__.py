@@ -50,7 +50,7 @@ def make_strategy(spec, **options) -> Strategy:
 def option_owner(name: str) -> str | None:
     """The strategy one of whose options is called ``name`` (for fit's error messages)."""
     import dataclasses
-    for key, cls in STRATEGIES.items():
+    for cls in STRATEGIES.values():
         if name in {f.name for f in dataclasses.fields(cls)}:
             return cls.__name__
     return None

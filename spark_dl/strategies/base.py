@@ -223,7 +223,7 @@ class Run:
         if job.stage["resume"]:
             _same_model(self.path, self.config)
         write_json(self.path / "config.json", self.config)
-        self.metrics = open(self.path / "metrics.jsonl", "a")
+        self.metrics = open(self.path / "metrics.jsonl", "a")  # noqa: SIM115 - open for the run
         self.live = ProgressLine(job.log)
         self.t_start = time.perf_counter()
         self.secret = secrets.token_hex(16)

@@ -140,5 +140,6 @@ def load_cascade(path) -> Cascade:
         raise ValueError(f"{path} is not a cascade saved by the super-resolution job "
                          f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
     if not isinstance(model, Cascade):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not a Cascade")
+        # a ValueError, as for every other file that is not a saved cascade
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a Cascade")  # noqa: TRY004
     return model

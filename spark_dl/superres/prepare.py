@@ -58,7 +58,7 @@ def _blur(img: np.ndarray, sigma: float) -> np.ndarray:
     """Separable Gaussian blur, edges replicated (B, h, w) or (h, w)."""
     if sigma <= 0:
         return img
-    r = max(1, int(round(3 * sigma)))
+    r = max(1, int(round(3 * sigma)))  # noqa: RUF046 - round(np.float64) is a float in NumPy 1
     k = np.exp(-0.5 * (np.arange(-r, r + 1) / sigma) ** 2)
     k = (k / k.sum()).astype(np.float32)
     pad = [(0, 0)] * (img.ndim - 2) + [(r, r), (r, r)]

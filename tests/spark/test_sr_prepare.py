@@ -67,8 +67,8 @@ def test_the_three_stages_train_with_the_engine(spark, tmp_path):
     torch.manual_seed(5)                            # the SRCNN's initial weights
     conventional, h2 = train_cnn(df, ssda, epochs=2, lr=1e-3, **kw)
     # from the stage-2 pipeline as it is, its SSDA frozen (as init_cascade = "conventional")
-    cascade, h3 = finetune_cascade(df, conventional.ssda, conventional.cnn, epochs=1, lr=1e-4,
-                                   **kw)
+    cascade, _h3 = finetune_cascade(df, conventional.ssda, conventional.cnn, epochs=1, lr=1e-4,
+                                    **kw)
     assert h2[-1]["loss"] < h2[0]["loss"]
     # the patches streamed from spill files (buffer = whole shard) train the same CNN
     torch.manual_seed(5)

@@ -318,7 +318,7 @@ def merge_partitions(original: nn.Module, parts: list[nn.Module]) -> dict:
     communication: the driver uses it on the parameter server's values."""
     out = {}
     modules = [dict(p.named_modules()) for p in parts]
-    for name, module in original.named_modules():
+    for name, _module in original.named_modules():
         pieces = [m.get(name) for m in modules]
         if isinstance(pieces[0], (ColumnLinear, ColumnConv2d)):
             out[f"{name}.weight"] = torch.cat([q.weight.detach() for q in pieces])

@@ -220,7 +220,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                 count += len(x)
             if balancer is not None:
                 balancer.syncing(count)
-            mean, total = sync(loss_sum, count)
+            mean, _total = sync(loss_sum, count)
             if balancer is not None:
                 balancer.synced()
             return torch.tensor(mean, dtype=dtype)

@@ -331,7 +331,9 @@ class Downpour(Strategy):
             if e not in {h["epoch"] for h in history}:
                 got = dict(epochs_done.get(e, {}))
                 for r in reports:
-                    got.update({r["worker"]: h for h in r["history"] if h["epoch"] == e})
+                    for h in r["history"]:
+                        if h["epoch"] == e:
+                            got[r["worker"]] = h
                 skipped = {r["worker"] for r in reports
                            if r.get("resumed_at") and r["resumed_at"]["epoch"] > e}
                 if got and len(got.keys() | skipped) == replicas:

@@ -3,6 +3,8 @@ replicas' average; the checkpoints, every replica's model, are the tasks')."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from ...errors import ConfigError
 from ...parallel.amp import check_amp
 from ...parallel.stage import RESULT_SCHEMA
@@ -42,7 +44,7 @@ class Gossip(Strategy):
     topology: str = "ring"
     sync_every: int = 1
     amp: str | None = None
-    hints = {"partitions": "model parallelism (partitions=F) runs with Downpour",
+    hints: ClassVar[dict] = {"partitions": "model parallelism (partitions=F) runs with Downpour",
              "n_push": "gossip has no parameter server; sync_every sets how often it mixes"}
 
     def check(self) -> None:
