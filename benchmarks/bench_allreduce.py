@@ -37,6 +37,7 @@ EPOCHS, LR, MOMENTUM = 3, 0.01, 0.9
 
 def _load(rows):
     import numpy as np
+
     from spark_dl.data import load_mnist
     x, y = load_mnist(IMAGES, LABELS)
     return (x[:rows].reshape(rows, -1).astype(np.float32) / 255), y[:rows].astype(np.int64)
@@ -45,6 +46,7 @@ def _load(rows):
 def plain(model_name, rows, batch, threads):
     """Single-process reference: returns (steady samples/s, wall seconds)."""
     import torch
+
     from spark_dl.models import build_model
     t_wall = time.perf_counter()
     torch.set_num_threads(threads)
@@ -181,12 +183,13 @@ def main(argv=None):
     for spec in args.configs.split(","):
         model_name, batch = spec.split(":")
         batch = int(batch)
+        # the systems run within this iteration (below), with this iteration's values
         systems = {
-            "plain-1t": lambda: plain(model_name, args.rows, batch, 1),
-            "plain-2t": lambda: plain(model_name, args.rows, batch, 2),
-            "spark_dl": lambda: spark_dl_fit(spark, model_name, args.rows, batch, runs_dir,
-                                             profile),
-            "torchdist": lambda: torchdist(spark, model_name, args.rows, batch),
+            "plain-1t": lambda: plain(model_name, args.rows, batch, 1),  # noqa: B023
+            "plain-2t": lambda: plain(model_name, args.rows, batch, 2),  # noqa: B023
+            "spark_dl": lambda: spark_dl_fit(spark, model_name, args.rows, batch,  # noqa: B023
+                                             runs_dir, profile),  # noqa: B023
+            "torchdist": lambda: torchdist(spark, model_name, args.rows, batch),  # noqa: B023
         }
         profile: list = []
         spark_dl_fit(spark, model_name, args.rows, batch, runs_dir, [])   # warm the workers

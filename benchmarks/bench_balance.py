@@ -144,7 +144,7 @@ def main(argv=None):
             s["accuracy_vs_unbalanced_points"] = round(
                 100 * (s["val_accuracy_final_median"] - base["val_accuracy_final_median"]), 2)
     plain_s = summary["plain-1t"]["epoch_s_median"]
-    for k, s in summary.items():
+    for s in summary.values():
         s["epoch_time_vs_plain_1t"] = round(s["epoch_s_median"] / plain_s, 3)
     from _results import write_results
     write_results(args.out, "bench_balance.py", argv, {"rows": args.rows, "epochs": E, "batch_per_replica": B,

@@ -84,7 +84,7 @@ def main(argv=None):
     from spark_dl.data.counting import counting_scenes
     systems = {"ps-sync": lambda: Downpour(mode="sync"),
                "ring": lambda: AllReduce(transport="process_group"),
-               "allreduce-shm": lambda: AllReduce()}
+               "allreduce-shm": AllReduce}
     raw: dict = {}
     for master, ns in (("local[2]", [n for n in map(int, args.workers.split(",")) if n <= 2]),
                        ("local-cluster[4,1,1024]", [n for n in map(int, args.workers.split(","))

@@ -27,8 +27,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spark_dl.data import ShardData, arrays_to_arrow, distort_range, extended_mnist  # noqa: E402
-from spark_dl.data import mnist_split  # noqa: E402
+from spark_dl.data import (  # noqa: E402
+    ShardData,
+    arrays_to_arrow,
+    distort_range,
+    extended_mnist,
+    mnist_split,
+)
 
 
 def _timed(fn):
@@ -186,7 +191,7 @@ def bench_bridge_training(x, y, batch_size, repeats, rows=10000):
     fit("bridge"), fit("plain")
     for _ in range(repeats):
         for k in secs:
-            secs[k].append(_timed(lambda: fit(k))[0])
+            secs[k].append(_timed(lambda: fit(k))[0])  # noqa: B023 - called at once
     rate = {k: rows / statistics.median(v) for k, v in secs.items()}
     return {"rows": rows, "model": "thesis CNN, SGD, 1 epoch", "batch_size": batch_size,
             **{f"{k}_samples_per_s": round(r) for k, r in rate.items()},

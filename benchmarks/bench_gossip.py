@@ -46,6 +46,7 @@ LATENCY_S = 100e-6
 
 def _validation():
     import numpy as np
+
     from spark_dl.data import load_mnist
     x, y = load_mnist(str(IMAGES), str(LABELS))
     return x[-2000:].reshape(2000, -1).astype(np.float32) / 255, y[-2000:].astype(np.int64)
@@ -56,6 +57,7 @@ def make_data(spark, rows: int, shards: int, where: Path) -> tuple[str, tuple]:
     executors once and written as Parquet shards; also the same rows on the driver (for the
     calibration)."""
     import numpy as np
+
     from spark_dl.data import extended_mnist, load_mnist, write_shards
     x, y = load_mnist(str(IMAGES), str(LABELS))
     write_shards(extended_mnist(spark, x[:SOURCES], y[:SOURCES], rows, shards, seed=0),

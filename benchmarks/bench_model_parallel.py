@@ -130,7 +130,7 @@ def _rank(rank, world, port, net, algorithm, out):
 def distributed(net, F, algorithm):
     import torch.multiprocessing as mp
     out = Path(tempfile.mkdtemp()) / "r.json"
-    for attempt in range(3):
+    for attempt in range(3):  # noqa: B007 - read after the loop
         try:
             mp.start_processes(_rank, args=(F, _free_port(), net, algorithm, str(out)),
                                nprocs=F, join=True, start_method="spawn")
@@ -169,7 +169,7 @@ def plain(net, threads):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, _, loss = _batch(net)
     times = []
-    for step in range(WARMUP + STEPS):
+    for _step in range(WARMUP + STEPS):
         t0 = time.perf_counter()
         opt.zero_grad()
         loss(model(x)).backward()
@@ -204,11 +204,11 @@ def main(argv=None):
     for net in args.nets.split(","):
         model_fn, shape, _ = _net(net)
         fc = net not in ("cnn", "ssda")
-        systems = {"plain-1t": lambda: plain(net, 1)}
+        systems = {"plain-1t": lambda net=net: plain(net, 1)}
         for F in parts:
-            systems[f"plain-{F}t"] = lambda F=F: plain(net, F)
+            systems[f"plain-{F}t"] = lambda F=F, net=net: plain(net, F)
             for alg in ("collective", "thesis") if fc else ("collective",):
-                systems[f"{alg}-F{F}"] = lambda F=F, alg=alg: distributed(net, F, alg)
+                systems[f"{alg}-F{F}"] = lambda F=F, alg=alg, net=net: distributed(net, F, alg)
         raw = {k: [] for k in systems}
         for _ in range(args.repeats):
             for k, fn in systems.items():                   # interleaved

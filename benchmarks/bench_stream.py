@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT))
 from spark_dl.data import distort_range, mnist_split, open_shard, pixels_to_arrow  # noqa: E402
 from spark_dl.data.mnist import to_pixels  # noqa: E402
 from spark_dl.models.cnn import ThesisCNN  # noqa: E402
-from spark_dl.models.fc import FCNet  # noqa: E402
 from spark_dl.train import evaluate, train_epoch  # noqa: E402
 
 IMAGES = ROOT / "data" / "mnist" / "t10k-images-idx3-ubyte.gz"

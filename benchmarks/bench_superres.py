@@ -71,7 +71,7 @@ def plain(stage, data, threads, epochs):
     x = torch.from_numpy(data["lr"])
     y = torch.from_numpy(data[target]).reshape(len(x), *tshape)
     model = model_fn()
-    from spark_dl.optim.factory import make_optimizer       # Adam as fit builds it (fused)
+    from spark_dl.optim.factory import make_optimizer  # Adam as fit builds it (fused)
     opt = make_optimizer("adam", [p for p in model.parameters() if p.requires_grad], 1e-3)
     rate = 0.0
     for e in range(epochs):

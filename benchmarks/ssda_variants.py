@@ -89,8 +89,8 @@ def _variants():
                       lambda: SSDA(256, (LayerSpec(1280, 0.0, 1.0),)), pre),
         "ssda2": ("SSDA 1280-1280", lambda: SSDA(256, (LayerSpec(1280), LayerSpec(1280, 0.0, 1.0))),
                   {}),
-        "ssda3": ("SSDA 1280-1280-256, the 256 code decoded by tied decoders (the package's "
-                  "reading until 2026-11-25)", tied(), {}),
+        "ssda3": (("SSDA 1280-1280-256, the 256 code decoded by tied decoders (the package's "
+                   "reading until 2026-11-25)"), tied(), {}),
         "mlp": ("ReLU MLP 256-1280-1280-256, untied (reference)",
                 lambda: nn.Sequential(nn.Linear(256, 1280), nn.ReLU(), nn.Linear(1280, 1280),
                                       nn.ReLU(), nn.Linear(1280, 256)), {}),
@@ -108,8 +108,8 @@ def _variants():
                                 tied(last=(0.01, 0.05)), pre),
         "ssda3-pre-init4": ("ssda3-pre with the sigmoid init", tied(4.0), pre),
         # App. B's third layer as the output layer (THESIS_SSDA_LAYERS since 2026-11-25)
-        "thesis3": ("SSDA 256-1280-1280-256, the 256 layer the output, the sigmoid init below "
-                    "it (THESIS_SSDA_LAYERS)", lambda: SSDA(256, THESIS_SSDA_LAYERS), {}),
+        "thesis3": (("SSDA 256-1280-1280-256, the 256 layer the output, the sigmoid init below "
+                     "it (THESIS_SSDA_LAYERS)"), lambda: SSDA(256, THESIS_SSDA_LAYERS), {}),
         "thesis3-init1": ("thesis3 with the tanh init (bound x1) below the output", thesis(1.0),
                           {}),
         "thesis3-init4out": ("thesis3 with the sigmoid init (x4) in the output layer too",

@@ -76,6 +76,7 @@ class _Explodes:
 
     def __call__(self):
         import torch
+
         from spark_dl.models.fc import FCNet
         exc, at = self.exc, self.at
 
@@ -257,14 +258,14 @@ def main(argv=None):
         print(f"{secs:6.1f} s  {name}: {outcome}: {message[:160]}", flush=True)
     spark.stop()
     lines = ["# Bad inputs and faults: what the user gets", "",
-             f"`scripts/bad_inputs.py` on local[2], {time.strftime('%Y-%m-%d %H:%M')} UTC: "
-             f"{len(rows)} cases, each a fit on 48 rows of 12 features in two partitions. "
-             "\"seconds\" is from the call to the exception or the end of the fit (the run "
-             "directories to resume were made before the clock started); where a run "
-             "directory was refused, its checkpoints and config.json are checked unchanged "
-             "byte for byte (a change would be flagged in the message). Worker and executor kills are in "
-             "the cluster tests (`tests/cluster/test_clusters.py`): Spark retries them and the "
-             "fit resumes from its checkpoint.", "",
+             (f"`scripts/bad_inputs.py` on local[2], {time.strftime('%Y-%m-%d %H:%M')} UTC: "
+              f"{len(rows)} cases, each a fit on 48 rows of 12 features in two partitions. "
+              "\"seconds\" is from the call to the exception or the end of the fit (the run "
+              "directories to resume were made before the clock started); where a run "
+              "directory was refused, its checkpoints and config.json are checked unchanged "
+              "byte for byte (a change would be flagged in the message). Worker and executor kills are in "
+              "the cluster tests (`tests/cluster/test_clusters.py`): Spark retries them and the "
+              "fit resumes from its checkpoint."), "",
              "| # | input or fault | how | outcome | message (first line) | seconds |",
              "| ---: | --- | --- | --- | --- | ---: |"]
     for i, (name, what, outcome, message, secs) in enumerate(rows, 1):

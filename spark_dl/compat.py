@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["is_connect", "master", "default_parallelism", "num_partitions", "broadcast"]
+__all__ = ["broadcast", "default_parallelism", "is_connect", "master", "num_partitions"]
 
 
 def is_connect(spark) -> bool:

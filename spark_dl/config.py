@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .errors import ConfigError
 
-__all__ = ["DataConfig", "TrainConfig", "DemoConfig", "load_toml", "from_mapping"]
+__all__ = ["DataConfig", "DemoConfig", "TrainConfig", "from_mapping", "load_toml"]
 
 T = TypeVar("T")
 

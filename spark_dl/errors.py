@@ -4,7 +4,7 @@
 outside the call: configuration files, input data and the cluster.
 """
 
-__all__ = ["SparkDLError", "ConfigError", "DataError", "ResourceError", "TaskError"]
+__all__ = ["ConfigError", "DataError", "ResourceError", "SparkDLError", "TaskError"]
 
 
 class SparkDLError(Exception):

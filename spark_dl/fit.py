@@ -15,7 +15,7 @@ strategy shares.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from torch import nn
@@ -29,7 +29,7 @@ from .strategies import STRATEGIES, Strategy, make_strategy, option_owner
 from .strategies.base import FitResult, Job
 from .tracking import Tracker
 
-__all__ = ["fit", "FitResult", "STRATEGIES"]
+__all__ = ["STRATEGIES", "FitResult", "fit"]
 
 
 def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Module]:
@@ -52,7 +52,7 @@ def _gpu_request_error(master: str, task_gpus: str | None, device: str) -> str |
     """Why ``device`` cannot be honoured on ``master`` with ``spark.task.resource.gpu.amount``
     = ``task_gpus``, or None. Local mode needs no GPU scheduling (one machine: the tasks take
     the GPUs rank modulo count); a cluster does, or tasks would pile onto the same devices."""
-    if device != "cuda" or master.startswith("local") and not master.startswith("local-cluster"):
+    if device != "cuda" or (master.startswith("local") and not master.startswith("local-cluster")):
         return None
     if task_gpus and float(task_gpus) > 0:
         return None

@@ -30,7 +30,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["RUNTIME", "runtime_requirements", "build_env", "pack_env", "zip_package", "main"]
+__all__ = ["RUNTIME", "build_env", "main", "pack_env", "runtime_requirements", "zip_package"]
 
 RUNTIME = ("torch", "numpy", "pandas", "pyarrow", "pillow")   # what executors import
 
@@ -49,7 +49,7 @@ def runtime_requirements(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed ({' '.join(map(str, cmd))}):\n{proc.stderr[-3000:]}")
 

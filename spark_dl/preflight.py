@@ -9,7 +9,7 @@ run on two rows of zeros of the training rows' shape; a model that the meta devi
 from __future__ import annotations
 
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

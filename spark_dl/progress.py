@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["ProgressLine"]
 

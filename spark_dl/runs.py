@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-__all__ = ["new_run_dir", "write_json", "write_history", "plot_history", "plot_convergence"]
+__all__ = ["new_run_dir", "plot_convergence", "plot_history", "write_history", "write_json"]
 
 
 def new_run_dir(root: str | Path = "runs", prefix: str = "fit") -> Path:

@@ -13,12 +13,12 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .errors import ConfigError
 
-__all__ = ["get_session", "load_profile", "profile_dirs", "available_profiles"]
+__all__ = ["available_profiles", "get_session", "load_profile", "profile_dirs"]
 
 DEFAULT_PROFILE = "local"
 
@@ -140,8 +140,9 @@ def get_session(profile: str | None = None, *, master: str | None = None,
 
 
 def _connect_session(remote: str, profile: str | None, conf, conf_dir):
-    from pyspark.sql import SparkSession
     import importlib.util
+
+    from pyspark.sql import SparkSession
     if importlib.util.find_spec("grpc_status") is None:    # pyspark's Connect client needs it
         raise ConfigError("remote= needs the Spark Connect client: pip install "
                           "'pyspark[connect]' (or the pyspark-client package)")

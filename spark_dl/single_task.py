@@ -8,7 +8,7 @@ weights come back, as ``torch.save`` bytes of the state dict.
 from __future__ import annotations
 
 import io
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 

@@ -70,7 +70,7 @@ class Tracker:
                                   f"import here ({e}); pip install 'spark_dl[tracking]' or "
                                   f"drop {name!r} from track") from e
 
-    def start(self, run_dir: Path, config: dict) -> "Tracker":
+    def start(self, run_dir: Path, config: dict) -> Tracker:
         self.run_dir = Path(run_dir)
         if "tensorboard" in self.names:
             from torch.utils.tensorboard import SummaryWriter

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -18,8 +18,8 @@ from torch import nn
 
 from .optim.factory import make_optimizer, needs_closure
 
-__all__ = ["make_optimizer", "seed_everything", "train_step", "train_epoch", "evaluate", "fit",
-           "save_checkpoint", "load_checkpoint"]
+__all__ = ["evaluate", "fit", "load_checkpoint", "make_optimizer", "save_checkpoint",
+           "seed_everything", "train_epoch", "train_step"]
 
 
 def seed_everything(seed: int) -> None:

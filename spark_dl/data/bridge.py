@@ -9,7 +9,7 @@ shuffled mini-batches per epoch.
 from __future__ import annotations
 
 import warnings
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +17,7 @@ import torch
 
 from ..errors import DataError
 
-__all__ = ["ShardData", "column_chunks", "column_to_numpy", "as_batch", "storage_dtype"]
+__all__ = ["ShardData", "as_batch", "column_chunks", "column_to_numpy", "storage_dtype"]
 
 
 
@@ -226,7 +226,7 @@ class ShardData:
     def from_arrow(cls, batches: Iterable[pa.RecordBatch], features: str = "features",
                    label: str | None = "label", shape: Sequence[int] = (),
                    label_shape: Sequence[int] = (), num_classes: int | None = None,
-                   where: str = "partition") -> "ShardData":
+                   where: str = "partition") -> ShardData:
         """Read all record batches of a partition (an empty partition gives 0 rows). A
         partition larger than the task's memory raises a ResourceError that names the fix
         (``spark_dl.data.stream.open_shard`` streams it from local disk instead)."""
@@ -261,7 +261,7 @@ class ShardData:
             raise _memory_error(where, read, e) from None
 
     @classmethod
-    def from_spec(cls, spec: tuple) -> "ShardData":
+    def from_spec(cls, spec: tuple) -> ShardData:
         """No rows, of the kind ``spec()`` describes."""
         shape, dtype, lab = spec
         return cls(np.zeros((0, *shape), dtype),

@@ -40,7 +40,7 @@ class Distortion:
 
 
 def _gaussian_kernel(sigma: float) -> torch.Tensor:
-    radius = max(1, int(math.ceil(3 * sigma)))
+    radius = max(1, int(math.ceil(3 * sigma)))  # noqa: RUF046 - sigma may be a NumPy scalar
     t = torch.arange(-radius, radius + 1, dtype=torch.float32)
     k = torch.exp(-0.5 * (t / sigma) ** 2)
     return k / k.sum()

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import DataError
 
-__all__ = ["read_idx", "load_mnist", "IMAGES_MAGIC", "LABELS_MAGIC"]
+__all__ = ["IMAGES_MAGIC", "LABELS_MAGIC", "load_mnist", "read_idx"]
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049

@@ -11,14 +11,14 @@ Corrupt files: ``on_error="raise"`` (default) fails the job with a DataError nam
 from __future__ import annotations
 
 import io
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import DataError
 
-__all__ = ["read_images", "image_files", "decode_image", "IMAGE_SCHEMA", "IMAGE_EXTENSIONS"]
+__all__ = ["IMAGE_EXTENSIONS", "IMAGE_SCHEMA", "decode_image", "image_files", "read_images"]
 
 IMAGE_SCHEMA = ("path string, height int, width int, channels int, mode string, "
                 "data binary, error string")

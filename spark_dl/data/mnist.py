@@ -7,8 +7,8 @@ bytes, scaled to [0, 1] per mini-batch by the bridge) unless asked for floats.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -18,8 +18,8 @@ from ..errors import DataError
 from .distort import Distortion, distort_range
 from .idx import load_mnist
 
-__all__ = ["MNIST_SCHEMA", "PIXEL_SCHEMA", "mnist_split", "arrays_to_arrow", "pixels_to_arrow",
-           "mnist_dataframe", "mnist_file_dataframe", "extended_mnist"]
+__all__ = ["MNIST_SCHEMA", "PIXEL_SCHEMA", "arrays_to_arrow", "extended_mnist", "mnist_dataframe",
+           "mnist_file_dataframe", "mnist_split", "pixels_to_arrow"]
 
 MNIST_SCHEMA = "features array<float>, label long"
 PIXEL_SCHEMA = "features binary, label long"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 
 from ..errors import DataError
 
-__all__ = ["write_shards", "read_shards", "shard_files", "MANIFEST"]
+__all__ = ["MANIFEST", "read_shards", "shard_files", "write_shards"]
 
 MANIFEST = "_manifest.json"
 

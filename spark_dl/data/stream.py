@@ -27,17 +27,24 @@ import re
 import resource
 import tempfile
 import threading
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from ..errors import ConfigError, DataError, ResourceError
-from .bridge import ShardData, as_batch, check_labels, check_columns, ragged_rows, \
-    storage_dtype, _chunk_view
+from .bridge import (
+    ShardData,
+    _chunk_view,
+    as_batch,
+    check_columns,
+    check_labels,
+    ragged_rows,
+    storage_dtype,
+)
 
-__all__ = ["StreamShard", "open_shard", "parse_buffer", "spill_directory", "DATA_MODES"]
+__all__ = ["DATA_MODES", "StreamShard", "open_shard", "parse_buffer", "spill_directory"]
 
 DATA_MODES = ("auto", "memory", "stream")
 CHUNK_BYTES = 4 << 20          # rows are read back in chunks of about this size
@@ -358,7 +365,7 @@ def _prefetched(items: Iterator, depth: int) -> Iterator:
                 if stop.is_set():
                     return
             q.put(end)
-        except BaseException as e:                # noqa: BLE001 - handed to the consumer
+        except BaseException as e:                # handed to the consumer
             q.put(e)
 
     thread = threading.Thread(target=produce, daemon=True, name="spark_dl-prefetch")

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +33,7 @@ class CharVocab:
         self._table = None
 
     @classmethod
-    def from_text(cls, text: str) -> "CharVocab":
+    def from_text(cls, text: str) -> CharVocab:
         return cls(sorted(set(text)))
 
     def __len__(self) -> int:
@@ -41,6 +41,8 @@ class CharVocab:
 
     def __eq__(self, other) -> bool:
         return isinstance(other, CharVocab) and other.chars == self.chars
+
+    __hash__ = None                 # as __eq__ alone would leave it: not hashable
 
     def encode(self, text: str) -> np.ndarray:
         """text -> int64 ids; a character outside the vocabulary is a DataError."""
@@ -66,7 +68,7 @@ class CharVocab:
         return json.dumps({"chars": self.chars})
 
     @classmethod
-    def from_json(cls, s: str) -> "CharVocab":
+    def from_json(cls, s: str) -> CharVocab:
         return cls(json.loads(s)["chars"])
 
 

@@ -3,7 +3,7 @@ conv 4×4×12 → FC softmax, on 28×28 inputs; ``widths`` gives wider variants.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["FCNet", "build_model", "ACTIVATIONS"]
+__all__ = ["ACTIVATIONS", "FCNet", "build_model"]
 
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}
 

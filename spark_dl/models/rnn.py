@@ -8,14 +8,14 @@ Graves 2012 without peepholes); the RNN uses tanh units.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["CharRNN", "CharLM", "pad_sequences", "masked_cross_entropy", "train_tbptt", "sample"]
+__all__ = ["CharLM", "CharRNN", "masked_cross_entropy", "pad_sequences", "sample", "train_tbptt"]
 
 
 class CharRNN(nn.Module):

@@ -26,13 +26,13 @@ What the stack outputs after pretraining:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["LayerSpec", "DenoisingLayer", "SSDA", "kl_sparsity", "THESIS_SSDA_LAYERS",
-           "app_b_layers"]
+__all__ = ["SSDA", "THESIS_SSDA_LAYERS", "DenoisingLayer", "LayerSpec", "app_b_layers",
+           "kl_sparsity"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +162,7 @@ class SSDA(nn.Module):
     def finetune_loss(self, noisy: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
         """Eq. 5.4: reconstruction of the whole stack plus weight decay of every layer."""
         recon = 0.5 * ((self(noisy) - clean.reshape(len(clean), -1)) ** 2).sum(1).mean()
-        decay = sum(0.5 * l.spec.weight_decay * l.weight_norm2() for l in self.layers)
+        decay = sum(0.5 * layer.spec.weight_decay * layer.weight_norm2() for layer in self.layers)
         return recon + decay
 
     def pretrain(self, batches_fn, optimizer_fn, epochs: int = 1) -> list[list[float]]:

@@ -10,6 +10,8 @@ Airbus challenge's object-level F2).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -49,7 +51,7 @@ class UNet(nn.Module):
         super().__init__()
         self.widths = tuple(widths)
         chans = (in_channels, *widths)
-        self.down = nn.ModuleList(Bottleneck(a, b) for a, b in zip(chans[:-1], chans[1:]))
+        self.down = nn.ModuleList(Bottleneck(a, b) for a, b in itertools.pairwise(chans))
         self.pool = nn.MaxPool2d(2)
         self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i], widths[i - 1], 2, stride=2)
                                 for i in range(len(widths) - 1, 0, -1))

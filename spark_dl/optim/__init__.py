@@ -3,4 +3,4 @@
 from .cg import NonlinearCG
 from .factory import OPTIMIZERS, make_optimizer
 
-__all__ = ["NonlinearCG", "make_optimizer", "OPTIMIZERS"]
+__all__ = ["OPTIMIZERS", "NonlinearCG", "make_optimizer"]

@@ -16,9 +16,9 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
-__all__ = ["MessageServer", "MessageClient", "pack", "MAX_BODY"]
+__all__ = ["MAX_BODY", "MessageClient", "MessageServer", "pack"]
 
 MAGIC = b"SDL1"
 MAX_BODY = 1 << 20
@@ -60,7 +60,7 @@ class MessageServer:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -25,15 +25,16 @@ held from the forward pass until the gradients are computed).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import time
 
 from .model_parallel.comm import Comm, split_sizes
 
-__all__ = ["thesis_published", "thesis_counts", "collective_counts", "predict_seconds",
-           "probe", "probe_flops", "Link", "Cluster", "plan", "Plan", "activation_bytes",
-           "StepCost", "step_cost", "fc_step_cost", "flat_input_shape"]
+__all__ = ["Cluster", "Link", "Plan", "StepCost", "activation_bytes", "collective_counts",
+           "fc_step_cost", "flat_input_shape", "plan", "predict_seconds", "probe", "probe_flops",
+           "step_cost", "thesis_counts", "thesis_published"]
 
 
 def thesis_published(sizes: list[int], F: int, M: int, unit: int = 1) -> dict:
@@ -67,7 +68,7 @@ def thesis_counts(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> di
                          for i in range(1, n - 1))),
     }
     if F == 1:
-        phases = {k: (0, 0) for k in phases}
+        phases = dict.fromkeys(phases, (0, 0))
     return {"phases": phases, "messages": sum(m for m, _ in phases.values()),
             "bytes": sum(b for _, b in phases.values())}
 
@@ -171,7 +172,7 @@ class StepCost:
 def fc_step_cost(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> StepCost:
     """The step of an FC net of widths ``sizes`` by formula: 6 B P / F flops (forward 2 B P,
     backward 4 B P), ``collective_counts``, P / F parameters, ``activation_bytes``."""
-    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    params = sum(a * b + b for a, b in itertools.pairwise(sizes))
     counts = collective_counts(sizes, F, batch, itemsize)
     return StepCost(F, 6 * batch * params / F, counts["messages"], counts["bytes"], params / F,
                     activation_bytes(sizes, F, batch, itemsize), params)
@@ -415,6 +416,6 @@ def fc_sizes(model) -> list[int] | None:
     layers = [m for m in model.modules() if len(list(m.parameters(recurse=False)))]
     if not layers or not all(isinstance(m, nn.Linear) for m in layers):
         return None
-    if any(a.out_features != b.in_features for a, b in zip(layers[:-1], layers[1:])):
+    if any(a.out_features != b.in_features for a, b in itertools.pairwise(layers)):
         return None
     return [layers[0].in_features] + [m.out_features for m in layers]

@@ -21,7 +21,7 @@ import traceback
 from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError, TaskError
 
-__all__ = ["TaskError", "WHERE", "at", "is_transient", "report", "task_error", "TaskErrors"]
+__all__ = ["WHERE", "TaskError", "TaskErrors", "at", "is_transient", "report", "task_error"]
 
 # where this task is (set by the training loops): a failing task says which step failed
 WHERE: dict = {"epoch": None, "step": None}

@@ -54,6 +54,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import hmac
+import itertools
 import os
 import socket
 import struct
@@ -64,7 +65,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-__all__ = ["ParameterServer", "PSClient", "PSError", "MODES", "SERVER_OPTIMIZERS", "OPS"]
+__all__ = ["MODES", "OPS", "SERVER_OPTIMIZERS", "PSClient", "PSError", "ParameterServer"]
 
 MAGIC = b"SDPS"
 MODES = ("async", "sync", "sequential")
@@ -232,7 +233,7 @@ class ParameterServer:
         n = initial.numel()
         if bounds is not None:                    # shards as the caller cut them
             if bounds[0] != 0 or bounds[-1] != n or any(
-                    a >= b for a, b in zip(bounds[:-1], bounds[1:])):
+                    a >= b for a, b in itertools.pairwise(bounds)):
                 raise ValueError(f"bounds must rise strictly from 0 to {n}, got {bounds}")
             shards = len(bounds) - 1
         if not 1 <= shards <= n:
@@ -380,7 +381,7 @@ class ParameterServer:
         while not self._stop.is_set():
             try:
                 sock, _ = self._sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -539,7 +540,7 @@ class ParameterServer:
             fns = [lambda b, a=self._profiles[w][0], c=self._profiles[w][1]: a + c * b
                    for w in rows]
             shares = equal_time_split(total, fns, [self._profiles[w][2] for w in rows])
-            self.split = {w: 0 for w in ids} | dict(zip(rows, shares))
+            self.split = dict.fromkeys(ids, 0) | dict(zip(rows, shares))
         rows = sum(r for r, _ in self._registered.values())
         return max(1, -(-rows // total)), self.split[worker]
 
@@ -633,8 +634,8 @@ class PSClient:
         self.push_seconds = self.pull_seconds = 0.0
 
     def _reply(self, max_payload: int, into=None):
-        op, code, steps, worker, shard, version, count, payload = self.conn.recv(max_payload,
-                                                                                 into)
+        op, code, _steps, _worker, shard, version, count, payload = self.conn.recv(max_payload,
+                                                                                   into)
         if op == OPS["error"]:
             raise PSError("parameter server: " + bytes(payload).decode(errors="replace"))
         return code, shard, version, count, payload

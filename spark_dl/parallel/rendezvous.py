@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..errors import ResourceError
 
-__all__ = ["task_device", "process_group"]
+__all__ = ["process_group", "task_device"]
 
 
 def task_device(requested: str, gpu_addresses: list[str], rank: int) -> tuple[torch.device, str]:

@@ -12,8 +12,8 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -22,9 +22,9 @@ from torch import nn
 from ..errors import ConfigError, DataError
 from .failures import at, report
 
-__all__ = ["StageConfig", "LocalStepConfig", "peak_memory_mb", "read_shard", "write_task_info", "LOSSES",
-           "loss_function", "evaluate", "save_atomic", "load_checkpoint", "previous", "barrier_task", "RESULT_SCHEMA",
-           "broadcast_bytes", "state_bytes", "stage_info"]
+__all__ = ["LOSSES", "RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "barrier_task",
+           "broadcast_bytes", "evaluate", "load_checkpoint", "loss_function", "peak_memory_mb",
+           "previous", "read_shard", "save_atomic", "stage_info", "state_bytes", "write_task_info"]
 
 LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
 

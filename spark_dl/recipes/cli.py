@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from ..config import load_toml
 from .common import write_result

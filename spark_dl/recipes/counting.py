@@ -8,6 +8,7 @@ relative error per count bin) and a picture strip (scene | true density | predic
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def count_errors(pred: np.ndarray, true: np.ndarray, bins=(0, 1, 11, 21, 31)) ->
     out = {"mae": float(np.abs(err).mean()), "rmse": float(np.sqrt((err ** 2).mean())),
            "mean_count": float(true.mean()), "bins": []}
     edges = list(bins) + [np.inf]
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in itertools.pairwise(edges):
         sel = (true >= lo) & (true < hi)
         if not sel.any():
             continue

@@ -95,9 +95,9 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
     (``train.strategy``: "allreduce", "downpour", "gossip" or a [train.strategy] table)."""
     import pyarrow as pa  # noqa: F401  (the executors' generator needs it)
 
+    from ..compat import broadcast, default_parallelism
     from ..data import extended_mnist, pixels_to_arrow
     from ..data.mnist import PIXEL_SCHEMA
-    from ..compat import broadcast, default_parallelism
     from ..fit import fit
     from ..session import get_session
     d, t = cfg.data, cfg.train

@@ -19,12 +19,12 @@ import torch.nn.functional as F
 
 from ..config import _check
 from ..data import ShardData
-from ..models import SRCNN, SSDA, LayerSpec, THESIS_SSDA_LAYERS
+from ..models import SRCNN, SSDA, THESIS_SSDA_LAYERS, LayerSpec
 from ..superres import bicubic, load_y, modcrop, patches, psnr
 from ..train import make_optimizer, seed_everything, train_epoch
 from .common import RunConfig, pick_device
 
-__all__ = ["SSDAConfig", "SRCNNConfig", "train_ssda", "train_srcnn", "denoise_image"]
+__all__ = ["SRCNNConfig", "SSDAConfig", "denoise_image", "train_srcnn", "train_ssda"]
 
 
 def _images(folder: str, scale: int) -> list[np.ndarray]:

@@ -75,11 +75,11 @@ class SuperResConfig:
 def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     import torch
 
-    from ..runs import new_run_dir
     from ..models.ssda import app_b_layers
+    from ..runs import new_run_dir
     from ..session import get_session
-    from ..superres.evaluate import evaluate_folder
     from ..superres.cascade import Cascade
+    from ..superres.evaluate import evaluate_folder
     from ..superres.pipeline import finetune_cascade, train_cnn, train_cnn_on_clean, train_ssda
     from ..superres.prepare import Degradation, prepare_patches
     spark = spark or get_session()

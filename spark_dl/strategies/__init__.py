@@ -21,8 +21,8 @@ from .boosting import Boosting
 from .downpour import Downpour
 from .gossip import Gossip
 
-__all__ = ["STRATEGIES", "make_strategy", "Strategy", "AllReduce", "Boosting", "Downpour",
-           "Gossip", "FitResult", "Job"]
+__all__ = ["STRATEGIES", "AllReduce", "Boosting", "Downpour", "FitResult", "Gossip", "Job",
+           "Strategy", "make_strategy"]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "allreduce": AllReduce,
@@ -52,7 +52,7 @@ def make_strategy(spec, **options) -> Strategy:
 def option_owner(name: str) -> str | None:
     """The strategy one of whose options is called ``name`` (for fit's error messages)."""
     import dataclasses
-    for key, cls in STRATEGIES.items():
+    for cls in STRATEGIES.values():
         if name in {f.name for f in dataclasses.fields(cls)}:
             return cls.__name__
     return None

@@ -16,8 +16,9 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ from ..parallel.stage import load_checkpoint
 from ..progress import ProgressLine
 from ..runs import new_run_dir, plot_history, write_history, write_json
 
-__all__ = ["Strategy", "options", "Job", "Run", "FitResult"]
+__all__ = ["FitResult", "Job", "Run", "Strategy", "options"]
 
 
 @dataclasses.dataclass
@@ -74,19 +75,19 @@ class Strategy:
     def check(self) -> None:
         """Raise ConfigError for a bad option (called on construction)."""
 
-    def check_job(self, job: "Job") -> None:
+    def check_job(self, job: Job) -> None:
         """Raise ConfigError for options that do not go with fit's arguments."""
 
-    def tasks(self, job: "Job") -> int:
+    def tasks(self, job: Job) -> int:
         """Sets ``job.replicas`` when fit left it open; returns the stage's task count."""
         job.replicas = job.replicas or max(min(job.partitions or job.slots, job.slots), 1)
         return job.replicas
 
-    def barrier(self, job: "Job") -> bool:
+    def barrier(self, job: Job) -> bool:
         """Whether the stage is a barrier stage (its tasks start together)."""
         return True
 
-    def run(self, job: "Job") -> FitResult:
+    def run(self, job: Job) -> FitResult:
         raise NotImplementedError
 
     def describe(self) -> dict:
@@ -222,7 +223,7 @@ class Run:
         if job.stage["resume"]:
             _same_model(self.path, self.config)
         write_json(self.path / "config.json", self.config)
-        self.metrics = open(self.path / "metrics.jsonl", "a")
+        self.metrics = open(self.path / "metrics.jsonl", "a")  # noqa: SIM115 - open for the run
         self.live = ProgressLine(job.log)
         self.t_start = time.perf_counter()
         self.secret = secrets.token_hex(16)

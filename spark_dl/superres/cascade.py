@@ -19,7 +19,7 @@ from ..models.srcnn import SRCNN
 from ..models.ssda import SSDA
 from .images import bicubic
 
-__all__ = ["Bicubic", "resize_matrix", "Cascade", "Upscaler", "takes_noisy", "load_cascade"]
+__all__ = ["Bicubic", "Cascade", "Upscaler", "load_cascade", "resize_matrix", "takes_noisy"]
 
 
 def takes_noisy(cnn: SRCNN) -> bool:
@@ -140,5 +140,6 @@ def load_cascade(path) -> Cascade:
         raise ValueError(f"{path} is not a cascade saved by the super-resolution job "
                          f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
     if not isinstance(model, Cascade):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not a Cascade")
+        # a ValueError, as for every other file that is not a saved cascade
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a Cascade")  # noqa: TRY004
     return model

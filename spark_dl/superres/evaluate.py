@@ -72,7 +72,7 @@ def evaluate_folder(folder: str | Path, out_dir: str | Path, scale: int,
                                                      .values()])), 4)
                              for k in ("psnr", "ssim")} for m in names}
     (out_dir / "report.json").write_text(json.dumps(report, indent=1))
-    lines = [f"| image | " + " | ".join(f"{m} PSNR / SSIM" for m in names) + " |",
+    lines = ["| image | " + " | ".join(f"{m} PSNR / SSIM" for m in names) + " |",
              "| --- |" + " ---: |" * len(names)]
     for img, r in list(report["images"].items()) + [("average", report["average"])]:
         lines.append(f"| {img} | " + " | ".join(f"{r[m]['psnr']:.2f} / {r[m]['ssim']:.4f}"

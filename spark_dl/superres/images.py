@@ -8,7 +8,7 @@ import numpy as np
 
 from ..data.images import decode_image
 
-__all__ = ["rgb_to_y", "load_y", "modcrop", "bicubic", "patches"]
+__all__ = ["bicubic", "load_y", "modcrop", "patches", "rgb_to_y"]
 
 
 def rgb_to_y(rgb: np.ndarray) -> np.ndarray:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 

@@ -23,7 +23,7 @@ from ..models.srcnn import SRCNN
 from ..models.ssda import SSDA, THESIS_SSDA_LAYERS, kl_sparsity
 from .cascade import Cascade, Upscaler
 
-__all__ = ["train_ssda", "train_cnn", "train_cnn_on_clean", "finetune_cascade"]
+__all__ = ["finetune_cascade", "train_cnn", "train_cnn_on_clean", "train_ssda"]
 
 
 def _encoder(ssda: SSDA, depth: int):
@@ -88,7 +88,7 @@ def train_ssda(df, lr_size: int = 16, layers=THESIS_SSDA_LAYERS, pretrain_epochs
         return None if run_root is None else Path(run_root) / name
     for k, layer in enumerate(ssda.layers):
         step = _LayerStep(ssda, k)
-        res = fit(df, lambda: copy.deepcopy(step), loss=_layer_loss(ssda, k),
+        res = fit(df, lambda step=step: copy.deepcopy(step), loss=_layer_loss(ssda, k),
                   epochs=pretrain_epochs, weight_decay=layer.spec.weight_decay,
                   run_dir=run_dir(f"ssda-layer{k + 1}"), **kw)
         layer.load_state_dict(res.model.layer.state_dict())

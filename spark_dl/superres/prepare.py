@@ -20,7 +20,7 @@ import dataclasses
 import json
 import uuid
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -28,8 +28,8 @@ from ..compat import default_parallelism, is_connect
 from ..errors import ConfigError, DataError
 from .images import bicubic, patches, rgb_to_y
 
-__all__ = ["Degradation", "degrade", "dihedral", "make_pairs", "prepare_patches",
-           "PreparedPatches", "PATCH_SCHEMA"]
+__all__ = ["PATCH_SCHEMA", "Degradation", "PreparedPatches", "degrade", "dihedral", "make_pairs",
+           "prepare_patches"]
 
 PATCH_SCHEMA = "image string, hr array<float>, lr_clean array<float>, lr array<float>"
 KINDS = ("gaussian", "blur", "salt_pepper", "blur+gaussian", "none")
@@ -58,7 +58,7 @@ def _blur(img: np.ndarray, sigma: float) -> np.ndarray:
     """Separable Gaussian blur, edges replicated (B, h, w) or (h, w)."""
     if sigma <= 0:
         return img
-    r = max(1, int(round(3 * sigma)))
+    r = max(1, int(round(3 * sigma)))  # noqa: RUF046 - round(np.float64) is a float in NumPy 1
     k = np.exp(-0.5 * (np.arange(-r, r + 1) / sigma) ** 2)
     k = (k / k.sum()).astype(np.float32)
     pad = [(0, 0)] * (img.ndim - 2) + [(r, r), (r, r)]

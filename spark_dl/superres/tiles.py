@@ -5,7 +5,7 @@ averaging where they overlap. The CNN is fully convolutional and takes the upsca
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ from .cascade import takes_noisy
 from .images import bicubic
 from .prepare import dihedral
 
-__all__ = ["tile_starts", "apply_tiled", "super_resolve", "self_ensemble"]
+__all__ = ["apply_tiled", "self_ensemble", "super_resolve", "tile_starts"]
 
 
 def tile_starts(n: int, size: int, stride: int) -> list[int]:

@@ -9,12 +9,10 @@ is written as JSON to the path given as the first argument.
 import json
 import sys
 
-import numpy as np
 import pyarrow as pa
 
 from spark_dl import get_session
 from spark_dl.data import extended_mnist, mnist_split
-
 
 SCHEMA = pa.schema([("partition", pa.int32()), ("cwd", pa.string()), ("jvm_pid", pa.int64()),
                     ("rows", pa.int64()), ("label_sum", pa.int64()), ("first_loss", pa.float64()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -72,7 +73,7 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, mo
     for _ in range(epochs):
         for s in range(steps):
             idx = np.concatenate([np.arange(lo, hi)[s * batch:(s + 1) * batch]
-                                  for lo, hi in zip(bounds[:-1], bounds[1:])])
+                                  for lo, hi in itertools.pairwise(bounds)])
             opt.zero_grad()
             loss(model(xt[idx]), yt[idx]).backward()
             opt.step()
@@ -130,8 +131,8 @@ def test_cnn_trains_on_mnist_and_writes_the_run(spark, mnist, tmp_path):
     for name in ("config.json", "metrics.jsonl", "history.csv", "loss.png", "checkpoint.pt",
                  "model.pt", "info.json", "workers/rank-0.json", "workers/rank-1.json"):
         assert (run / name).exists(), name
-    epochs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()
-              if json.loads(l)["type"] == "epoch"]
+    epochs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()
+              if json.loads(ln)["type"] == "epoch"]
     assert [e["epoch"] for e in epochs] == [1, 2, 3]
     assert any(line.startswith("epoch 3:") for line in lines)
     # the driver-side model predicts like the replica's
@@ -172,7 +173,7 @@ def test_argument_errors_name_the_fix(spark, tmp_path):
     df = frame(spark, x, y, [10, 10])
     with pytest.raises(ConfigError, match="unknown strategy 'ring'"):
         fit(df, small_fc, strategy="ring")
-    with pytest.raises(ConfigError, match="optimizer must be one of sgd, .*, got 'adamw'"):
+    with pytest.raises(ConfigError, match=r"optimizer must be one of sgd, .*, got 'adamw'"):
         fit(df, small_fc, optimizer="adamw")
     with pytest.raises(ResourceError, match="replicas=5 but the cluster runs 2"):
         fit(df, small_fc, replicas=5)

@@ -1,8 +1,7 @@
 """The partition -> torch batch bridge inside real Spark tasks."""
 
-from typing import Iterator
+from collections.abc import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pytest
 from pyspark.errors import PythonException

@@ -253,12 +253,12 @@ def test_downpour_argument_errors(spark):
         Downpour(wire_dtype="int8")
     with pytest.raises(ConfigError, match="average must be a number >= 0"):
         Downpour(average=-0.1)
-    with pytest.raises(ConfigError, match="average=0.1 needs mode='async'"):
+    with pytest.raises(ConfigError, match=r"average=0.1 needs mode='async'"):
         Downpour(mode="sync", average=0.1)
     with pytest.raises(ConfigError, match="staleness must be one of 'none', 'lr', 'momentum'"):
         Downpour(staleness="tau")
-    with pytest.raises(ConfigError, match="overlap=True with staleness='none' and server "
-                                          "momentum 0.9 over 2 replicas diverges"):
+    with pytest.raises(ConfigError, match=r"overlap=True with staleness='none' and server "
+                                          r"momentum 0.9 over 2 replicas diverges"):
         fit(df, small_fc, strategy=Downpour(overlap=True, staleness="none"), replicas=2,
             momentum=0.9)
 

@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-
 import torch
 
 from spark_dl.data import ShardData, distort_range, extended_mnist, mnist_dataframe
@@ -27,7 +26,7 @@ def test_generated_on_executors_and_independent_of_partitioning(spark, mnist):
                                   dtype="float32"))
     np.testing.assert_array_equal(floats.features, ref.reshape(600, 784))
     # the bridge's batches: the pixels scaled to [0, 1], within half a grey level of the floats
-    xb, yb = next(a.batches(600, shuffle=False))
+    xb, _yb = next(a.batches(600, shuffle=False))
     assert xb.dtype == torch.float32 and float((xb - torch.from_numpy(floats.features)).abs()
                                                .max()) <= 0.5 / 255 + 1e-7
 

@@ -62,8 +62,8 @@ def test_a_model_with_fewer_outputs_than_classes(spark, tmp_path):
     for strategy in ("allreduce", "downpour"):
         e = _fails(DataError, r"a label of 2 in this mini-batch, but the model outputs 2 scores "
                               r"per row \(cross_entropy needs labels in 0..1\)",
-                   lambda: fit(df, two, strategy=strategy, batch_size=8, log=None,
-                               run_dir=tmp_path / strategy))
+                   lambda: fit(df, two, strategy=strategy,  # noqa: B023 - _fails calls it
+                               batch_size=8, log=None, run_dir=tmp_path / strategy))  # noqa: B023
         assert isinstance(e, TaskError) and e.remote_type == "DataError"
         assert e.task in (0, 1) and e.epoch == 1 and e.step is not None
         assert "cross_entropy" in e.remote_traceback

@@ -118,8 +118,8 @@ def test_gossip_refuses_what_it_cannot_run(spark, tmp_path):
             Gossip(alpha=alpha)
     with pytest.raises(ConfigError, match="topology must be one of 'ring'"):
         Gossip(topology="torus")
-    with pytest.raises(ConfigError, match="Gossip has no option 'partitions' .model "
-                                          "parallelism .* runs with Downpour"):
+    with pytest.raises(ConfigError, match=r"Gossip has no option 'partitions' .model "
+                                          r"parallelism .* runs with Downpour"):
         Gossip(partitions=2)
     with pytest.raises(ConfigError, match="partitions is an option of the Downpour strategy"):
         fit(df, small_fc, strategy="gossip", partitions=2)

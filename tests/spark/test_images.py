@@ -20,7 +20,7 @@ def folder(tmp_path):
 
 
 def test_corrupt_image_raises_naming_the_file(spark, folder):
-    with pytest.raises(PythonException, match="corrupt or unreadable image .*broken.png"):
+    with pytest.raises(PythonException, match=r"corrupt or unreadable image .*broken.png"):
         read_images(spark, str(folder)).collect()
 
 

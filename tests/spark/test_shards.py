@@ -41,7 +41,7 @@ def test_existing_dir_empty_partitions_and_overwrite(spark, mnist, tmp_path):
 def test_overwrite_refuses_a_directory_that_is_not_a_shard_dir(spark, mnist, tmp_path):
     x, y = mnist
     (tmp_path / "precious.txt").write_text("keep me")
-    with pytest.raises(DataError, match="refusing to overwrite .*no _manifest.json"):
+    with pytest.raises(DataError, match=r"refusing to overwrite .*no _manifest.json"):
         write_shards(extended_mnist(spark, x[:50], y[:50], n=5, partitions=2), str(tmp_path),
                      mode="overwrite")
     assert (tmp_path / "precious.txt").read_text() == "keep me"
@@ -57,11 +57,11 @@ def test_relative_paths_resolve_on_the_driver(spark, mnist, tmp_path, monkeypatc
 
 
 def test_missing_manifest_or_shard(spark, tmp_path, mnist):
-    with pytest.raises(DataError, match="no _manifest.json"):
+    with pytest.raises(DataError, match=r"no _manifest.json"):
         read_shards(spark, str(tmp_path))
     x, y = mnist
     out = tmp_path / "s"
     write_shards(extended_mnist(spark, x[:50], y[:50], n=20, partitions=2), str(out))
     (out / "shard-00001.parquet").unlink()
-    with pytest.raises(DataError, match="shard-00001.parquet listed in .* is missing"):
+    with pytest.raises(DataError, match=r"shard-00001.parquet listed in .* is missing"):
         read_shards(spark, str(out))

@@ -67,8 +67,8 @@ def test_the_three_stages_train_with_the_engine(spark, tmp_path):
     torch.manual_seed(5)                            # the SRCNN's initial weights
     conventional, h2 = train_cnn(df, ssda, epochs=2, lr=1e-3, **kw)
     # from the stage-2 pipeline as it is, its SSDA frozen (as init_cascade = "conventional")
-    cascade, h3 = finetune_cascade(df, conventional.ssda, conventional.cnn, epochs=1, lr=1e-4,
-                                   **kw)
+    cascade, _h3 = finetune_cascade(df, conventional.ssda, conventional.cnn, epochs=1, lr=1e-4,
+                                    **kw)
     assert h2[-1]["loss"] < h2[0]["loss"]
     # the patches streamed from spill files (buffer = whole shard) train the same CNN
     torch.manual_seed(5)
@@ -120,6 +120,7 @@ def test_superres_job_runs_end_to_end_on_a_tiny_config(spark, tmp_path):
         ["cascade", "cnn", "cnn-clean", "ssda-finetune", "ssda-layer1", "ssda-layer2"]
     assert all((p / "history.csv").exists() for p in fits[0].iterdir())
     import torch
+
     from spark_dl.superres.cascade import load_cascade
     cascade = load_cascade(out["models"]["cascade"])
     assert cascade.ssda.n_in == 256 and cascade.hr_size == 32

@@ -53,9 +53,9 @@ def test_a_cap_moves_the_rest_to_the_others():
 
 
 def test_memory_caps_and_speeds_that_cannot_be_split_are_clear_errors():
-    with pytest.raises(ResourceError, match="replica 1's memory holds 0 samples.*more memory"):
+    with pytest.raises(ResourceError, match=r"replica 1's memory holds 0 samples.*more memory"):
         split(10, [1, 1], caps=[10, 0])
-    with pytest.raises(ResourceError, match="does not fit the replicas' memory.*lower batch_size"):
+    with pytest.raises(ResourceError, match=r"does not fit the replicas' memory.*lower batch_size"):
         split(100, [1, 1], caps=[30, 40])
     for bad in (0.0, math.nan, -1.0, math.inf):
         with pytest.raises(ResourceError, match="replica 1's measured speed"):

@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -49,7 +51,7 @@ def test_empty_partition_gives_no_batches():
 def test_nan_is_named_with_row_and_column():
     x = np.zeros((5, 4), np.float32)
     x[3, 2] = np.nan
-    with pytest.raises(DataError, match="'features': row 3 .*NaN"):
+    with pytest.raises(DataError, match=r"'features': row 3 .*NaN"):
         ShardData.from_arrow([_batch(x, np.zeros(5, np.int64))])
     x[3, 2] = np.inf
     with pytest.raises(DataError, match="row 3"):
@@ -57,7 +59,7 @@ def test_nan_is_named_with_row_and_column():
 
 
 def test_label_out_of_range():
-    with pytest.raises(DataError, match="row 2 .*label 10, outside 0..9"):
+    with pytest.raises(DataError, match=r"row 2 .*label 10, outside 0..9"):
         ShardData.from_arrow([_batch(np.zeros((3, 2)), [1, 2, 10])], num_classes=10)
     with pytest.raises(DataError, match="label -1"):
         ShardData.from_arrow([_batch(np.zeros((3, 2)), [-1, 2, 3])], num_classes=10)
@@ -66,9 +68,9 @@ def test_label_out_of_range():
 def test_ragged_rows():
     col = pa.array([[0.0, 1.0], [2.0], [3.0, 4.0]], pa.list_(pa.float32()))
     b = pa.RecordBatch.from_arrays([col, pa.array([0, 1, 2])], ["features", "label"])
-    with pytest.raises(DataError, match="row 1 .* 1 values, expected 2"):
+    with pytest.raises(DataError, match=r"row 1 .* 1 values, expected 2"):
         ShardData.from_arrow([b])
-    with pytest.raises(DataError, match="row 0 .* 2 values, expected 784"):
+    with pytest.raises(DataError, match=r"row 0 .* 2 values, expected 784"):
         ShardData.from_arrow([b], shape=(784,))
 
 
@@ -97,7 +99,7 @@ def test_batches_gather_across_chunks_exactly():
     x = rng.random((1000, 6), dtype=np.float32)
     y = rng.integers(0, 10, 1000)
     cuts = [0, 1, 250, 251, 600, 1000]                 # uneven chunks, one of a single row
-    chunked = ShardData.from_arrow([_batch(x[a:b], y[a:b]) for a, b in zip(cuts, cuts[1:])])
+    chunked = ShardData.from_arrow([_batch(x[a:b], y[a:b]) for a, b in itertools.pairwise(cuts)])
     whole = ShardData(x, y)
     for shuffle in (True, False):
         for (xa, ya), (xb, yb) in zip(chunked.batches(64, shuffle, seed=4, epoch=2),
@@ -110,7 +112,7 @@ def test_batches_gather_across_chunks_exactly():
 def test_float64_values_that_overflow_float32_are_caught():
     col = pa.array([[1.0, 2.0], [1e300, 0.0]], pa.list_(pa.float64()))
     b = pa.RecordBatch.from_arrays([col, pa.array([0, 1])], ["features", "label"])
-    with pytest.raises(DataError, match="row 1 .*NaN or inf"):
+    with pytest.raises(DataError, match=r"row 1 .*NaN or inf"):
         ShardData.from_arrow([b])
 
 

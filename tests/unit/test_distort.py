@@ -31,7 +31,7 @@ def test_values_labels_and_that_digits_are_deformed_not_destroyed(mnist):
 
 
 def test_bad_distortion_values():
-    with pytest.raises(ValueError, match="Distortion.rotation"):
+    with pytest.raises(ValueError, match=r"Distortion.rotation"):
         Distortion(rotation=-1)
     with pytest.raises(ValueError, match="scale must be < 1"):
         Distortion(scale=1.5)

@@ -37,7 +37,7 @@ def test_wrong_magic(tmp_path):
 
 
 def test_swapped_files_are_named():
-    with pytest.raises(DataError, match="expected 2051.*swapped"):
+    with pytest.raises(DataError, match=r"expected 2051.*swapped"):
         load_mnist(MNIST_LABELS, MNIST_IMAGES)
 
 
@@ -58,7 +58,7 @@ def test_truncated_gzip(tmp_path):
 def test_count_mismatch(tmp_path):
     (tmp_path / "x").write_bytes(_idx(np.zeros((3, 28, 28))))
     (tmp_path / "y").write_bytes(_idx(np.zeros(4)))
-    with pytest.raises(DataError, match="3 images but .* 4 labels"):
+    with pytest.raises(DataError, match=r"3 images but .* 4 labels"):
         load_mnist(tmp_path / "x", tmp_path / "y")
 
 

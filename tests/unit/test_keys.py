@@ -59,7 +59,7 @@ def test_a_worker_gone_for_good_loses_its_key_after_the_lease():
 
 
 def test_more_workers_than_keys_is_a_clear_error():
-    with pytest.raises(ConfigError, match="3 data keys for 4 workers.*more keys"):
+    with pytest.raises(ConfigError, match=r"3 data keys for 4 workers.*more keys"):
         KeyScheduler(3, epochs=1, workers=4)
 
 

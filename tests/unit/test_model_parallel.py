@@ -4,6 +4,8 @@ and bytes are those of the cost model."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -18,8 +20,7 @@ FC_SIZES = [20, 13, 7, 5]           # widths not divisible by 2, 3 or 4: uneven 
 def _rank_main(rank, world):
     from spark_dl.models import FCNet, ThesisCNN
     from spark_dl.models.rnn import CharRNN
-    from spark_dl.parallel.model_parallel import (Comm, ThesisFC, parameter_bytes,
-                                                  partition_model)
+    from spark_dl.parallel.model_parallel import Comm, ThesisFC, parameter_bytes, partition_model
     report = {}
     comm = Comm()
 
@@ -173,7 +174,7 @@ def test_split_sizes_and_the_planner():
 
 def test_the_planner_prices_the_server_the_activations_and_a_measured_rate():
     sizes = [784, 480, 160, 10]
-    P = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    P = sum(a * b + b for a, b in itertools.pairwise(sizes))
     link = cost_model.Link(t_lat=50e-6, t_data=1e-9)
     flops = cost_model.probe_flops()
     assert 1e8 < flops < 1e14                       # a real measurement, of a real CPU

@@ -9,8 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from spark_dl.parallel.model_parallel import Comm, merge_partitions, partition_model, \
-    split_sizes
+from spark_dl.parallel.model_parallel import Comm, merge_partitions, partition_model, split_sizes
 
 from .ranks import run_on_ranks
 

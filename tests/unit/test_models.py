@@ -17,7 +17,7 @@ def test_shapes_of_the_thesis_nets():
 
 
 def test_wrong_shapes_and_names():
-    with pytest.raises(ValueError, match="expects 784 input features.* got 100"):
+    with pytest.raises(ValueError, match=r"expects 784 input features.* got 100"):
         FCNet()(torch.rand(2, 100))
     with pytest.raises(ValueError, match=r"ThesisCNN expects inputs \(B, 1, 28, 28\)"):
         ThesisCNN()(torch.rand(2, 3, 28, 28))

@@ -26,7 +26,7 @@ def test_shipped_profiles():
 
 
 def test_unknown_profile_lists_the_available_ones():
-    with pytest.raises(ConfigError, match="unknown Spark profile 'loacl'; available: .*local"):
+    with pytest.raises(ConfigError, match=r"unknown Spark profile 'loacl'; available: .*local"):
         load_profile("loacl")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import threading
@@ -108,7 +107,7 @@ def test_push_with_pull_returns_each_shard_after_the_push(server):
     assert torch.equal(out, ps.parameters())                          # both pushes in it
     assert torch.allclose(out, torch.linspace(-1, 1, 10, dtype=torch.float64) - 3)
     assert c.versions == [2, 2, 2] and ps.pulls == 3
-    with pytest.raises(ValueError, match="pull_into must be torch.float64"):
+    with pytest.raises(ValueError, match=r"pull_into must be torch.float64"):
         c.push(torch.zeros(10, dtype=torch.float64), samples=1, pull_into=out.float())
     c.close()
     other.close()
@@ -309,7 +308,7 @@ def test_bad_server_arguments():
         ParameterServer(torch.zeros(3), SECRET, mode="eventual")
     with pytest.raises(ValueError, match="unknown server optimizer 'lamb'"):
         ParameterServer(torch.zeros(3), SECRET, optimizer="lamb")
-    with pytest.raises(ValueError, match="shards must be in 1..3"):
+    with pytest.raises(ValueError, match=r"shards must be in 1..3"):
         ParameterServer(torch.zeros(3), SECRET, shards=4)
 
 

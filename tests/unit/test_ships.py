@@ -47,7 +47,7 @@ def test_focal_dice_loss_by_hand():
     dice_ = (2 * 0.9 + 1) / (0.9 + 0.2 + 1 + 1)
     assert float(FocalDiceLoss(10, 2)(p, y)) == pytest.approx(10 * focal - math.log(dice_),
                                                                   abs=1e-12)
-    with pytest.raises(DataError, match="masks are .* but the model outputs"):
+    with pytest.raises(DataError, match=r"masks are .* but the model outputs"):
         FocalDiceLoss()(p, torch.zeros(1, 1, 2, 2, dtype=torch.float64))
 
 

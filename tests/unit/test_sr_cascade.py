@@ -138,14 +138,14 @@ def test_a_saved_cascade_loads_without_unpickling_anything_else(tmp_path):
     lr = torch.rand(2, 256)
     assert torch.equal(model(lr), saved(lr))
     torch.save(torch.nn.Linear(2, 2), tmp_path / "linear.pt")      # a class it does not build
-    with pytest.raises(ValueError, match="linear.pt is not a cascade saved by the "
-                                         "super-resolution job .*Linear"):
+    with pytest.raises(ValueError, match=r"linear.pt is not a cascade saved by the "
+                                         r"super-resolution job .*Linear"):
         load_cascade(tmp_path / "linear.pt")
     torch.save([1, 2], tmp_path / "list.pt")
     with pytest.raises(ValueError, match="holds a list, not a Cascade"):
         load_cascade(tmp_path / "list.pt")
     (tmp_path / "cut.pt").write_bytes((tmp_path / "cascade.pt").read_bytes()[:500])
-    with pytest.raises(ValueError, match="cut.pt is not a cascade"):
+    with pytest.raises(ValueError, match=r"cut.pt is not a cascade"):
         load_cascade(tmp_path / "cut.pt")
     with pytest.raises(FileNotFoundError, match="give the out_dir of a finished"):
         load_cascade(tmp_path / "missing.pt")
@@ -172,28 +172,28 @@ def test_init_from_checks_the_saved_run_against_the_configuration(tmp_path):
     assert loaded["thesis_conventional"].cnn.inputs == 1          # no skip in the baseline
     assert "thesis_conventional_epochs not used" in logged[0]
     for key, value, message in [
-            ("ssda_layers", [64], "its conventional.pt was trained with ssda_layers = \\[32\\]; "
-                                  "set ssda_layers = \\[32\\]"),
-            ("cnn_noisy_skip", False, "its conventional.pt was trained with cnn_noisy_skip = "
-                                      "true; set cnn_noisy_skip = true"),
-            ("cnn_residual", False, "its conventional.pt was trained with cnn_residual = true; "
-                                    "set cnn_residual = true"),
+            ("ssda_layers", [64], ("its conventional.pt was trained with ssda_layers = \\[32\\]; "
+                                   "set ssda_layers = \\[32\\]")),
+            ("cnn_noisy_skip", False, ("its conventional.pt was trained with cnn_noisy_skip = "
+                                       "true; set cnn_noisy_skip = true")),
+            ("cnn_residual", False, ("its conventional.pt was trained with cnn_residual = true; "
+                                     "set cnn_residual = true")),
             ("scale", 4, "its conventional.pt was trained with scale = 2; set scale = 2"),
             ("patch", 48, "its conventional.pt was trained with patch = 32; set patch = 32"),
             ("sigma", 25.0, "its patches were made with sigma = 20.0; set sigma = 20.0"),
-            ("noise", "blur", "its patches were made with noise = 'gaussian'; set noise = "
-                              "'gaussian'"),
+            ("noise", "blur", ("its patches were made with noise = 'gaussian'; set noise = "
+                               "'gaussian'")),
             ("run.seed", 1, "its patches were made with run.seed = 0; set run.seed = 0")]:
         with pytest.raises(ConfigError, match=f"'{key}' init_from .*: {message}, got"):
             _load_run(load_toml(SuperResConfig, conf, {**ok, key: value}), log=lambda _: None)
     with pytest.raises(ConfigError, match="'init_cascade' must be 'cascade' or 'conventional'"):
         load_toml(SuperResConfig, conf, {**ok, "init_cascade": "ssda"})
-    with pytest.raises(ConfigError, match="'init_from' must differ from run.out_dir"):
+    with pytest.raises(ConfigError, match=r"'init_from' must differ from run.out_dir"):
         load_toml(SuperResConfig, conf, {**ok, "run.out_dir": str(run)})
     (run / "patches" / "_spark_dl.json").unlink()                 # unchecked, and said so
     logged.clear()
     _load_run(load_toml(SuperResConfig, conf, {**ok, "sigma": 25.0}), log=logged.append)
     assert "_spark_dl.json is missing" in logged[0]
     (run / "cascade.pt").unlink()
-    with pytest.raises(FileNotFoundError, match="cascade.pt: give the out_dir"):
+    with pytest.raises(FileNotFoundError, match=r"cascade.pt: give the out_dir"):
         _load_run(load_toml(SuperResConfig, conf, ok), log=lambda _: None)

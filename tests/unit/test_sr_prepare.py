@@ -21,7 +21,7 @@ def test_pairs_are_aligned_and_augmented():
     # 4 orientations keep 40x56 (8 patches each), 4 turn it to 56x40 (also 8)
     assert len(hr8) == 64
     assert len({a.tobytes() for a in dihedral(np.arange(4.0).reshape(2, 2))}) == 8
-    hr3, lr3, _ = make_pairs(y, 30, 3, 10, Degradation(), g, augment=False)
+    _hr3, lr3, _ = make_pairs(y, 30, 3, 10, Degradation(), g, augment=False)
     assert lr3.shape[1:] == (10, 10)
     with pytest.raises(ConfigError, match="the scale 3 must divide the patch size 32"):
         make_pairs(y, 32, 3, 8, Degradation(), g)

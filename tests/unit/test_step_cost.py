@@ -4,6 +4,8 @@ real processes (gloo on 127.0.0.1), whatever the model; and plan() prices CNNs a
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -15,7 +17,7 @@ from spark_dl.parallel.model_parallel import CountingComm, partition_model
 
 from .ranks import run_on_ranks
 from .test_model_parallel import FC_SIZES
-from .test_model_parallel_zoo import narrow_fc     # Linear(8, 1) kept whole at F = 2
+from .test_model_parallel_zoo import narrow_fc  # Linear(8, 1) kept whole at F = 2
 
 BATCH = 5
 
@@ -25,7 +27,7 @@ MODELS = {
     "cnn": (ThesisCNN, (1, 28, 28), lambda out, x: nn.functional.cross_entropy(
         out, torch.arange(len(out)) % 10)),
     "ssda": (lambda: SSDA(256, THESIS_SSDA_LAYERS), (256,),
-             lambda out, x: nn.functional.mse_loss(out, x)),
+             nn.functional.mse_loss),
     "narrow_fc": (narrow_fc, (12,), lambda out, x: out.logsumexp(1).mean()),
 }
 
@@ -75,7 +77,7 @@ def test_counted_fc_step_equals_the_formula(F):
         assert cost.activation_bytes == cost_model.activation_bytes(FC_SIZES, F, 6, itemsize)
     # the flop counter: forward 2 B P, backward 4 B P less the first layer's dE/dx
     sizes, B = FC_SIZES, 6
-    weights = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
+    weights = [a * b for a, b in itertools.pairwise(sizes)]
     cols = [-(-b // F) for b in sizes[1:]]                  # rank 0's (the larger) slices
     mine = sum(a * c for a, c in zip(sizes[:-1], cols))
     assert cost.flops == 6 * B * mine - 2 * B * sizes[0] * cols[0]

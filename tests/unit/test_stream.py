@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +15,7 @@ import torch
 
 from spark_dl.data import ShardData
 from spark_dl.data.stream import StreamShard, open_shard, parse_buffer
-from spark_dl.errors import ConfigError, DataError, ResourceError
+from spark_dl.errors import ConfigError, DataError
 
 
 def _pixels(n, d=16, seed=0):
@@ -132,7 +131,7 @@ def test_uint8_rows_stay_uint8_on_disk_and_floats_stay_float32(tmp_path):
                        directory=str(tmp_path))
     assert shard.spec()[:2] == ((1, 28, 28), np.uint8)
     assert shard.spilled_bytes == 256 * 784 + 256 * 8          # one byte a pixel
-    xb, yb = next(shard.batches(256, shuffle=False))
+    xb, _yb = next(shard.batches(256, shuffle=False))
     assert xb.shape == (256, 1, 28, 28) and xb.dtype == torch.float32
     assert torch.equal(xb, torch.from_numpy(x.reshape(256, 1, 28, 28)).float() / 255)
     shard.close()
@@ -183,7 +182,7 @@ def test_bad_rows_are_named_with_their_row_across_batches(tmp_path):
                                            pa.array([1], pa.int64())], ["features", "label"]))
     with pytest.raises(DataError, match="row 40 of the partition has 7 bytes, expected 8"):
         open_shard(bad, shape=(8,), data="stream", directory=str(tmp_path))
-    with pytest.raises(DataError, match="row 10 of the partition has label 10, outside 0..9"):
+    with pytest.raises(DataError, match=r"row 10 of the partition has label 10, outside 0..9"):
         open_shard(_binary_batches(*_pixels(20, 8)[:1], np.arange(20)), shape=(8,),
                    num_classes=10, data="stream", directory=str(tmp_path))
     with pytest.raises(DataError, match=r"column\(s\) \['pixels'\] not found"):
@@ -274,7 +273,7 @@ _FULL_DISK = textwrap.dedent("""
 
 def test_a_full_local_disk_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path)], text=True,
-                         capture_output=True, timeout=120)
+                         capture_output=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     msg = out.stdout
     assert msg.startswith("the local disk is full: spilling the partition 2 to " + str(tmp_path))

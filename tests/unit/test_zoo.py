@@ -5,12 +5,21 @@ import pytest
 import torch
 
 from spark_dl.data import ShardData
-from spark_dl.models import (SSDA, SRCNN, CharRNN, DenoisingLayer, FCNet, LayerSpec,
-                             kl_sparsity, masked_cross_entropy, pad_sequences, sample,
-                             train_tbptt)
+from spark_dl.models import (
+    SRCNN,
+    SSDA,
+    CharRNN,
+    DenoisingLayer,
+    FCNet,
+    LayerSpec,
+    kl_sparsity,
+    masked_cross_entropy,
+    pad_sequences,
+    sample,
+    train_tbptt,
+)
 from spark_dl.optim import NonlinearCG, make_optimizer
 from spark_dl.train import evaluate, fit, load_checkpoint, seed_everything, train_step
-
 
 # ---- SSDA -------------------------------------------------------------------------------
 
@@ -100,7 +109,7 @@ def test_the_thesis_stack_ends_in_its_output_layer():
     assert not one.layers[0].spec.output and one.layers[0].spec.init_gain == 1.0
     h = one.layers[0].encode(x)
     assert torch.equal(one(x), one.layers[0].decode(h))
-    with pytest.raises(ValueError, match="must be as wide as the input \\(16\\).*width 12"):
+    with pytest.raises(ValueError, match=r"must be as wide as the input \(16\).*width 12"):
         SSDA(16, (LayerSpec(12, output=True),))
     with pytest.raises(ValueError, match="output=True on layer 1 of 2"):
         SSDA(16, (LayerSpec(16, output=True), LayerSpec(16)))
@@ -256,7 +265,7 @@ def test_fit_history_checkpoint_and_determinism(mnist, tmp_path):
                 evaluate_fn=lambda m: evaluate(m, shard.features[:100], y[:100]),
                 checkpoint=ckpt, log=None)
         return model, opt, h
-    m1, opt1, h1 = run(tmp_path / "a.pt")
+    m1, _opt1, h1 = run(tmp_path / "a.pt")
     m2, _, h2 = run(tmp_path / "b.pt")
     assert h1 == [{**r, "seconds": r["seconds"]} for r in h1] and len(h1) == 2
     assert [r["loss"] for r in h1] == [r["loss"] for r in h2]

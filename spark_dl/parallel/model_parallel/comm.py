@@ -68,7 +68,7 @@ class Comm:
         self._init_counters()
 
     @classmethod
-    def layout(cls, rank: int, size: int, shares=None) -> "Comm":
+    def layout(cls, rank: int, size: int, shares=None) -> Comm:
         """A Comm that only describes rank ``rank`` of ``size`` (to cut a model into the
         slices of each partition, e.g. on the driver); it cannot communicate."""
         c = cls.__new__(cls)

@@ -29,11 +29,15 @@ from torch.nn import functional as F
 
 from ...models.ssda import DenoisingLayer
 from .comm import Comm
-from .mappings import (copy_to_partitions, gather_from_partitions, reduce_from_partitions,
-                       scatter_to_partitions)
+from .mappings import (
+    copy_to_partitions,
+    gather_from_partitions,
+    reduce_from_partitions,
+    scatter_to_partitions,
+)
 
-__all__ = ["ColumnLinear", "ColumnConv2d", "ColumnLSTM", "ColumnRNN", "ColumnDenoisingLayer",
-           "partition_model", "merge_partitions", "parameter_bytes", "kept_whole"]
+__all__ = ["ColumnConv2d", "ColumnDenoisingLayer", "ColumnLSTM", "ColumnLinear", "ColumnRNN",
+           "kept_whole", "merge_partitions", "parameter_bytes", "partition_model"]
 
 
 def _slice(sizes, rank):
@@ -56,7 +60,7 @@ class ColumnLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n, **kw)) if bias else None
 
     @classmethod
-    def from_linear(cls, layer: nn.Linear, comm: Comm) -> "ColumnLinear":
+    def from_linear(cls, layer: nn.Linear, comm: Comm) -> ColumnLinear:
         m = cls(layer.in_features, layer.out_features, comm, layer.bias is not None,
                 layer.weight.device, layer.weight.dtype)
         cols = _slice(m.sizes, comm.rank)
@@ -314,7 +318,7 @@ def merge_partitions(original: nn.Module, parts: list[nn.Module]) -> dict:
     communication: the driver uses it on the parameter server's values."""
     out = {}
     modules = [dict(p.named_modules()) for p in parts]
-    for name, module in original.named_modules():
+    for name, _module in original.named_modules():
         pieces = [m.get(name) for m in modules]
         if isinstance(pieces[0], (ColumnLinear, ColumnConv2d)):
             out[f"{name}.weight"] = torch.cat([q.weight.detach() for q in pieces])

@@ -57,7 +57,7 @@ def fc_activation(net: nn.Module) -> str:
     naming what the thesis algorithm cannot run."""
     found = set()
     for name, m in net.named_modules():
-        if isinstance(m, nn.Linear) or not m._parameters and list(m.children()):
+        if isinstance(m, nn.Linear) or (not m._parameters and list(m.children())):
             continue
         if type(m) in _ACTIVATIONS:
             found.add(_ACTIVATIONS[type(m)])

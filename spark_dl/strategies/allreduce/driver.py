@@ -7,8 +7,17 @@ from ...errors import ConfigError
 from ...parallel.amp import check_amp
 from ...parallel.balance import BALANCE_MODES, check_balance
 from ...parallel.stage import RESULT_SCHEMA
-from ..base import FitResult, Job, Run, Strategy, check_checkpoint, check_choice, check_int, \
-    options, run_barrier
+from ..base import (
+    FitResult,
+    Job,
+    Run,
+    Strategy,
+    check_checkpoint,
+    check_choice,
+    check_int,
+    options,
+    run_barrier,
+)
 from . import task as _task
 
 __all__ = ["AllReduce"]

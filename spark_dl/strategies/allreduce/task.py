@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -24,8 +24,18 @@ import torch.distributed as dist
 from torch import nn
 
 from spark_dl.parallel.amp import autocast
-from spark_dl.parallel.stage import LocalStepConfig, StepReports, barrier_task, broadcast_bytes, \
-    evaluate, most_batches, read_checkpoint, save_atomic, stage_info, state_bytes
+from spark_dl.parallel.stage import (
+    LocalStepConfig,
+    StepReports,
+    barrier_task,
+    broadcast_bytes,
+    evaluate,
+    most_batches,
+    read_checkpoint,
+    save_atomic,
+    stage_info,
+    state_bytes,
+)
 
 __all__ = ["AllReduceConfig", "GradientSync", "make_task"]
 
@@ -210,7 +220,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                 count += len(x)
             if balancer is not None:
                 balancer.syncing(count)
-            mean, total = sync(loss_sum, count)
+            mean, _total = sync(loss_sum, count)
             if balancer is not None:
                 balancer.synced()
             return torch.tensor(mean, dtype=dtype)

@@ -143,7 +143,7 @@ class Boosting(Strategy):
                 if state is None:
                     return
                 with lock:                     # the epoch's last key reports (best effort)
-                    lock.wait_for(lambda: losses.get(epoch, [0, 0, 0])[2] >= len(keys), 2.0)
+                    lock.wait_for(lambda e=epoch: losses.get(e, [0, 0, 0])[2] >= len(keys), 2.0)
                     loss, n, _ = losses.pop(epoch, [0.0, 0, 0])
                 now = time.perf_counter()
                 served = scheduler.state()["keys_per_worker"][epoch - 1 - start_epoch]

@@ -9,15 +9,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from spark_dl.parallel.amp import LossScaler, autocast
-from spark_dl.parallel.failures import at, report as report_error
+from spark_dl.parallel.failures import at
+from spark_dl.parallel.failures import report as report_error
 from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
-__all__ = ["BoostingConfig", "make_task", "read_key", "RESULT_SCHEMA"]
+__all__ = ["RESULT_SCHEMA", "BoostingConfig", "make_task", "read_key"]
 
 RESULT_SCHEMA = "worker int, report string"
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}

@@ -3,4 +3,4 @@ driver.py; task half: task.py; partitioning: plan.py)."""
 
 from .driver import MODES, STALENESS_RULES, Downpour
 
-__all__ = ["Downpour", "MODES", "STALENESS_RULES"]
+__all__ = ["MODES", "STALENESS_RULES", "Downpour"]

@@ -20,7 +20,7 @@ from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, optio
 from . import task as _task
 from .plan import Layout, check_thesis, plan_partitions
 
-__all__ = ["Downpour", "MODES", "STALENESS_RULES"]
+__all__ = ["MODES", "STALENESS_RULES", "Downpour"]
 
 STALENESS_RULES = ("none", "lr", "momentum", "lr+momentum")
 
@@ -115,7 +115,7 @@ class Downpour(Strategy):
                                   "the fit) or a list of shares, one per partition")
             check_balance(self.widths)
             if not isinstance(self.partitions, int) or self.partitions < 2 or \
-                    self.widths != "speed" and len(self.widths) != self.partitions:
+                    (self.widths != "speed" and len(self.widths) != self.partitions):
                 raise ConfigError(f"widths gives each of the partitions its share of every "
                                   f"layer's columns: give partitions=F > 1 and F shares, got "
                                   f"partitions={self.partitions!r}, widths={self.widths!r}")
@@ -331,7 +331,9 @@ class Downpour(Strategy):
             if e not in {h["epoch"] for h in history}:
                 got = dict(epochs_done.get(e, {}))
                 for r in reports:
-                    got.update({r["worker"]: h for h in r["history"] if h["epoch"] == e})
+                    for h in r["history"]:
+                        if h["epoch"] == e:
+                            got[r["worker"]] = h
                 skipped = {r["worker"] for r in reports
                            if r.get("resumed_at") and r["resumed_at"]["epoch"] > e}
                 if got and len(got.keys() | skipped) == replicas:

@@ -8,7 +8,7 @@ import torch
 
 from ...errors import ConfigError
 
-__all__ = ["plan_partitions", "check_thesis", "Layout"]
+__all__ = ["Layout", "check_thesis", "plan_partitions"]
 
 
 def plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log) -> tuple[int, int]:

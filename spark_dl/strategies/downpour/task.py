@@ -16,17 +16,18 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
 from spark_dl.parallel.amp import LossScaler, autocast
 from spark_dl.parallel.balance import balanced_batches
-from spark_dl.parallel.failures import at, report as report_error
+from spark_dl.parallel.failures import at
+from spark_dl.parallel.failures import report as report_error
 from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
-__all__ = ["DownpourConfig", "make_task", "RESULT_SCHEMA"]
+__all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
 RESULT_SCHEMA = "worker int, report string"
 

@@ -3,15 +3,26 @@ replicas' average; the checkpoints, every replica's model, are the tasks')."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from ...errors import ConfigError
 from ...parallel.amp import check_amp
 from ...parallel.stage import RESULT_SCHEMA
-from ..base import FitResult, Job, Run, Strategy, check_checkpoint, check_choice, check_int, \
-    options, run_barrier
+from ..base import (
+    FitResult,
+    Job,
+    Run,
+    Strategy,
+    check_checkpoint,
+    check_choice,
+    check_int,
+    options,
+    run_barrier,
+)
 from . import task as _task
 from .rounds import check_alpha
 
-__all__ = ["Gossip", "TOPOLOGIES"]
+__all__ = ["TOPOLOGIES", "Gossip"]
 
 TOPOLOGIES = {"ring": 2}                 # topology -> the fewest replicas it needs
 
@@ -33,7 +44,7 @@ class Gossip(Strategy):
     topology: str = "ring"
     sync_every: int = 1
     amp: str | None = None
-    hints = {"partitions": "model parallelism (partitions=F) runs with Downpour",
+    hints: ClassVar[dict] = {"partitions": "model parallelism (partitions=F) runs with Downpour",
              "n_push": "gossip has no parameter server; sync_every sets how often it mixes"}
 
     def check(self) -> None:

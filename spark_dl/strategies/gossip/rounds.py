@@ -27,8 +27,8 @@ import math
 import torch
 import torch.distributed as dist
 
-__all__ = ["mask_indices", "ring_peers", "Rounds", "consensus_distance", "average",
-           "average_and_distance"]
+__all__ = ["Rounds", "average", "average_and_distance", "consensus_distance", "mask_indices",
+           "ring_peers"]
 
 _ROUND_STRIDE = 1_000_003            # seed, round -> one generator seed (a prime stride)
 

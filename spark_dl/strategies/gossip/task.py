@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -22,8 +22,17 @@ import torch.distributed as dist
 from torch import nn
 
 from spark_dl.parallel.amp import autocast
-from spark_dl.parallel.stage import LocalStepConfig, StepReports, barrier_task, evaluate, \
-    most_batches, read_checkpoint, save_atomic, stage_info, state_bytes
+from spark_dl.parallel.stage import (
+    LocalStepConfig,
+    StepReports,
+    barrier_task,
+    evaluate,
+    most_batches,
+    read_checkpoint,
+    save_atomic,
+    stage_info,
+    state_bytes,
+)
 
 from .rounds import Rounds, average_and_distance
 
