@@ -57,7 +57,7 @@ def busy(core: int, start_when: str = "") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, start_when])
 
 
-def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None):
+def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, lr=LR):
     from bench_gossip import _validation
 
     from spark_dl import AllReduce, fit
@@ -67,7 +67,7 @@ def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None):
     t0 = time.perf_counter()
     try:
         res = fit(read_shards(spark, path), pinned_cnn, strategy=AllReduce(balance=balance),
-                  shape=(1, 28, 28), num_classes=10, optimizer="sgd", lr=LR, momentum=MOMENTUM,
+                  shape=(1, 28, 28), num_classes=10, optimizer="sgd", lr=lr, momentum=MOMENTUM,
                   batch_size=batch, epochs=epochs, replicas=2, validation=_validation(),
                   seed=seed, run_dir=run, log=None)
     finally:
@@ -90,6 +90,7 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=8000)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=32, help="per replica (global: 2x)")
+    ap.add_argument("--lr", type=float, default=LR, help="the fits' SGD learning rate")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/balance.json"))
     args = ap.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
@@ -106,13 +107,13 @@ def main(argv=None):
     path, local = make_data(spark, args.rows, 2, runs / "data")
     systems = {"plain-1t": lambda seed: (plain(len(local[0]), E, local, seed, 2 * B), {}),
                "unslowed/unbalanced": lambda seed: engine(spark, path, E, B, runs, None, seed,
-                                                          None)}
+                                                          None, args.lr)}
     for scenario, late in (("slowed", False), ("slowed-late", True)):
         for name, balance in (("unbalanced", None), ("speed", "speed"),
                               ("adaptive", "adaptive")):
             systems[f"{scenario}/{name}"] = (
                 lambda seed, b=balance, late=late: engine(spark, path, E, B, runs, b, seed,
-                                                          late))
+                                                          late, args.lr))
     engine(spark, path, 1, B, runs, None, 0, False)            # warm the Python workers
     raw = {k: [] for k in systems}
     for i in range(args.repeats):
@@ -148,7 +149,7 @@ def main(argv=None):
         s["epoch_time_vs_plain_1t"] = round(s["epoch_s_median"] / plain_s, 3)
     from _results import write_results
     write_results(args.out, "bench_balance.py", argv, {"rows": args.rows, "epochs": E, "batch_per_replica": B,
-                   "lr": LR, "momentum": MOMENTUM, "repeats": args.repeats}, summary, raw)
+                   "lr": args.lr, "momentum": MOMENTUM, "repeats": args.repeats}, summary, raw)
 
 
 if __name__ == "__main__":

@@ -86,3 +86,19 @@ def test_bad_options_and_more_workers_than_keys(spark, tmp_path):
     with pytest.raises(ConfigError, match="1 data keys for 2 workers"):
         fit(frame(spark, x, y, [16]), small_fc, strategy=Boosting(n_push=4), batch_size=8,
             replicas=2, run_dir=tmp_path / "run", log=None)
+
+
+def test_a_fit_resumes_from_the_last_finished_epoch(spark, tmp_path):
+    x, y = data(96, seed=2)
+    df = frame(spark, x, y, [48, 48])
+    kw = dict(strategy=Boosting(n_push=2), batch_size=8, lr=0.2, run_dir=tmp_path / "run",
+              log=None)
+    first = fit(df, small_fc, epochs=1, **kw)
+    assert first.info["server"]["versions"] == [6]            # 2 files of 3 keys of 16 rows
+    again = fit(df, small_fc, epochs=3, **kw)
+    assert again.info["resumed_from_epoch"] == 1
+    assert [h["epoch"] for h in again.history] == [1, 2, 3]
+    assert again.history[0] == first.history[0]
+    assert again.info["server"]["versions"] == [18]           # 6 steps an epoch, from step 6
+    assert [sorted(k for k, _ in ep) for ep in again.info["keys"]["served"]] == \
+        [list(range(6))] * 2
