@@ -35,6 +35,9 @@ __all__ = ["FitResult", "Job", "Run", "Strategy", "options"]
 
 @dataclasses.dataclass
 class FitResult:
+    """What ``fit`` returns: the trained model, one history row per epoch, the strategy's
+    facts (``info``, also in ``info.json``) and the run directory."""
+
     model: nn.Module
     history: list[dict]          # one dict per epoch: loss, samples, seconds, samples_per_s, val_*
     info: dict                   # replicas, devices, rows per replica, the strategy's counters

@@ -1,0 +1,79 @@
+"""The documentation: the site builds strictly, the API reference has every public name with
+its docstring, the architecture picture is what its script draws, and the README's commands
+and examples run (tests/spark/test_readme.py runs its Python blocks)."""
+
+from __future__ import annotations
+
+import html
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytest.importorskip("mkdocs", reason="the docs extra (mkdocs) is not installed")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out
+
+
+def _text(page: Path) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+
+
+def _public_names():
+    import spark_dl
+    from spark_dl import config, strategies
+    names = {n: getattr(spark_dl, n) for n in spark_dl.__all__ if n != "__version__"}
+    names |= {n: getattr(strategies, n) for n in ("AllReduce", "Downpour", "Gossip", "Boosting",
+                                                   "Strategy")}
+    names |= {n: getattr(config, n) for n in ("DataConfig", "TrainConfig", "DemoConfig")}
+    return names
+
+
+def test_the_site_builds_strictly_with_every_public_name_and_its_docstring(site):
+    api = " ".join(_text(p) for p in (site / "api").rglob("index.html"))
+    api = re.sub(r"\s+", " ", api)
+    missing = []
+    for name, obj in _public_names().items():
+        doc = inspect.getdoc(obj) or ""
+        first = re.sub(r"\s+", " ", doc.split("\n\n")[0].replace("`", "")).strip()
+        if name not in api or (first and first[:60] not in api):
+            missing.append(name)
+    assert not missing, f"not in the API reference with their docstrings: {missing}"
+    for page in ("index.html", "guides/boosting/index.html", "benchmarks/index.html",
+                 "quality/index.html", "img/architecture.svg"):
+        assert (site / page).exists(), page
+
+
+def test_the_architecture_picture_is_what_its_script_draws():
+    proc = subprocess.run([sys.executable, str(ROOT / "docs/diagrams/architecture.py"),
+                           "--check"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, ("docs/img/architecture.svg is stale: run "
+                                  "python docs/diagrams/architecture.py")
+
+
+def test_the_readme_is_a_front_door_whose_commands_exist():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    commands = re.findall(r"^(scripts/\S+\.sh)", readme, flags=re.MULTILINE)
+    assert {"scripts/demo.sh", "scripts/test.sh"} <= set(commands)
+    for cmd in commands + ["scripts/docs.sh"]:
+        assert os.access(ROOT / cmd, os.X_OK), cmd
+    # CI runs exactly the README's test command
+    assert "exec scripts/test.sh" in (ROOT / ".ci/run").read_text()
+    for link in re.findall(r"\]\(([^)#]+)", readme):          # every local link resolves
+        if "://" not in link:
+            assert (ROOT / link).exists(), link
+    assert (ROOT / "docs/index.md").read_text() == readme.replace("](docs/", "](")
