@@ -487,8 +487,8 @@ def test_model_larger_than_a_python_worker_trains_split_in_two(venv_bin, tmp_pat
 
 @pytest.mark.cluster
 def test_standalone_job_runs_in_the_shipped_environment(venv_bin, standalone, tmp_path):
-    """The README's packaging recipe: a virtual environment with torch etc. packed by venv-pack
-    and spark_dl zipped, shipped with --archives / --py-files; the executors' Python workers run
+    """The packaging recipe of docs/guides/clusters.md: a virtual environment with torch etc.
+    packed by venv-pack and spark_dl zipped, shipped with --archives / --py-files; the executors' Python workers run
     the unpacked environment's interpreter and import spark_dl from the zip."""
     ship = tmp_path / "ship"
     try:
