@@ -92,26 +92,28 @@ class Boosting(Strategy):
         keys = cut_keys(files, key_rows)
         if not keys:
             raise DataError("the DataFrame's Parquet files hold no rows: nothing to train on")
-        start_epoch, history = 0, []
         ckpt_path = run.path / "checkpoint.pt"
+        ckpt = _checkpoint_of(ckpt_path, run.say) if stage["resume"] else None
+        start_epoch = int(ckpt["epoch"]) if ckpt is not None else 0
+        history = list(ckpt["history"]) if ckpt is not None else []
         torch.manual_seed(stage["seed"])
         dtype = job.dtype
         net = job.model_fn().to(dtype)
         layout = Layout(net, 1, None)
         scheduler = KeyScheduler(len(keys), stage["epochs"], workers, seed=stage["seed"],
-                                 lease_s=self.lease_s)
+                                 lease_s=self.lease_s, start_epoch=start_epoch)
         ps = ParameterServer(layout.flatten(), run.secret.encode(), job.host,
                              optimizer=server_optimizer, lr=lr, momentum=momentum,
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
                              lr_decay=job.train["lr_decay"], keys=scheduler)
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
-        if stage["resume"]:
-            start_epoch, history = _resume(ckpt_path, ps, run.say)
-            if start_epoch:
-                scheduler = KeyScheduler(len(keys), stage["epochs"], workers,
-                                         seed=stage["seed"], lease_s=self.lease_s,
-                                         start_epoch=start_epoch)
-                ps.keys = scheduler
+        if ckpt is not None:
+            try:
+                ps.load_state_dict(ckpt["server"])
+            except ValueError as e:
+                raise ConfigError(f"{ckpt_path} does not fit this fit's model: {e}; give a new "
+                                  f"run_dir, or resume=False to start over in this one") from None
+            run.say(f"resumed from the checkpoint of epoch {start_epoch} ({ckpt_path})")
         val = None
         if job.validation is not None:
             val = (torch.as_tensor(job.validation[0], dtype=dtype),
@@ -253,19 +255,12 @@ def _checkpoint(path: Path, state: dict, history: list[dict], epoch: int) -> Non
                        "history": [h for h in history if h["epoch"] <= epoch]})
 
 
-def _resume(path: Path, ps, say) -> tuple[int, list[dict]]:
+def _checkpoint_of(path: Path, say) -> dict | None:
+    """The run directory's boosting checkpoint, or None without one."""
     from ...parallel.stage import load_checkpoint
     ckpt = load_checkpoint(path, say)
-    if ckpt is None:
-        return 0, []
-    if ckpt.get("strategy") != "boosting":
+    if ckpt is not None and ckpt.get("strategy") != "boosting":
         raise ConfigError(f"{path} is a checkpoint of strategy "
                           f"{ckpt.get('strategy', 'allreduce')!r}, not of this boosting fit: "
                           f"give a new run_dir, or resume=False to start over in this one")
-    try:
-        ps.load_state_dict(ckpt["server"])
-    except ValueError as e:
-        raise ConfigError(f"{path} does not fit this fit's model: {e}; give a new run_dir, or "
-                          f"resume=False to start over in this one") from None
-    say(f"resumed from the checkpoint of epoch {ckpt['epoch']} ({path})")
-    return int(ckpt["epoch"]), list(ckpt["history"])
+    return ckpt
