@@ -8,13 +8,15 @@ a core (Linux's fair scheduler) while replica 0 has core 0 to itself. Two scenar
   slowed-late   it starts when epoch 1's checkpoint appears (a replica that slows mid-fit)
 Systems, run in turn (A B C ... A B C ..., ``--repeats`` times; run i seeds every system with
 i): AllReduce() (every replica batch_size rows a step), AllReduce(balance="speed") (split once
-from a profile before training), AllReduce(balance="adaptive") (re-split every epoch), and,
+from a profile before training; shards made proportional to the split, and, as "speed-wrap",
+with balance_rows="wrap": no rows moved), AllReduce(balance="adaptive") (re-split every epoch), and,
 as the calibration, plain single-process PyTorch with 1 thread on the same rows and global
 batch, on a core of its own, and the unbalanced fit with no busy process (the best case).
 
 Epoch time: the history's seconds per epoch (slowed: every epoch; slowed-late: epochs 2..E,
 the slowed ones), median over runs; accuracy: the model's after the last epoch on the last
-2,000 test digits.
+2,000 test digits, as medians and as the median of the per-seed differences to the
+unbalanced fit of the same seed.
 
     .venv/bin/python benchmarks/bench_balance.py --repeats 5
 """
@@ -57,7 +59,8 @@ def busy(core: int, start_when: str = "") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, start_when])
 
 
-def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, lr=LR):
+def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, lr=LR,
+           rows="move"):
     from bench_gossip import _validation
 
     from spark_dl import AllReduce, fit
@@ -66,7 +69,7 @@ def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, l
     hog = busy(1, str(run / "checkpoint.pt") if late else "") if late is not None else None
     t0 = time.perf_counter()
     try:
-        res = fit(read_shards(spark, path), pinned_cnn, strategy=AllReduce(balance=balance),
+        res = fit(read_shards(spark, path), pinned_cnn, strategy=AllReduce(balance=balance, balance_rows=rows),
                   shape=(1, 28, 28), num_classes=10, optimizer="sgd", lr=lr, momentum=MOMENTUM,
                   batch_size=batch, epochs=epochs, replicas=2, validation=_validation(),
                   seed=seed, run_dir=run, log=None)
@@ -77,6 +80,7 @@ def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, l
     wall = time.perf_counter() - t0
     hist = [{"epoch": h["epoch"], "seconds": h["seconds"], "samples": h["samples"],
              "val_accuracy": h["val_accuracy"], **({"batches": h["balance"]["batches"],
+                                                   "rows": h["balance"]["rows"],
                                                    "step_s": h["balance"]["step_s"]}
                                                   if "balance" in h else {})}
             for h in res.history]
@@ -109,11 +113,14 @@ def main(argv=None):
                "unslowed/unbalanced": lambda seed: engine(spark, path, E, B, runs, None, seed,
                                                           None, args.lr)}
     for scenario, late in (("slowed", False), ("slowed-late", True)):
-        for name, balance in (("unbalanced", None), ("speed", "speed"),
-                              ("adaptive", "adaptive")):
+        for name, balance, rows in (("unbalanced", None, "move"), ("speed", "speed", "move"),
+                                    ("speed-wrap", "speed", "wrap"),
+                                    ("adaptive", "adaptive", "move")):
+            if name == "speed-wrap" and late:
+                continue
             systems[f"{scenario}/{name}"] = (
-                lambda seed, b=balance, late=late: engine(spark, path, E, B, runs, b, seed,
-                                                          late, args.lr))
+                lambda seed, b=balance, late=late, rows=rows: engine(
+                    spark, path, E, B, runs, b, seed, late, args.lr, rows))
     engine(spark, path, 1, B, runs, None, 0, False)            # warm the Python workers
     raw = {k: [] for k in systems}
     for i in range(args.repeats):
@@ -138,12 +145,20 @@ def main(argv=None):
                 for e in range(E)]
     for scenario in ("slowed", "slowed-late"):
         base = summary[f"{scenario}/unbalanced"]
-        for name in ("speed", "adaptive"):
+        for name in ("speed", "speed-wrap", "adaptive"):
+            if f"{scenario}/{name}" not in summary:
+                continue
             s = summary[f"{scenario}/{name}"]
             s["epoch_time_vs_unbalanced"] = round(s["epoch_s_median"] / base["epoch_s_median"],
                                                   3)
             s["accuracy_vs_unbalanced_points"] = round(
                 100 * (s["val_accuracy_final_median"] - base["val_accuracy_final_median"]), 2)
+            # run i of every system has seed i: the difference per seed, then its median
+            # (the seed's noise cancels; the unbalanced fit is deterministic per seed)
+            pairs = [100 * (a["history"][-1]["val_accuracy"] - b["history"][-1]["val_accuracy"])
+                     for a, b in zip(raw[f"{scenario}/{name}"], raw[f"{scenario}/unbalanced"])]
+            s["accuracy_vs_unbalanced_paired_points"] = sorted(round(d, 2) for d in pairs)
+            s["accuracy_vs_unbalanced_paired_median_points"] = round(statistics.median(pairs), 2)
     plain_s = summary["plain-1t"]["epoch_s_median"]
     for s in summary.values():
         s["epoch_time_vs_plain_1t"] = round(s["epoch_s_median"] / plain_s, 3)

@@ -282,6 +282,31 @@ class ShardData:
     def __len__(self) -> int:
         return len(self.features)
 
+    # -- rows moved between replicas (spark_dl.parallel.balance.move_rows) ------------------
+
+    def tail(self, k: int, chunk_bytes: int = 64 << 20
+             ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """The last ``k`` rows, in order, as (features, labels) chunks of about
+        ``chunk_bytes`` (views, not copies)."""
+        row = self.features[:1].nbytes + (0 if self.labels is None else self.labels[:1].nbytes)
+        n, per = len(self), max(1, chunk_bytes // max(row, 1))
+        for lo in range(n - k, n, per):
+            hi = min(lo + per, n)
+            yield self.features[lo:hi], None if self.labels is None else self.labels[lo:hi]
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` rows."""
+        self.features = self.features[:n]
+        self.labels = None if self.labels is None else self.labels[:n]
+
+    def extend(self, chunks: Iterable[tuple[np.ndarray, np.ndarray | None]]) -> None:
+        """Rows appended at the end (one copy of the shard, made once for all chunks)."""
+        chunks = list(chunks)
+        if chunks:
+            self.features = np.concatenate([self.features, *(x for x, _ in chunks)])
+            if self.labels is not None:
+                self.labels = np.concatenate([self.labels, *(y for _, y in chunks)])
+
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         n = len(self)
         return n // batch_size if drop_last else -(-n // batch_size)

@@ -163,6 +163,11 @@ class _SpillFile:
                 f"{e.strerror}); free space there, point spark.local.dir (SPARK_LOCAL_DIRS) at "
                 f"a larger disk, or split the data into more partitions") from None
 
+    def truncate(self, size: int) -> None:
+        """Keep the first ``size`` bytes (the rest goes back to the filesystem)."""
+        os.ftruncate(self.fd, size)
+        self.size = size
+
     def read_into(self, buf: np.ndarray, offset: int) -> None:
         view = memoryview(buf).cast("B")
         while len(view):
@@ -233,6 +238,29 @@ class StreamShard:
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         n = len(self)
         return n // batch_size if drop_last else -(-n // batch_size)
+
+    # -- rows moved between replicas (spark_dl.parallel.balance.move_rows) ------------------
+
+    def tail(self, k: int, chunk_bytes: int = CHUNK_BYTES
+             ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """The last ``k`` rows, in order, read back in chunks of about ``chunk_bytes``."""
+        n, per = len(self), max(1, chunk_bytes // max(self.row_bytes, 1))
+        for lo in range(n - k, n, per):
+            yield self._read([(lo, min(lo + per, n))])
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` rows (the spill files shrink with them)."""
+        x_row = int(np.prod(self.feature_shape, dtype=np.int64)) * self.feature_dtype.itemsize
+        self._x.truncate(n * x_row)
+        if self._y is not None:
+            self._y.truncate(n * int(np.prod(self.label_spec[0], dtype=np.int64))
+                             * self.label_spec[1].itemsize)
+        self.rows = n
+
+    def extend(self, chunks: Iterable[tuple[np.ndarray, np.ndarray | None]]) -> None:
+        """Rows appended to the spill files as they come (memory: one chunk)."""
+        for x, y in chunks:
+            self.append(x, y)
 
     def close(self) -> None:
         self._x.close()

@@ -14,21 +14,27 @@ gradient is the mean over the whole global batch, whatever the split.
 One pass over the data. A faster replica consumes its shard faster, so an epoch is fixed by
 the global batch: ceil(total rows / |B|) steps, each replica drawing |B_p| rows per step from
 its own shard in a fresh random order per pass, wrapping around into the next pass when its
-shard runs out (``balanced_batches``). An epoch thus trains on as many samples as there are
-rows; a fast replica's rows come round more often than a slow one's, which is unbiased as long
-as the partitions are random splits of the data (repartition them otherwise). Rows are never
-moved between executors: that would be a shuffle per re-split.
+shard runs out (``balanced_batches``). With ``rows="move"`` (the default) the shards are first
+made proportional to the split: a replica with more rows than its share lends the tail of its
+shard to one with fewer, over the stage's process group (``move_plan``, ``move_rows``), so an
+epoch is one pass over every row (the wrap-around then only fills the last step). Only the
+difference moves, again after an adaptive re-split; the rows lent stay with their new holder
+for the rest of the fit. With ``rows="wrap"`` nothing moves: a fast replica's rows come round
+more often than a slow one's (unbiased for random partitions, but each epoch sees fewer
+distinct rows).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
-from ..errors import ConfigError, ResourceError
+from ..errors import ConfigError, DataError, ResourceError
 
 __all__ = [
     "BALANCE_MODES",
@@ -38,12 +44,16 @@ __all__ = [
     "equal_time_split",
     "measure",
     "memory_cap",
+    "move_plan",
+    "move_rows",
     "profile",
     "rebatch",
+    "row_targets",
     "split",
 ]
 
 BALANCE_MODES = (None, "speed", "adaptive")
+ROW_MODES = ("move", "wrap")
 
 
 def check_balance(balance, replicas: int | None = None) -> None:
@@ -244,6 +254,110 @@ def balanced_batches(shard, size: int, steps: int, *, shuffle: bool, seed: int, 
     return (next(out) for _ in range(steps))
 
 
+def row_targets(rows: int, batches: Sequence[int]) -> list[int]:
+    """``rows`` split ∝ each replica's batch by largest remainders (0 rows for a batch of 0):
+    the shard sizes at which every replica's pass over its rows takes as many steps."""
+    total = sum(batches)
+    quota = [rows * b / total for b in batches]
+    out = [math.floor(q) for q in quota]
+    for p in sorted(range(len(out)), key=lambda p: (-(quota[p] - out[p]), p))[:rows - sum(out)]:
+        out[p] += 1
+    return out
+
+
+def move_plan(have: Sequence[int], want: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Transfers [(src, dst, rows)] that turn holdings ``have`` into ``want`` (equal sums):
+    every replica over its target lends the tail of its rows, in rank order, to those under
+    theirs, in rank order. A replica only sends or only receives, and the transfers come in
+    the same order on both sides, so blocking sends cannot deadlock."""
+    if sum(have) != sum(want) or len(have) != len(want):
+        raise ValueError(f"cannot move rows {list(have)} into {list(want)}")
+    give = [[p, h - w] for p, (h, w) in enumerate(zip(have, want)) if h > w]
+    take = [[p, w - h] for p, (h, w) in enumerate(zip(have, want)) if w > h]
+    plan, i, j = [], 0, 0
+    while i < len(give) and j < len(take):
+        k = min(give[i][1], take[j][1])
+        plan.append((give[i][0], take[j][0], k))
+        give[i][1] -= k
+        take[j][1] -= k
+        i += give[i][1] == 0
+        j += take[j][1] == 0
+    return plan
+
+
+def move_rows(shard, plan: Sequence[tuple[int, int, int]], rank: int, device) -> int:
+    """Carry out ``move_plan``'s transfers that concern this rank over the default process
+    group (raw bytes: any storage dtype; a CUDA tensor under NCCL). A lender sends the tail of
+    its shard and drops it; a borrower appends what it receives. Returns the rows moved here.
+
+    The borrower's memory is checked first (an in-memory shard is copied once to grow)."""
+    import torch.distributed as dist
+    lent = sum(k for src, _, k in plan if src == rank)
+    borrowed = sum(k for _, dst, k in plan if dst == rank)
+    if not lent and not borrowed:
+        return 0
+    shape, dtype, lab = shard.spec()
+    x_row = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    y_row = 0 if lab is None else int(np.prod(lab[0], dtype=np.int64)) * np.dtype(lab[1]).itemsize
+    wire = device if device.type == "cuda" else torch.device("cpu")
+
+    def send(a: np.ndarray, dst: int) -> None:
+        dist.send(torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+                  .to(wire), dst)
+
+    def recv(n: int, row: int, src: int, dt, shp) -> np.ndarray:
+        buf = torch.empty(n * row, dtype=torch.uint8, device=wire)
+        dist.recv(buf, src)
+        return buf.cpu().numpy().view(dt).reshape(n, *shp)
+
+    if lent:
+        n = len(shard)
+        chunks = shard.tail(lent)
+        for src, dst, k in plan:
+            if src != rank:
+                continue
+            left = k
+            while left:
+                x, y = next(chunks)
+                if len(x) > left:        # a chunk straddles two borrowers: cut it
+                    chunks = itertools.chain([(x[left:], None if y is None else y[left:])],
+                                             chunks)
+                    x, y = x[:left], None if y is None else y[:left]
+                dist.send(torch.tensor([len(x)], dtype=torch.int64, device=wire), dst)
+                send(x, dst)
+                if y is not None:
+                    send(y, dst)
+                left -= len(x)
+        shard.truncate(n - lent)
+        return lent
+    if getattr(shard, "kind", "memory") == "memory":
+        from ..data.stream import _memory_headroom
+        need = (len(shard) + borrowed) * (x_row + y_row)
+        if need > _memory_headroom():
+            raise ResourceError(
+                f"replica {rank} cannot take {borrowed} rows from the others for a balanced "
+                f"split: its shard would need {need / 2**20:.0f} MiB, more than its memory "
+                f"has left; stream the data (spark_dl.data.stream), give the executors more "
+                f"memory, or use rows='wrap'")
+
+    def incoming():
+        for src, dst, k in plan:
+            if dst != rank:
+                continue
+            left = k
+            while left:
+                count = torch.empty(1, dtype=torch.int64, device=wire)
+                dist.recv(count, src)
+                m = int(count.item())
+                x = recv(m, x_row, src, dtype, shape)
+                y = None if lab is None else recv(m, y_row, src, lab[1], lab[0])
+                yield x, y
+                left -= m
+
+    shard.extend(incoming())
+    return borrowed
+
+
 def measure(mode, *, model, loss_fn, shard, batch_size: int, device, dtype,
             max_batch: int | None = None, profile_steps: int = 3, transform=None,
             autocast=None) -> list[float]:
@@ -287,16 +401,28 @@ class Balancer:
 
     ``mode``: "speed" (profiled once, before training), "adaptive" (profiled, then re-split
     from every epoch's step times) or a sequence of fixed shares. Every rank computes the same
-    split from the same all-gathered measurements."""
+    split from the same all-gathered measurements. ``rows``: "move" (shards made proportional
+    to the split before an epoch that needs it, ``move_rows``) or "wrap" (see the module)."""
 
     def __init__(self, mode, *, model, loss_fn, shard, batch_size: int, accumulate: int,
                  device, dtype, rank: int, world: int, max_batch: int | None,
-                 profile_steps: int = 3, transform=None, autocast=None):
+                 profile_steps: int = 3, transform=None, autocast=None, rows: str = "move"):
         self.mode, self.rank, self.world, self.device = mode, rank, world, device
+        self.row_mode, self.moved = rows, 0
         self.total = batch_size * world
         self.compute_s, self.samples, self.mark = 0.0, 0, time.perf_counter()
-        rows = self._gather([len(shard)])[:, 0]
-        self.rows = [int(r) for r in rows]
+        shape, dtype_x, lab = shard.spec()
+        row_bytes = [math.prod(shape) * np.dtype(dtype_x).itemsize,
+                     -1 if lab is None else math.prod(lab[0]) * np.dtype(lab[1]).itemsize]
+        table = self._gather([len(shard), *row_bytes])
+        self.rows = [int(r) for r in table[:, 0]]
+        self.have = list(self.rows)
+        kinds = {(int(a), int(b)) for n, a, b in table.tolist() if n > 0}
+        if rows == "move" and len(kinds) > 1:
+            raise DataError(f"the partitions hold rows of different sizes (bytes of features "
+                            f"and label per row: {sorted(kinds)}): rows cannot move between "
+                            f"replicas; give every partition the same schema and shapes, or "
+                            f"use rows='wrap'")
         self.steps = max(1, math.ceil(sum(self.rows) / (self.total * accumulate)))
         stats = measure(mode, model=model, loss_fn=loss_fn, shard=shard, batch_size=batch_size,
                         device=device, dtype=dtype, max_batch=max_batch,
@@ -339,6 +465,12 @@ class Balancer:
     def epoch(self, shard, *, shuffle: bool, seed: int, epoch: int, accumulate: int,
               transform=None) -> Iterator[tuple]:
         """This epoch's batches of this replica (steps × accumulate of them)."""
+        if self.row_mode == "move":
+            want = row_targets(sum(self.rows), self.batches)
+            if want != self.have:
+                self.moved += move_rows(shard, move_plan(self.have, want), self.rank,
+                                        self.device)
+                self.have = want
         self.compute_s, self.samples, self.mark = 0.0, 0, time.perf_counter()
         return balanced_batches(shard, self.batch, self.steps * accumulate, shuffle=shuffle,
                                 seed=seed, epoch=epoch, transform=transform)
@@ -360,7 +492,7 @@ class Balancer:
         in adaptive mode, the next epoch's split from them."""
         table = self._gather([self.batch, self.compute_s / self.steps, self.samples,
                               self.compute_s])
-        row = {"batches": list(self.batches),
+        row = {"batches": list(self.batches), "rows": list(self.have),
                "step_s": [round(float(t), 6) for t in table[:, 1]]}
         if self.mode == "adaptive":
             # each replica's step-time model t(b) = a + c b, scaled by how much longer (or
@@ -385,6 +517,7 @@ class Balancer:
     def info(self) -> dict:
         return {"mode": self.mode if isinstance(self.mode, str) else list(self.mode),
                 "global_batch": self.total, "steps_per_epoch": self.steps,
+                "rows": self.row_mode, "rows_moved_here": self.moved,
                 "first_split": self.first, "last_split": list(self.batches),
                 "replicas": self.profile}
 

@@ -4,6 +4,7 @@ adaptive fit moves rows away from a replica that a competing process slows down.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -21,16 +22,19 @@ from .test_allreduce import assert_same_weights, data, frame, small_fc
 def reference_wrapped(x, y, splits, shares, steps, epochs, lr, momentum):
     """Single-process SGD where step s trains on the union of every replica's rows of that
     step: replica p takes shares[p] rows at a time from its split, in order, wrapping around,
-    from its first row again each epoch (shuffle=False)."""
+    from its first row again each epoch (shuffle=False). ``splits``: each replica's row count
+    (consecutive rows), or the list of its row indices."""
     torch.manual_seed(0)
     model = small_fc().double()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    bounds = np.cumsum([0] + list(splits))
+    if all(isinstance(n, int) for n in splits):
+        bounds = np.cumsum([0] + list(splits))
+        splits = [np.arange(lo, hi) for lo, hi in itertools.pairwise(bounds)]
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
     for _ in range(epochs):
         for s in range(steps):
-            idx = np.concatenate([lo + (s * b + np.arange(b)) % (hi - lo)
-                                  for lo, hi, b in zip(bounds[:-1], bounds[1:], shares)])
+            idx = np.concatenate([rows[(s * b + np.arange(b)) % len(rows)]
+                                  for rows, b in zip(splits, shares)])
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
             opt.step()
@@ -42,12 +46,24 @@ def test_fixed_shares_train_as_one_process_on_the_global_batch(spark, tmp_path):
     res = fit(frame(spark, x, y, [48, 48]), small_fc, strategy=AllReduce(balance=[1, 3]),
               batch_size=16, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
               run_dir=tmp_path / "run", log=None)
-    # global batch 2 x 16 = 32 split 1:3; an epoch is 96 / 32 = 3 steps; replica 1 wraps
-    assert res.info["balance"]["first_split"] == [8, 24]
+    # global batch 2 x 16 = 32 split 1:3; an epoch is 96 / 32 = 3 steps. The shards become
+    # 24 : 72 rows first: replica 0 lends its last 24 rows to replica 1, which appends them
+    # to its own 48; then every epoch is exactly one pass over the 96 rows
+    bal = res.info["balance"]
+    assert bal["first_split"] == [8, 24] and bal["rows"] == "move"
     assert res.info["steps_per_epoch"] == 3
     assert [h["balance"]["batches"] for h in res.history] == [[8, 24], [8, 24]]
+    assert [h["balance"]["rows"] for h in res.history] == [[24, 72], [24, 72]]
     assert [h["samples"] for h in res.history] == [96, 96]
-    assert_same_weights(res.model, reference_wrapped(x, y, [48, 48], [8, 24], 3, 2, 0.5, 0.9))
+    shards = [np.arange(0, 24), np.concatenate([np.arange(48, 96), np.arange(24, 48)])]
+    assert_same_weights(res.model, reference_wrapped(x, y, shards, [8, 24], 3, 2, 0.5, 0.9))
+    # balance_rows="wrap": nothing moves, replica 1 goes round its 48 rows 1.5 times an epoch
+    wrap = fit(frame(spark, x, y, [48, 48]), small_fc,
+               strategy=AllReduce(balance=[1, 3], balance_rows="wrap"), batch_size=16,
+               epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
+               run_dir=tmp_path / "wrap", log=None)
+    assert [h["balance"]["rows"] for h in wrap.history] == [[48, 48], [48, 48]]
+    assert_same_weights(wrap.model, reference_wrapped(x, y, [48, 48], [8, 24], 3, 2, 0.5, 0.9))
 
 
 def test_speed_balance_profiles_every_replica(spark, tmp_path):
@@ -76,6 +92,8 @@ def test_balance_options_are_checked_on_the_driver(spark, tmp_path):
     with pytest.raises(ConfigError, match="3 shares but the fit has 2 replicas"):
         fit(df, small_fc, strategy=AllReduce(balance=[1, 1, 1]), log=None,
             run_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match="balance_rows must be one of 'move', 'wrap'"):
+        AllReduce(balance="speed", balance_rows="shuffle")
     with pytest.raises(ConfigError, match="max_batch=4 rows per replica cannot hold"):
         fit(df, small_fc, strategy=AllReduce(balance="speed", max_batch=4), batch_size=8,
             log=None, run_dir=tmp_path / "b")
@@ -139,6 +157,10 @@ def test_adaptive_balance_moves_rows_from_a_replica_slowed_mid_fit(spark, mnist,
     assert per_row[1] > 1.4, (splits, times)
     # ... so epochs 3 and 4 give replica 0 the larger share
     assert all(s[0] > 1.25 * s[1] for s in splits[2:]), (splits, times)
+    # the shards follow the split: rows moved to replica 0 when it got the larger share
+    from spark_dl.parallel.balance import row_targets
+    assert all(h["balance"]["rows"] == row_targets(6000, h["balance"]["batches"])
+               for h in res.history)
     assert res.history[-1]["samples"] == 6000 + 64 - 6000 % 64 and \
         res.info["steps_per_epoch"] == 94
 

@@ -1,5 +1,6 @@
 """The speed-proportional split of a synchronous step's global batch (spark_dl.parallel.balance):
-largest-remainder rounding, memory caps, the equal-time fixed point, wrap-around batches."""
+largest-remainder rounding, memory caps, the equal-time fixed point, wrap-around batches, and
+rows moved between replicas (over a real gloo group) so that shards follow the split."""
 
 from __future__ import annotations
 
@@ -10,15 +11,21 @@ import pytest
 import torch
 
 from spark_dl.data.bridge import ShardData
+from spark_dl.data.stream import StreamShard
 from spark_dl.errors import ConfigError, ResourceError
 from spark_dl.parallel.balance import (
     activation_bytes,
     balanced_batches,
     check_balance,
     equal_time_split,
+    move_plan,
+    move_rows,
     rebatch,
+    row_targets,
     split,
 )
+
+from .ranks import run_on_ranks
 
 
 def test_split_is_proportional_with_largest_remainders():
@@ -125,3 +132,85 @@ def test_partition_speeds_are_the_median_over_replicas():
     from spark_dl.parallel.cost_model import partition_speeds
     # tasks r F + p: 3 replicas x 2 partitions; partition 1 is slower on every replica
     assert partition_speeds([4.0, 2.0, 5.0, 1.0, 3.0, 2.5], 2) == [4.0, 2.0]
+
+
+def test_row_targets_follow_the_batches_by_largest_remainders():
+    assert row_targets(96, [8, 24]) == [24, 72]
+    assert row_targets(8000, [183, 73]) == [5719, 2281]
+    assert row_targets(10, [1, 1, 1]) == [4, 3, 3]
+    assert row_targets(50, [3, 0, 2]) == [30, 0, 20]           # no batch, no rows
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_move_plan_turns_holdings_into_targets(seed):
+    rng = np.random.default_rng(seed)
+    have = [int(v) for v in rng.integers(0, 50, rng.integers(1, 6))]
+    want = row_targets(sum(have), [int(b) + 1 for b in rng.integers(0, 9, len(have))]) \
+        if sum(have) else [0] * len(have)
+    plan = move_plan(have, want)
+    got = list(have)
+    for src, dst, k in plan:
+        assert k > 0
+        got[src] -= k
+        got[dst] += k
+    assert got == want
+    senders, receivers = {s for s, _, _ in plan}, {d for _, d, _ in plan}
+    assert not senders & receivers                     # a replica only lends or only borrows
+    assert [s for s, _, _ in plan] == sorted(s for s, _, _ in plan)
+    assert [d for _, d, _ in plan] == sorted(d for _, d, _ in plan)
+    with pytest.raises(ValueError, match="cannot move rows"):
+        move_plan([1, 2], [2, 2])
+
+
+def _shard(kind, lo, n, tmp):
+    x = np.arange(lo, lo + n, dtype=np.float32)[:, None].repeat(3, 1)
+    y = np.arange(lo, lo + n, dtype=np.int64)
+    if kind == "memory":
+        return ShardData(x, y)
+    s = StreamShard("test shard", (3,), np.float32, ((), np.int64), buffer=64, directory=tmp)
+    for i in range(0, n, 7):                            # appended in pieces, as from Arrow
+        s.append(x[i:i + 7], y[i:i + 7])
+    return s
+
+
+def _move_body(rank, world, kind, sizes, targets, tmp):
+    import torch
+    lo = sum(sizes[:rank])
+    shard = _shard(kind, lo, sizes[rank], tmp)
+    moved = move_rows(shard, move_plan(sizes, targets), rank, torch.device("cpu"))
+    # a second re-split back to the original sizes (adaptive mode moves again)
+    back = move_rows(shard, move_plan(targets, sizes), rank, torch.device("cpu"))
+    # ... and forth once more, then the rows this replica holds, in its order
+    move_rows(shard, move_plan(sizes, targets), rank, torch.device("cpu"))
+    ys = [int(v) for _, y in shard.batches(1000, shuffle=False) for v in y]
+    xs = np.concatenate([x.numpy() for x, _ in shard.batches(1000, shuffle=False)])
+    return {"moved": moved, "back": back, "rows": len(shard), "labels": ys,
+            "features_match": bool((xs == np.asarray(ys, np.float32)[:, None]).all())}
+
+
+@pytest.mark.parametrize("kind", ["memory", "stream"])
+def test_rows_move_between_replicas_and_none_is_lost_or_doubled(kind, tmp_path):
+    sizes, targets = [40, 40, 40], row_targets(120, [10, 30, 20])     # [20, 60, 40]
+    out = run_on_ranks(_move_body, 3, tmp_path, kind, sizes, targets, str(tmp_path))
+    assert [r["rows"] for r in out] == targets
+    assert [r["moved"] for r in out] == [20, 20, 0]
+    assert [r["back"] for r in out] == [20, 20, 0]
+    assert all(r["features_match"] for r in out)
+    assert sorted(v for r in out for v in r["labels"]) == list(range(120))
+    assert out[0]["labels"] == list(range(20))          # the lender keeps the head of its rows
+    assert out[1]["labels"][:40] == list(range(40, 80))  # the borrower's own rows come first
+    assert out[2]["labels"] == list(range(80, 120))
+
+
+def test_shard_tail_truncate_extend_agree_for_both_kinds(tmp_path):
+    for kind in ("memory", "stream"):
+        s = _shard(kind, 0, 30, str(tmp_path))
+        tail = list(s.tail(12, chunk_bytes=5 * 20))          # 5 rows of 12 + 8 bytes
+        assert [len(x) for x, _ in tail] == [5, 5, 2]
+        assert [int(v) for _, y in tail for v in y] == list(range(18, 30))
+        s.truncate(18)
+        s.extend([(np.full((2, 3), 99, np.float32), np.array([99, 98]))])
+        assert len(s) == 20
+        assert [int(v) for _, y in s.batches(100, shuffle=False) for v in y] == \
+            [*range(18), 99, 98]
+        s.close()

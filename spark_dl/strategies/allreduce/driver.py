@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from ...parallel.amp import check_amp
-from ...parallel.balance import BALANCE_MODES, check_balance
+from ...parallel.balance import BALANCE_MODES, ROW_MODES, check_balance
 from ...parallel.stage import RESULT_SCHEMA
 from ..base import (
     FitResult,
@@ -38,7 +38,10 @@ class AllReduce(Strategy):
     on its own rows before training, capped by its memory (and ``max_batch``); "adaptive", the
     same, re-split after every epoch from the epoch's step times; or a list of fixed shares,
     one per replica. With a balance an epoch is ceil(rows / global batch) steps, each replica
-    drawing its share from its shard with wrap-around (spark_dl.parallel.balance)."""
+    drawing its share from its shard. ``balance_rows``: "move" (default), the shards are made
+    proportional to the split first, rows lent over the process group, so an epoch is one pass
+    over every row; "wrap", no row moves and each replica wraps around its own shard, a fast
+    replica's rows coming round more often (spark_dl.parallel.balance)."""
 
     name = "allreduce"
     accumulate: int = 1
@@ -48,12 +51,14 @@ class AllReduce(Strategy):
     balance: str | tuple | None = None
     max_batch: int | None = None
     profile_steps: int = 3
+    balance_rows: str = "move"
 
     def check(self) -> None:
         check_int("accumulate", self.accumulate, 1)
         check_amp(self.amp, "float32")
         check_choice("transport", self.transport, ("auto", "process_group"))
         check_balance(self.balance)
+        check_choice("balance_rows", self.balance_rows, ROW_MODES)
         if self.max_batch is not None:
             check_int("max_batch", self.max_batch, 1)
         check_int("profile_steps", self.profile_steps, 1)
@@ -74,7 +79,8 @@ class AllReduce(Strategy):
         cfg = _task.AllReduceConfig(**job.stage, **job.train, accumulate=self.accumulate,
                                     amp=self.amp, transport=self.transport,
                                     bucket_mb=float(self.bucket_mb), balance=balance,
-                                    max_batch=self.max_batch, profile_steps=self.profile_steps)
+                                    max_batch=self.max_batch, profile_steps=self.profile_steps,
+                                    balance_rows=self.balance_rows)
         run = Run(job, self, {**job.stage, **job.train})
         check_checkpoint(run, self.name)
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,

@@ -52,6 +52,7 @@ class AllReduceConfig(LocalStepConfig):
     balance: str | tuple | None = None   # None, "speed", "adaptive" or fixed shares
     max_batch: int | None = None  # a replica's rows per micro-batch at most (balance)
     profile_steps: int = 3        # timed steps per batch size when balance profiles
+    balance_rows: str = "move"    # "move": shards made ∝ the split; "wrap": rows stay put
 
 
 class GradientSync:
@@ -192,7 +193,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                             batch_size=cfg.batch_size, accumulate=cfg.accumulate, device=device,
                             dtype=dtype, rank=rank, world=world, max_batch=cfg.max_batch,
                             profile_steps=cfg.profile_steps, transform=cfg.transform,
-                            autocast=(lambda: autocast(device, cfg.amp)) if cfg.amp else None)
+                            autocast=(lambda: autocast(device, cfg.amp)) if cfg.amp else None,
+                            rows=cfg.balance_rows)
         if ckpt is not None:
             balancer.restore(ckpt.get("balance"))
         steps = balancer.steps
