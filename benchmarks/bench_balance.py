@@ -60,7 +60,7 @@ def busy(core: int, start_when: str = "") -> subprocess.Popen:
 
 
 def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, lr=LR,
-           rows="move"):
+           rows="move", lr_decay=1.0, optimizer="sgd"):
     from bench_gossip import _validation
 
     from spark_dl import AllReduce, fit
@@ -70,7 +70,8 @@ def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, l
     t0 = time.perf_counter()
     try:
         res = fit(read_shards(spark, path), pinned_cnn, strategy=AllReduce(balance=balance, balance_rows=rows),
-                  shape=(1, 28, 28), num_classes=10, optimizer="sgd", lr=lr, momentum=MOMENTUM,
+                  shape=(1, 28, 28), num_classes=10, optimizer=optimizer, lr=lr, momentum=MOMENTUM,
+                  lr_decay=lr_decay,
                   batch_size=batch, epochs=epochs, replicas=2, validation=_validation(),
                   seed=seed, run_dir=run, log=None)
     finally:
@@ -95,6 +96,9 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=32, help="per replica (global: 2x)")
     ap.add_argument("--lr", type=float, default=LR, help="the fits' SGD learning rate")
+    ap.add_argument("--lr-decay", type=float, default=1.0,
+                    help="lr multiplied by it after every epoch (a steadier final model: "
+                         "less noise in the accuracy comparisons)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/balance.json"))
     args = ap.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
@@ -111,7 +115,8 @@ def main(argv=None):
     path, local = make_data(spark, args.rows, 2, runs / "data")
     systems = {"plain-1t": lambda seed: (plain(len(local[0]), E, local, seed, 2 * B), {}),
                "unslowed/unbalanced": lambda seed: engine(spark, path, E, B, runs, None, seed,
-                                                          None, args.lr)}
+                                                          None, args.lr,
+                                                          lr_decay=args.lr_decay)}
     for scenario, late in (("slowed", False), ("slowed-late", True)):
         for name, balance, rows in (("unbalanced", None, "move"), ("speed", "speed", "move"),
                                     ("speed-wrap", "speed", "wrap"),
@@ -120,7 +125,7 @@ def main(argv=None):
                 continue
             systems[f"{scenario}/{name}"] = (
                 lambda seed, b=balance, late=late, rows=rows: engine(
-                    spark, path, E, B, runs, b, seed, late, args.lr, rows))
+                    spark, path, E, B, runs, b, seed, late, args.lr, rows, args.lr_decay))
     engine(spark, path, 1, B, runs, None, 0, False)            # warm the Python workers
     raw = {k: [] for k in systems}
     for i in range(args.repeats):
@@ -164,7 +169,7 @@ def main(argv=None):
         s["epoch_time_vs_plain_1t"] = round(s["epoch_s_median"] / plain_s, 3)
     from _results import write_results
     write_results(args.out, "bench_balance.py", argv, {"rows": args.rows, "epochs": E, "batch_per_replica": B,
-                   "lr": args.lr, "momentum": MOMENTUM, "repeats": args.repeats}, summary, raw)
+                   "lr": args.lr, "lr_decay": args.lr_decay, "momentum": MOMENTUM, "repeats": args.repeats}, summary, raw)
 
 
 if __name__ == "__main__":

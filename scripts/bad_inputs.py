@@ -106,7 +106,7 @@ def _bad_transform(x, y):
 
 def cases(spark, tmp: Path):
     """(name, what it is, call) for every case; call(run_dir) -> anything."""
-    from spark_dl import AllReduce, Downpour, Gossip, fit
+    from spark_dl import AllReduce, Boosting, Downpour, Gossip, fit
     x, y = _data()
     df = _frame(spark, x, y)
     fc = _fc()
@@ -143,6 +143,17 @@ def cases(spark, tmp: Path):
         f(strategy="gossip", partitions=2)
     yield "amp with float64", "AllReduce(amp='bf16'), dtype='float64'", \
         f(strategy=AllReduce(amp="bf16"), dtype="float64")
+    yield "unknown balance", "AllReduce(balance='fastest')", \
+        lambda rd: fit(df, fc, strategy=AllReduce(balance="fastest"), run_dir=rd, **kw)
+    yield "balance shares for other replicas", "AllReduce(balance=[1, 1, 1]), 2 replicas", \
+        f(strategy=AllReduce(balance=[1, 1, 1]))
+    yield "unknown balance_rows", "AllReduce(balance='speed', balance_rows='shuffle')", \
+        lambda rd: fit(df, fc, strategy=AllReduce(balance="speed", balance_rows="shuffle"),
+                       run_dir=rd, **kw)
+    yield "boosting key of no batches", "Boosting(n_push=0)", \
+        lambda rd: fit(df, fc, strategy=Boosting(n_push=0), run_dir=rd, **kw)
+    yield "boosting: fewer keys than workers", "Boosting(n_push=6): 48 rows = 1 key, 2 workers", \
+        f(strategy=Boosting(n_push=6))
     yield "unknown optimizer", "optimizer='sgdd'", f(optimizer="sgdd")
     yield "L-BFGS under Downpour", "optimizer='lbfgs', strategy='downpour'", \
         f(optimizer="lbfgs", strategy="downpour")

@@ -290,16 +290,35 @@ def move_rows(shard, plan: Sequence[tuple[int, int, int]], rank: int, device) ->
     group (raw bytes: any storage dtype; a CUDA tensor under NCCL). A lender sends the tail of
     its shard and drops it; a borrower appends what it receives. Returns the rows moved here.
 
-    The borrower's memory is checked first (an in-memory shard is copied once to grow)."""
+    Every rank calls it with the same plan. The borrowers' memory is checked first, by all
+    ranks together (an in-memory shard is copied once to grow): when one cannot hold its rows,
+    every rank raises the same ResourceError and nothing has moved."""
     import torch.distributed as dist
+    if not plan:
+        return 0
     lent = sum(k for src, _, k in plan if src == rank)
     borrowed = sum(k for _, dst, k in plan if dst == rank)
-    if not lent and not borrowed:
-        return 0
     shape, dtype, lab = shard.spec()
     x_row = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     y_row = 0 if lab is None else int(np.prod(lab[0], dtype=np.int64)) * np.dtype(lab[1]).itemsize
     wire = device if device.type == "cuda" else torch.device("cpu")
+    need, room = 0, 1
+    if borrowed and getattr(shard, "kind", "memory") == "memory":
+        from ..data.stream import _memory_headroom
+        need, room = (len(shard) + borrowed) * (x_row + y_row), _memory_headroom()
+    mine = torch.tensor([need, room], dtype=torch.float64, device=wire)
+    table = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(table, mine)
+    short = [(p, int(t[0]), int(t[1])) for p, t in enumerate(table) if t[0] > t[1]]
+    if short:
+        p, need, room = short[0]
+        raise ResourceError(
+            f"replica {p} cannot take its share of rows for the balanced split: its shard "
+            f"would need {need / 2**20:.0f} MiB in memory, and {room / 2**20:.0f} MiB are "
+            f"left; stream the data (fit(data='stream')), give the executors more memory, "
+            f"or use balance_rows='wrap' (no rows move)")
+    if not lent and not borrowed:
+        return 0
 
     def send(a: np.ndarray, dst: int) -> None:
         dist.send(torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
@@ -330,15 +349,6 @@ def move_rows(shard, plan: Sequence[tuple[int, int, int]], rank: int, device) ->
                 left -= len(x)
         shard.truncate(n - lent)
         return lent
-    if getattr(shard, "kind", "memory") == "memory":
-        from ..data.stream import _memory_headroom
-        need = (len(shard) + borrowed) * (x_row + y_row)
-        if need > _memory_headroom():
-            raise ResourceError(
-                f"replica {rank} cannot take {borrowed} rows from the others for a balanced "
-                f"split: its shard would need {need / 2**20:.0f} MiB, more than its memory "
-                f"has left; stream the data (spark_dl.data.stream), give the executors more "
-                f"memory, or use rows='wrap'")
 
     def incoming():
         for src, dst, k in plan:
@@ -422,7 +432,7 @@ class Balancer:
             raise DataError(f"the partitions hold rows of different sizes (bytes of features "
                             f"and label per row: {sorted(kinds)}): rows cannot move between "
                             f"replicas; give every partition the same schema and shapes, or "
-                            f"use rows='wrap'")
+                            f"use balance_rows='wrap'")
         self.steps = max(1, math.ceil(sum(self.rows) / (self.total * accumulate)))
         stats = measure(mode, model=model, loss_fn=loss_fn, shard=shard, batch_size=batch_size,
                         device=device, dtype=dtype, max_batch=max_batch,

@@ -214,3 +214,31 @@ def test_shard_tail_truncate_extend_agree_for_both_kinds(tmp_path):
         assert [int(v) for _, y in s.batches(100, shuffle=False) for v in y] == \
             [*range(18), 99, 98]
         s.close()
+
+
+def _short_body(rank, world, tmp):
+    import resource
+
+    import torch
+
+    from spark_dl.data.stream import proc_status_kib
+    x = np.zeros((8, 64, 1024), np.float32)                # 256 KiB a row
+    shard = ShardData(x[:4] if rank else x, np.zeros(4 if rank else 8, np.int64))
+    if rank == 1:                  # the borrower may map 1 MiB more: 6 rows do not fit
+        size = proc_status_kib("VmSize") * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 20), resource.RLIM_INFINITY))
+    try:
+        move_rows(shard, move_plan([8, 4], [6, 6]), rank, torch.device("cpu"))
+    except ResourceError as e:
+        return {"error": str(e), "rows": len(shard)}
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY,) * 2)
+    return {"error": None, "rows": len(shard)}
+
+
+def test_a_borrower_without_memory_stops_every_rank_before_a_row_moves(tmp_path):
+    out = run_on_ranks(_short_body, 2, tmp_path, str(tmp_path))
+    assert [r["rows"] for r in out] == [8, 4]                  # nothing moved, nothing lost
+    for r in out:
+        assert r["error"] and "replica 1 cannot take its share of rows" in r["error"]
+        assert "balance_rows='wrap'" in r["error"] and "data='stream'" in r["error"]
