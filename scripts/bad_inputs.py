@@ -152,8 +152,9 @@ def cases(spark, tmp: Path):
                        run_dir=rd, **kw)
     yield "boosting key of no batches", "Boosting(n_push=0)", \
         lambda rd: fit(df, fc, strategy=Boosting(n_push=0), run_dir=rd, **kw)
-    yield "boosting: fewer keys than workers", "Boosting(n_push=6): 48 rows = 1 key, 2 workers", \
-        f(strategy=Boosting(n_push=6))
+    yield "boosting: fewer keys than workers", \
+        "Boosting(n_push=6), 1 partition of 48 rows = 1 key, replicas=2", \
+        f(df=df.coalesce(1), strategy=Boosting(n_push=6), replicas=2)
     yield "unknown optimizer", "optimizer='sgdd'", f(optimizer="sgdd")
     yield "L-BFGS under Downpour", "optimizer='lbfgs', strategy='downpour'", \
         f(optimizer="lbfgs", strategy="downpour")
