@@ -60,7 +60,7 @@ def busy(core: int, start_when: str = "") -> subprocess.Popen:
 
 
 def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, lr=LR,
-           rows="move", lr_decay=1.0, optimizer="sgd"):
+           rows="move", lr_decay=1.0):
     from bench_gossip import _validation
 
     from spark_dl import AllReduce, fit
@@ -69,8 +69,9 @@ def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, l
     hog = busy(1, str(run / "checkpoint.pt") if late else "") if late is not None else None
     t0 = time.perf_counter()
     try:
-        res = fit(read_shards(spark, path), pinned_cnn, strategy=AllReduce(balance=balance, balance_rows=rows),
-                  shape=(1, 28, 28), num_classes=10, optimizer=optimizer, lr=lr, momentum=MOMENTUM,
+        res = fit(read_shards(spark, path), pinned_cnn,
+                  strategy=AllReduce(balance=balance, balance_rows=rows),
+                  shape=(1, 28, 28), num_classes=10, optimizer="sgd", lr=lr, momentum=MOMENTUM,
                   lr_decay=lr_decay,
                   batch_size=batch, epochs=epochs, replicas=2, validation=_validation(),
                   seed=seed, run_dir=run, log=None)

@@ -17,7 +17,8 @@ import torch
 
 from ..errors import DataError
 
-__all__ = ["ShardData", "as_batch", "column_chunks", "column_to_numpy", "storage_dtype"]
+__all__ = ["ShardData", "as_batch", "column_chunks", "column_to_numpy", "spec_row_bytes",
+           "storage_dtype"]
 
 
 
@@ -204,6 +205,14 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
     return arr
 
 
+def spec_row_bytes(spec: tuple) -> tuple[int, int]:
+    """(feature bytes, label bytes) of one row of a shard whose ``spec()`` this is (label
+    bytes 0 without labels)."""
+    shape, dtype, lab = spec
+    x = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return x, 0 if lab is None else int(np.prod(lab[0], dtype=np.int64)) * np.dtype(lab[1]).itemsize
+
+
 class ShardData:
     """The rows of one partition in memory, as torch-ready arrays.
 
@@ -288,8 +297,7 @@ class ShardData:
              ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """The last ``k`` rows, in order, as (features, labels) chunks of about
         ``chunk_bytes`` (views, not copies)."""
-        row = self.features[:1].nbytes + (0 if self.labels is None else self.labels[:1].nbytes)
-        n, per = len(self), max(1, chunk_bytes // max(row, 1))
+        n, per = len(self), max(1, chunk_bytes // max(sum(spec_row_bytes(self.spec())), 1))
         for lo in range(n - k, n, per):
             hi = min(lo + per, n)
             yield self.features[lo:hi], None if self.labels is None else self.labels[lo:hi]

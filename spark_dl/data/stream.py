@@ -41,6 +41,7 @@ from .bridge import (
     check_columns,
     check_labels,
     ragged_rows,
+    spec_row_bytes,
     storage_dtype,
 )
 
@@ -207,10 +208,7 @@ class StreamShard:
 
     @property
     def row_bytes(self) -> int:
-        n = int(np.prod(self.feature_shape, dtype=np.int64)) * self.feature_dtype.itemsize
-        if self.label_spec is not None:
-            n += int(np.prod(self.label_spec[0], dtype=np.int64)) * self.label_spec[1].itemsize
-        return n
+        return sum(spec_row_bytes(self.spec()))
 
     def append(self, x: np.ndarray, y: np.ndarray | None) -> None:
         """Rows (validated, in the storage dtypes) at the end of the spill file."""
@@ -250,11 +248,10 @@ class StreamShard:
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` rows (the spill files shrink with them)."""
-        x_row = int(np.prod(self.feature_shape, dtype=np.int64)) * self.feature_dtype.itemsize
+        x_row, y_row = spec_row_bytes(self.spec())
         self._x.truncate(n * x_row)
         if self._y is not None:
-            self._y.truncate(n * int(np.prod(self.label_spec[0], dtype=np.int64))
-                             * self.label_spec[1].itemsize)
+            self._y.truncate(n * y_row)
         self.rows = n
 
     def extend(self, chunks: Iterable[tuple[np.ndarray, np.ndarray | None]]) -> None:

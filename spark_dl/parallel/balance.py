@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..data.bridge import spec_row_bytes
 from ..errors import ConfigError, DataError, ResourceError
 
 __all__ = [
@@ -299,8 +300,7 @@ def move_rows(shard, plan: Sequence[tuple[int, int, int]], rank: int, device) ->
     lent = sum(k for src, _, k in plan if src == rank)
     borrowed = sum(k for _, dst, k in plan if dst == rank)
     shape, dtype, lab = shard.spec()
-    x_row = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    y_row = 0 if lab is None else int(np.prod(lab[0], dtype=np.int64)) * np.dtype(lab[1]).itemsize
+    x_row, y_row = spec_row_bytes(shard.spec())
     wire = device if device.type == "cuda" else torch.device("cpu")
     need, room = 0, 1
     if borrowed and getattr(shard, "kind", "memory") == "memory":
@@ -421,10 +421,7 @@ class Balancer:
         self.row_mode, self.moved = rows, 0
         self.total = batch_size * world
         self.compute_s, self.samples, self.mark = 0.0, 0, time.perf_counter()
-        shape, dtype_x, lab = shard.spec()
-        row_bytes = [math.prod(shape) * np.dtype(dtype_x).itemsize,
-                     -1 if lab is None else math.prod(lab[0]) * np.dtype(lab[1]).itemsize]
-        table = self._gather([len(shard), *row_bytes])
+        table = self._gather([len(shard), *spec_row_bytes(shard.spec())])
         self.rows = [int(r) for r in table[:, 0]]
         self.have = list(self.rows)
         kinds = {(int(a), int(b)) for n, a, b in table.tolist() if n > 0}
