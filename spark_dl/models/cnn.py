@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .fc import activation
+from .activations import activation
 
 __all__ = ["ThesisCNN"]
 

@@ -7,15 +7,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["ACTIVATIONS", "FCNet", "build_model"]
+from .activations import activation
 
-ACTIVATIONS = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}
-
-
-def activation(name: str) -> nn.Module:
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
-    return ACTIVATIONS[name]()
+__all__ = ["FCNet", "build_model"]
 
 
 class FCNet(nn.Module):
