@@ -16,6 +16,7 @@ import pyarrow as pa
 import torch
 
 from ..errors import DataError
+from .memory import address_headroom, memory_error
 
 __all__ = ["ShardData", "as_batch", "column_chunks", "column_to_numpy", "spec_row_bytes",
            "storage_dtype"]
@@ -239,7 +240,6 @@ class ShardData:
         """Read all record batches of a partition (an empty partition gives 0 rows). A
         partition larger than the task's memory raises a ResourceError that names the fix
         (``spark_dl.data.stream.open_shard`` streams it from local disk instead)."""
-        from .stream import _memory_error, address_headroom
         read, room = 0, address_headroom()
         try:
             kept = []
@@ -267,7 +267,7 @@ class ShardData:
                 check_labels(y, label, num_classes, where)
             return cls(x, y)
         except (MemoryError, pa.ArrowMemoryError) as e:
-            raise _memory_error(where, read, e) from None
+            raise memory_error(where, read, e) from None
 
     @classmethod
     def from_spec(cls, spec: tuple) -> ShardData:

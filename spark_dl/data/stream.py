@@ -24,7 +24,6 @@ import errno
 import os
 import queue
 import re
-import resource
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -44,6 +43,7 @@ from .bridge import (
     spec_row_bytes,
     storage_dtype,
 )
+from .memory import is_memory_error, memory_error, memory_headroom
 
 __all__ = ["DATA_MODES", "StreamShard", "open_shard", "parse_buffer", "spill_directory"]
 
@@ -79,54 +79,6 @@ def spill_directory(partition: int = 0) -> str:
     system's temporary directory."""
     dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
     return dirs[partition % len(dirs)] if dirs else tempfile.gettempdir()
-
-
-def address_headroom() -> int | None:
-    """Bytes this process may still map under its address-space limit (Spark sets it from
-    spark.executor.pyspark.memory), or None without a limit."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit in (resource.RLIM_INFINITY, -1):
-        return None
-    return max(limit - (proc_status_kib("VmSize") or 0) * 1024, 0)
-
-
-def proc_status_kib(field: str) -> int | None:
-    """A kB field of /proc/self/status (VmSize, VmPeak, ...), or None where there is none."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-    except (OSError, StopIteration):
-        return None
-
-
-def _memory_headroom() -> int:
-    """Bytes this process may still allocate: its address-space headroom under the limit, or
-    the machine's available memory over its cores (the tasks running beside this one)."""
-    room = address_headroom()
-    if room is not None:
-        return room
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(line.split()[1]) << 10 for line in f
-                         if line.startswith("MemAvailable"))
-    except (OSError, StopIteration):
-        return 1 << 62
-    return avail // max(os.cpu_count() or 1, 1)
-
-
-def _memory_error(where: str, nbytes: int, e: BaseException) -> ResourceError:
-    limit = os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB")
-    return ResourceError(
-        f"the {where} does not fit this task's memory with data='memory' "
-        f"({nbytes / 2**20:.0f} MiB of rows read when it ran out"
-        + (f"; spark.executor.pyspark.memory: {limit} MiB" if limit else "")
-        + f": {type(e).__name__}: {e}); use data='stream' (or 'auto') to stream it from local "
-          f"disk, or split the data into more partitions")
-
-
-def _is_memory_error(e: BaseException) -> bool:
-    return isinstance(e, (MemoryError, pa.ArrowMemoryError)) or \
-        "can't allocate memory" in str(e) or "Cannot allocate memory" in str(e)
 
 
 class _SpillFile:
@@ -432,7 +384,7 @@ def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
         return ShardData.from_arrow(batches, features, label, shape, label_shape, num_classes,
                                     where)
     budget = 0 if data == "stream" else \
-        memory_budget if memory_budget is not None else int(AUTO_FRACTION * _memory_headroom())
+        memory_budget if memory_budget is not None else int(AUTO_FRACTION * memory_headroom())
     held: list[tuple[np.ndarray, np.ndarray | None]] = []
     held_bytes, row0, stream, dtypes, first_shape = 0, 0, None, None, None
     try:
@@ -471,8 +423,8 @@ def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
     except BaseException as e:
         if stream is not None:
             stream.close()
-        if isinstance(e, Exception) and _is_memory_error(e):
-            raise _memory_error(where, held_bytes, e) from None
+        if isinstance(e, Exception) and is_memory_error(e):
+            raise memory_error(where, held_bytes, e) from None
         raise
     if stream is not None:
         return stream

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..data.bridge import spec_row_bytes
+from ..data.memory import memory_headroom
 from ..errors import ConfigError, DataError, ResourceError
 
 __all__ = [
@@ -168,11 +169,7 @@ def memory_cap(bytes_per_sample: float, device: torch.device, fraction: float = 
     """Rows per step that fit ``fraction`` of what this task may still allocate (the GPU's
     free memory, or the process's headroom on the CPU: its address-space limit under
     spark.executor.pyspark.memory, else its share of the machine's available memory)."""
-    if device.type == "cuda":
-        room = torch.cuda.mem_get_info(device)[0]
-    else:
-        from ..data.stream import _memory_headroom
-        room = _memory_headroom()
+    room = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else memory_headroom()
     return int(room * fraction // max(bytes_per_sample, 1.0))
 
 
@@ -304,8 +301,7 @@ def move_rows(shard, plan: Sequence[tuple[int, int, int]], rank: int, device) ->
     wire = device if device.type == "cuda" else torch.device("cpu")
     need, room = 0, 1
     if borrowed and getattr(shard, "kind", "memory") == "memory":
-        from ..data.stream import _memory_headroom
-        need, room = (len(shard) + borrowed) * (x_row + y_row), _memory_headroom()
+        need, room = (len(shard) + borrowed) * (x_row + y_row), memory_headroom()
     mine = torch.tensor([need, room], dtype=torch.float64, device=wire)
     table = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(table, mine)

@@ -80,7 +80,7 @@ def peak_memory_mb() -> dict:
     workers across tasks."""
     import resource
 
-    from ..data.stream import proc_status_kib
+    from ..data.memory import proc_status_kib
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     vm_peak = proc_status_kib("VmPeak")
     if vm_peak is not None:

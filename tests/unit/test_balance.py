@@ -221,7 +221,7 @@ def _short_body(rank, world, tmp):
 
     import torch
 
-    from spark_dl.data.stream import proc_status_kib
+    from spark_dl.data.memory import proc_status_kib
     x = np.zeros((8, 64, 1024), np.float32)                # 256 KiB a row
     shard = ShardData(x[:4] if rank else x, np.zeros(4 if rank else 8, np.int64))
     if rank == 1:                  # the borrower may map 1 MiB more: 6 rows do not fit
