@@ -12,7 +12,7 @@ Bytes per replica per step: gossip counts what it sent (``info["bytes_sent"]``);
 are the ring algorithm's 2 (R - 1) / R x the gradient (what a ring sends per replica over a
 network; on one host spark_dl sums through shared memory and sends nothing).
 
-The low-bandwidth case, the paper's, is priced with the cost model (parallel/cost_model.py,
+The low-bandwidth case, the paper's, is priced with the cost model (planning/cost_model.py,
 eq. 3.4) and the measured bytes: an epoch = steps x (compute of a step + T_lat x messages +
 bytes x T_data) at 100 Mbit/s and 1 Gbit/s, T_lat 100 us; the compute of a step is the median
 step of the calibration (plain-1t), which every replica runs in parallel on its own batch.
@@ -113,7 +113,7 @@ def main(argv=None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     from spark_dl import Gossip, get_session
-    from spark_dl.parallel.cost_model import Link, predict_seconds
+    from spark_dl.planning.cost_model import Link, predict_seconds
     spark = get_session("local", master=args.master)
     runs = Path(tempfile.mkdtemp(prefix="bench-gossip-"))
     R, E = args.replicas, args.epochs

@@ -84,8 +84,8 @@ def _rank(rank, world, port, net, algorithm, out):
     import torch
     import torch.distributed as dist
 
-    from spark_dl.parallel import cost_model
-    from spark_dl.parallel.model_parallel import Comm, ThesisFC, partition_model
+    from spark_dl.model_parallel import Comm, ThesisFC, partition_model
+    from spark_dl.planning import cost_model
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -148,7 +148,7 @@ def _plan(net, raw, parts):
     """What Downpour(partitions="auto") would choose on max(parts) slots with this run's link and
     matmul rate (Downpour's push and fetch included, memory no limit): F and the predicted
     samples/s of every candidate."""
-    from spark_dl.parallel import cost_model
+    from spark_dl.planning import cost_model
     model_fn, shape, _ = _net(net)
     F = max(parts)
     runs = raw[f"collective-F{F}"]
@@ -189,7 +189,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import torch
 
-    from spark_dl.parallel import cost_model
+    from spark_dl.planning import cost_model
     parts = [int(f) for f in args.parts.split(",")]
     if args.plan_from:
         result = json.loads(Path(args.plan_from).read_text())

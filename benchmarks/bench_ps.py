@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spark_dl.parallel.ps import ParameterServer, PSClient  # noqa: E402
+from spark_dl.transport.ps import ParameterServer, PSClient  # noqa: E402
 
 SECRET = os.urandom(32)
 

@@ -23,8 +23,8 @@ from torch import nn
 from .compat import default_parallelism, master, num_partitions
 from .errors import ConfigError, DataError, ResourceError
 from .optim.factory import OPTIMIZERS
-from .parallel.stage import StageConfig, loss_function
 from .preflight import check_model, check_not_empty
+from .runtime.stage import StageConfig, loss_function
 from .strategies import STRATEGIES, Strategy, make_strategy, option_owner
 from .strategies.base import FitResult, Job
 from .tracking import Tracker

@@ -291,7 +291,7 @@ class ShardData:
     def __len__(self) -> int:
         return len(self.features)
 
-    # -- rows moved between replicas (spark_dl.parallel.balance.move_rows) ------------------
+    # -- rows moved between replicas (spark_dl.balance.move_rows) ---------------------------
 
     def tail(self, k: int, chunk_bytes: int = 64 << 20
              ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:

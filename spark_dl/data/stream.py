@@ -189,7 +189,7 @@ class StreamShard:
         n = len(self)
         return n // batch_size if drop_last else -(-n // batch_size)
 
-    # -- rows moved between replicas (spark_dl.parallel.balance.move_rows) ------------------
+    # -- rows moved between replicas (spark_dl.balance.move_rows) ---------------------------
 
     def tail(self, k: int, chunk_bytes: int = CHUNK_BYTES
              ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:

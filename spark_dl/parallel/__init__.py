@@ -1,3 +1,12 @@
-"""What the strategies share: the rendezvous, shared memory, the authenticated message
-channel, the parameter server and its wire protocol, the task scaffold (stage.py), model
-parallelism and its cost model. The strategies themselves are in spark_dl.strategies."""
+"""``spark_dl.parallel.cost_model``, where users were shown the cost model and planner
+(notebooks/02_model_parallelism.ipynb): it lives in ``spark_dl.planning.cost_model``, and this
+name keeps working, for ``from spark_dl.parallel import cost_model`` and
+``import spark_dl.parallel.cost_model`` alike. Nothing else is here."""
+
+import sys
+
+from ..planning import cost_model
+
+sys.modules[__name__ + ".cost_model"] = cost_model
+
+__all__ = ["cost_model"]

@@ -1,8 +1,7 @@
 """How the replicas of a fit share what they learn: one module per strategy, each with its
 options and its driver half (driver.py) and task half (task.py); what they share on the
-driver is base.py, on the tasks spark_dl.parallel.stage, and the transports (rendezvous,
-shared memory, the authenticated channel, the parameter server's wire protocol) are in
-spark_dl.parallel.
+driver is base.py, on the tasks spark_dl.runtime, and the transports (rendezvous, shared
+memory, the authenticated channel, the parameter server) are in spark_dl.transport.
 
     fit(df, model, strategy=Downpour(n_push=4, mode="sync"))
     fit(df, model, strategy="gossip")                  # a name: the strategy's defaults

@@ -25,10 +25,10 @@ from torch import nn
 
 from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError
-from ..parallel.failures import TaskErrors
-from ..parallel.stage import load_checkpoint
 from ..progress import ProgressLine
 from ..runs import new_run_dir, plot_history, write_history, write_json
+from ..runtime.failures import TaskErrors
+from ..runtime.stage import load_checkpoint
 
 __all__ = ["FitResult", "Job", "Run", "Strategy", "options"]
 
@@ -244,7 +244,7 @@ class Run:
 
     def serve(self, on_message: Callable[[dict], None] | None = None):
         """The authenticated channel the tasks report to (default: replica 0's reports)."""
-        from ..parallel.channel import MessageServer
+        from ..transport.channel import MessageServer
         handler = on_message or self.on_message
 
         def dispatch(m: dict) -> None:
@@ -312,7 +312,7 @@ class Run:
 
 
 def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
-    """Run a replica-per-task barrier stage whose task 0 returns the model (parallel.stage's
+    """Run a replica-per-task barrier stage whose task 0 returns the model (runtime.stage's
     barrier_task; ``run.serve()`` gave the tasks their channel) and finish the fit with it."""
     df = job.frame(job.replicas, barrier=True)
     job.tracker.start(run.path, run.config)

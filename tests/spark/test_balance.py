@@ -158,7 +158,7 @@ def test_adaptive_balance_moves_rows_from_a_replica_slowed_mid_fit(spark, mnist,
     # ... so epochs 3 and 4 give replica 0 the larger share
     assert all(s[0] > 1.25 * s[1] for s in splits[2:]), (splits, times)
     # the shards follow the split: rows moved to replica 0 when it got the larger share
-    from spark_dl.parallel.balance import row_targets
+    from spark_dl.balance import row_targets
     assert all(h["balance"]["rows"] == row_targets(6000, h["balance"]["batches"])
                for h in res.history)
     assert res.history[-1]["samples"] == 6000 + 64 - 6000 % 64 and \

@@ -1,4 +1,4 @@
-"""The speed-proportional split of a synchronous step's global batch (spark_dl.parallel.balance):
+"""The speed-proportional split of a synchronous step's global batch (spark_dl.balance):
 largest-remainder rounding, memory caps, the equal-time fixed point, wrap-around batches, and
 rows moved between replicas (over a real gloo group) so that shards follow the split."""
 
@@ -10,10 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from spark_dl.data.bridge import ShardData
-from spark_dl.data.stream import StreamShard
-from spark_dl.errors import ConfigError, ResourceError
-from spark_dl.parallel.balance import (
+from spark_dl.balance import (
     activation_bytes,
     balanced_batches,
     check_balance,
@@ -24,6 +21,9 @@ from spark_dl.parallel.balance import (
     row_targets,
     split,
 )
+from spark_dl.data.bridge import ShardData
+from spark_dl.data.stream import StreamShard
+from spark_dl.errors import ConfigError, ResourceError
 
 from .ranks import run_on_ranks
 
@@ -122,14 +122,14 @@ def test_activation_bytes_counts_what_backward_keeps():
 
 
 def test_column_widths_follow_the_shares():
-    from spark_dl.parallel.model_parallel import split_sizes
+    from spark_dl.model_parallel import split_sizes
     assert split_sizes(10, 4) == [3, 3, 2, 2]                      # even, as before
     assert split_sizes(10, 2, (2, 1)) == [7, 3]
     assert split_sizes(3, 3, (100, 1, 1)) == [1, 1, 1]             # one column each at least
 
 
 def test_partition_speeds_are_the_median_over_replicas():
-    from spark_dl.parallel.cost_model import partition_speeds
+    from spark_dl.planning.cost_model import partition_speeds
     # tasks r F + p: 3 replicas x 2 partitions; partition 1 is slower on every replica
     assert partition_speeds([4.0, 2.0, 5.0, 1.0, 3.0, 2.5], 2) == [4.0, 2.0]
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from spark_dl.errors import ConfigError
-from spark_dl.parallel.keys import KeyScheduler
+from spark_dl.strategies.boosting.keys import KeyScheduler
 
 
 def test_every_key_once_per_epoch_and_the_faster_worker_takes_more():

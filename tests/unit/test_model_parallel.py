@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-from spark_dl.parallel import cost_model
-from spark_dl.parallel.model_parallel import split_sizes
+from spark_dl.model_parallel import split_sizes
+from spark_dl.planning import cost_model
 
 from .ranks import run_on_ranks
 
@@ -18,9 +18,9 @@ FC_SIZES = [20, 13, 7, 5]           # widths not divisible by 2, 3 or 4: uneven 
 
 
 def _rank_main(rank, world):
+    from spark_dl.model_parallel import Comm, ThesisFC, parameter_bytes, partition_model
     from spark_dl.models import FCNet, ThesisCNN
     from spark_dl.models.rnn import CharRNN
-    from spark_dl.parallel.model_parallel import Comm, ThesisFC, parameter_bytes, partition_model
     report = {}
     comm = Comm()
 
@@ -199,9 +199,9 @@ def test_the_planner_prices_the_server_the_activations_and_a_measured_rate():
 def test_cut_and_merge_give_back_the_model(F):
     # the driver cuts a model into the partitions' slices (Comm.layout) and merges the
     # parameter server's slices back: for the FC net, the CNN and the LSTM, exactly
+    from spark_dl.model_parallel import Comm, merge_partitions, partition_model
     from spark_dl.models import FCNet, ThesisCNN
     from spark_dl.models.rnn import CharRNN
-    from spark_dl.parallel.model_parallel import Comm, merge_partitions, partition_model
     torch.manual_seed(0)
     for net in (FCNet([20, 13, 7, 5]), ThesisCNN(widths=(5, 7, 6)),
                 CharRNN(vocab_size=9, hidden=11, layers=2, kind="lstm")):
@@ -216,7 +216,7 @@ def test_cut_and_merge_give_back_the_model(F):
 
 
 def test_partitioning_refuses_what_it_cannot_split():
-    from spark_dl.parallel.model_parallel import Comm, partition_model
+    from spark_dl.model_parallel import Comm, partition_model
     net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.LayerNorm(6),
                               torch.nn.Linear(6, 2))
     with pytest.raises(ValueError, match=r"module 1 \(LayerNorm\) has parameters or buffers"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from spark_dl.parallel.model_parallel import Comm, merge_partitions, partition_model, split_sizes
+from spark_dl.model_parallel import Comm, merge_partitions, partition_model, split_sizes
 
 from .ranks import run_on_ranks
 
@@ -53,9 +53,9 @@ def _grads_of(part, ref, world, rank) -> float:
 
 
 def _rank_main(rank, world):
+    from spark_dl.model_parallel import kept_whole
     from spark_dl.models.rnn import CharRNN
     from spark_dl.models.ssda import SSDA, LayerSpec
-    from spark_dl.parallel.model_parallel import kept_whole
     report = {}
     comm = Comm()
     g = torch.Generator().manual_seed(1)

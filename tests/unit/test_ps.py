@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from spark_dl.parallel.ps import MAGIC, OPS, ParameterServer, PSClient, PSError
+from spark_dl.transport.ps import MAGIC, OPS, ParameterServer, PSClient, PSError
 
 SECRET = b"s" * 32
 
@@ -362,7 +362,7 @@ def test_the_server_averages_its_values_over_a_fraction_of_an_epoch(server):
 
 
 def test_data_keys_a_push_counts_only_under_its_lease_and_epochs_keep_their_state(server):
-    from spark_dl.parallel.keys import KeyScheduler
+    from spark_dl.strategies.boosting.keys import KeyScheduler
     keys = KeyScheduler(3, epochs=2, workers=2, seed=0, lease_s=0.2)
     ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, keys=keys)
     a, b = (PSClient(ps.address, SECRET, w, torch.float64) for w in (0, 1))
@@ -399,5 +399,5 @@ def test_a_key_request_needs_a_fit_with_keys(server):
     with pytest.raises(PSError, match="data keys"):
         c.next_key()
     with pytest.raises(ValueError, match="sequential"):
-        from spark_dl.parallel.keys import KeyScheduler
+        from spark_dl.strategies.boosting.keys import KeyScheduler
         ParameterServer(torch.zeros(10), SECRET, mode="async", keys=KeyScheduler(2, 1, 1))

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from spark_dl.model_parallel import CountingComm, partition_model
 from spark_dl.models import FCNet, ThesisCNN
 from spark_dl.models.ssda import SSDA, THESIS_SSDA_LAYERS, LayerSpec
-from spark_dl.parallel import cost_model
-from spark_dl.parallel.model_parallel import CountingComm, partition_model
+from spark_dl.planning import cost_model
 
 from .ranks import run_on_ranks
 from .test_model_parallel import FC_SIZES
@@ -33,7 +33,7 @@ MODELS = {
 
 
 def _rank_main(rank, world):
-    from spark_dl.parallel.model_parallel import Comm
+    from spark_dl.model_parallel import Comm
     report, comm = {}, Comm()
     for name, (model_fn, shape, loss_fn) in MODELS.items():
         torch.manual_seed(0)

@@ -3,10 +3,10 @@ model; the checkpoints are the tasks')."""
 
 from __future__ import annotations
 
+from ...balance import BALANCE_MODES, ROW_MODES, check_balance
 from ...errors import ConfigError
-from ...parallel.amp import check_amp
-from ...parallel.balance import BALANCE_MODES, ROW_MODES, check_balance
-from ...parallel.stage import RESULT_SCHEMA
+from ...runtime.amp import check_amp
+from ...runtime.stage import RESULT_SCHEMA
 from ..base import (
     FitResult,
     Job,
@@ -41,7 +41,7 @@ class AllReduce(Strategy):
     drawing its share from its shard. ``balance_rows``: "move" (default), the shards are made
     proportional to the split first, rows lent over the process group, so an epoch is one pass
     over every row; "wrap", no row moves and each replica wraps around its own shard, a fast
-    replica's rows coming round more often (spark_dl.parallel.balance)."""
+    replica's rows coming round more often (spark_dl.balance)."""
 
     name = "allreduce"
     accumulate: int = 1

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spark_dl.parallel.amp import autocast
-from spark_dl.parallel.stage import (
+from spark_dl.runtime.amp import autocast
+from spark_dl.runtime.stage import (
     LocalStepConfig,
     StepReports,
     barrier_task,
@@ -99,7 +99,7 @@ class GradientSync:
         self.seconds = 0.0                # wall time inside the all-reduce (incl. waiting)
         self.shm = None
         if shm_name is not None:
-            from spark_dl.parallel.shm import ShmAllReduce
+            from spark_dl.transport.shm import ShmAllReduce
             self.shm = ShmAllReduce(self.flats[0].numel(), ref.dtype, shm_name, timeout_s)
         self.transport = "shm" if self.shm is not None else dist.get_backend()
 
@@ -188,7 +188,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
 
     balancer = None
     if cfg.balance is not None:
-        from spark_dl.parallel.balance import Balancer
+        from spark_dl.balance import Balancer
         balancer = Balancer(cfg.balance, model=model, loss_fn=loss_fn, shard=shard,
                             batch_size=cfg.batch_size, accumulate=cfg.accumulate, device=device,
                             dtype=dtype, rank=rank, world=world, max_batch=cfg.max_batch,

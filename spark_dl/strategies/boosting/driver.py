@@ -4,7 +4,7 @@ training data is cut into keys (chunks of ``n_push`` mini-batches of a Parquet c
 DataFrame) which a data-key scheduler on the driver hands out, reshuffled every epoch, one at
 a time to whichever worker asks next: a faster worker takes more keys, a restarted worker
 gets back the key it held, and every key is trained exactly once per epoch whatever dies
-(spark_dl.parallel.keys). The task half is task.py.
+(keys.py). The task half is task.py.
 
 The workers read their keys' rows from Parquet themselves (pyarrow), so the data must be
 where every executor can read it: the DataFrame's own files when it is a plain Parquet scan,
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError, DataError
-from ...parallel.amp import check_amp
-from ...parallel.ps import SERVER_OPTIMIZERS
-from ...parallel.stage import evaluate
+from ...runtime.amp import check_amp
+from ...runtime.stage import evaluate
+from ...transport.ps import SERVER_OPTIMIZERS
 from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
 from . import task as _task
 
@@ -75,10 +75,10 @@ class Boosting(Strategy):
         return False
 
     def run(self, job: Job) -> FitResult:
-        from ...parallel.keys import KeyScheduler
-        from ...parallel.ps import ParameterServer
+        from ...planning.partitions import Layout
+        from ...transport.ps import ParameterServer
         from ..downpour.driver import _server_optimizer
-        from ..downpour.plan import Layout
+        from .keys import KeyScheduler
         workers = job.replicas
         momentum, lr = job.train["momentum"], job.train["lr"]
         server_optimizer = self.server_optimizer or \
@@ -250,14 +250,14 @@ def cut_keys(files: list[str], key_rows: int) -> list[tuple[str, int, int]]:
 
 
 def _checkpoint(path: Path, state: dict, history: list[dict], epoch: int) -> None:
-    from ...parallel.stage import save_atomic
+    from ...runtime.stage import save_atomic
     save_atomic(path, {"strategy": "boosting", "epoch": epoch, "server": state,
                        "history": [h for h in history if h["epoch"] <= epoch]})
 
 
 def _checkpoint_of(path: Path, say) -> dict | None:
     """The run directory's boosting checkpoint, or None without one."""
-    from ...parallel.stage import load_checkpoint
+    from ...runtime.stage import load_checkpoint
     ckpt = load_checkpoint(path, say)
     if ckpt is not None and ckpt.get("strategy") != "boosting":
         raise ConfigError(f"{path} is a checkpoint of strategy "

@@ -2,7 +2,7 @@
 worker ids) that ask the server for their next data key, read its rows from Parquet, sum the
 gradients of its ``n_push`` mini-batches, push once and fetch the result, until the server
 says the fit is finished. A task Spark retries asks again and gets back the key its last
-attempt held (spark_dl.parallel.keys)."""
+attempt held (keys.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from spark_dl.parallel.amp import LossScaler, autocast
-from spark_dl.parallel.failures import at
-from spark_dl.parallel.failures import report as report_error
-from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
+from spark_dl.runtime.amp import LossScaler, autocast
+from spark_dl.runtime.failures import at
+from spark_dl.runtime.failures import report as report_error
+from spark_dl.runtime.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
 __all__ = ["RESULT_SCHEMA", "BoostingConfig", "make_task", "read_key"]
 
@@ -96,10 +96,10 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
 
 
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
-    from spark_dl.parallel.channel import MessageClient
-    from spark_dl.parallel.ps import PSClient
-    from spark_dl.parallel.rendezvous import task_device
     from spark_dl.strategies.downpour.task import _flatten
+    from spark_dl.transport.channel import MessageClient
+    from spark_dl.transport.ps import PSClient
+    from spark_dl.transport.rendezvous import task_device
 
     t_start = time.perf_counter()
     rank = ctx.partitionId()

@@ -1,6 +1,7 @@
 """``Downpour``: its options and its driver half (the parameter server on the driver, the
 workers as Spark tasks; checkpoints are the server's). The task half is task.py, the server
-and its wire protocol are spark_dl.parallel.ps, model-parallel replicas plan.py."""
+and its wire protocol are spark_dl.transport.ps, model-parallel replicas
+spark_dl.planning.partitions."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from pathlib import Path
 
 import torch
 
+from ...balance import check_balance
 from ...errors import ConfigError, ResourceError
-from ...parallel.amp import check_amp
-from ...parallel.balance import check_balance
-from ...parallel.ps import MODES, SERVER_OPTIMIZERS
-from ...parallel.stage import evaluate
+from ...planning.partitions import Layout, check_thesis, plan_partitions
+from ...runtime.amp import check_amp
+from ...runtime.stage import evaluate
+from ...transport.ps import MODES, SERVER_OPTIMIZERS
 from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
 from . import task as _task
-from .plan import Layout, check_thesis, plan_partitions
 
 __all__ = ["MODES", "STALENESS_RULES", "Downpour"]
 
@@ -59,7 +60,7 @@ class Downpour(Strategy):
     0's tasks run twice as fast as partition 1's (default: even); largest remainders, at least
     one column each. balance (mode="sync"): "speed", every worker's step timed on its own
     rows before training and the rounds' global batch (batch_size x replicas) split so that
-    all finish together, or fixed shares per worker (spark_dl.parallel.balance; AllReduce
+    all finish together, or fixed shares per worker (spark_dl.balance; AllReduce
     also re-splits every epoch)."""
 
     name = "downpour"
@@ -190,8 +191,8 @@ class Downpour(Strategy):
         return replicas * partitions
 
     def run(self, job: Job) -> FitResult:
-        """Downpour SGD: a parameter server here, workers as Spark tasks (see parallel/ps.py)."""
-        from ...parallel.ps import ParameterServer
+        """Downpour SGD: a parameter server here, workers as Spark tasks (see spark_dl.transport.ps)."""
+        from ...transport.ps import ParameterServer
         replicas, partitions = job.replicas, job.plan["partitions"]
         check_balance(self.balance, replicas)
         mode, staleness = self.mode, self.staleness
@@ -210,7 +211,7 @@ class Downpour(Strategy):
             widths = json.loads(kept.read_text())                           # keeps its layout
             widths = json.loads(kept.read_text())
         elif widths == "speed":               # each partition's tasks' matmul rate, measured
-            from ...parallel.cost_model import partition_speeds, probe_task_speeds
+            from ...planning.cost_model import partition_speeds, probe_task_speeds
             measured = probe_task_speeds(job.spark, replicas * partitions)
             widths = partition_speeds([m["flops"] for m in measured], partitions)
             kept.write_text(json.dumps(widths))
@@ -404,7 +405,7 @@ def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
     """The server after an epoch every replica finished, written atomically (the previous
     checkpoint stays until the new one is complete): its values, optimizer states, versions
     and steps, and the history so far. The driver writes it; fit(run_dir=...) resumes it."""
-    from ...parallel.stage import save_atomic
+    from ...runtime.stage import save_atomic
     epoch = _completed_epochs(history)
     save_atomic(path, {"strategy": "downpour", "epoch": epoch, "replicas": replicas,
                  "partitions": partitions, "server": ps.state_dict(),
@@ -413,7 +414,7 @@ def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
 
 def _resume_downpour(path: Path, ps, replicas: int, partitions: int, log, say) -> dict | None:
     """Load a Downpour checkpoint of ``run_dir`` into the fresh server; None without one."""
-    from ...parallel.stage import load_checkpoint
+    from ...runtime.stage import load_checkpoint
     ckpt = load_checkpoint(path, say)
     if ckpt is None:
         return None

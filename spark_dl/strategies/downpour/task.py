@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from spark_dl.parallel.amp import LossScaler, autocast
-from spark_dl.parallel.balance import balanced_batches
-from spark_dl.parallel.failures import at
-from spark_dl.parallel.failures import report as report_error
-from spark_dl.parallel.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
+from spark_dl.balance import balanced_batches
+from spark_dl.runtime.amp import LossScaler, autocast
+from spark_dl.runtime.failures import at
+from spark_dl.runtime.failures import report as report_error
+from spark_dl.runtime.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
 
 __all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
@@ -95,8 +95,8 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
 
     from spark_dl import errors
     from spark_dl.data.bridge import ShardData
-    from spark_dl.parallel.model_parallel import Comm
-    from spark_dl.parallel.rendezvous import process_group
+    from spark_dl.model_parallel import Comm
+    from spark_dl.transport.rendezvous import process_group
 
     rank = ctx.partitionId()
     status: dict = {"error": None}
@@ -156,7 +156,7 @@ def _partitioned_model(model_fn: Callable, comm, dtype, algorithm: str = "collec
     """This task's slice of the model, without materialising the whole model: built on the
     meta device and cut; _flatten allocates the slice (its values come from the server).
     ``algorithm`` "thesis": the FC net as ThesisFC (the thesis's master algorithm)."""
-    from spark_dl.parallel.model_parallel import ThesisFC, fc_activation, partition_model
+    from spark_dl.model_parallel import ThesisFC, fc_activation, partition_model
     with torch.device("meta"):
         full = model_fn().to(dtype)
     if algorithm == "thesis":
@@ -169,7 +169,7 @@ def _profile(cfg, model, loss_fn, shard, device, dtype, worker: int):
     t(b) = a + c b, profiled; fixed shares as c = 1 / share), or None."""
     if cfg.balance is None:
         return None
-    from spark_dl.parallel.balance import measure
+    from spark_dl.balance import measure
     a, c, _, cap = measure(cfg.balance, model=model, loss_fn=loss_fn, shard=shard,
                            batch_size=cfg.batch_size, device=device, dtype=dtype,
                            transform=cfg.transform,
@@ -199,9 +199,9 @@ def _gather_batch(comm, x: torch.Tensor, y: torch.Tensor | None):
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard, partitioned,
           t_start: float) -> dict:
     """One worker's training loop; ``partitioned``: None, or (replica Comm, steps per epoch)."""
-    from spark_dl.parallel.channel import MessageClient
-    from spark_dl.parallel.ps import PSClient
-    from spark_dl.parallel.rendezvous import task_device
+    from spark_dl.transport.channel import MessageClient
+    from spark_dl.transport.ps import PSClient
+    from spark_dl.transport.rendezvous import task_device
 
     rank = ctx.partitionId()
     comm, replica_steps = partitioned if partitioned is not None else (None, 0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ...errors import ConfigError
-from ...parallel.amp import check_amp
-from ...parallel.stage import RESULT_SCHEMA
+from ...runtime.amp import check_amp
+from ...runtime.stage import RESULT_SCHEMA
 from ..base import (
     FitResult,
     Job,

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spark_dl.parallel.amp import autocast
-from spark_dl.parallel.stage import (
+from spark_dl.runtime.amp import autocast
+from spark_dl.runtime.stage import (
     LocalStepConfig,
     StepReports,
     barrier_task,

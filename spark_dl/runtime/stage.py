@@ -275,8 +275,8 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
         from pyspark import BarrierTaskContext
 
         from spark_dl.errors import SparkDLError
-        from spark_dl.parallel.channel import MessageClient
-        from spark_dl.parallel.rendezvous import process_group, task_device
+        from spark_dl.transport.channel import MessageClient
+        from spark_dl.transport.rendezvous import process_group, task_device
 
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...models.ssda import DenoisingLayer
+from ..models.ssda import DenoisingLayer
 from .comm import Comm
 from .mappings import (
     copy_to_partitions,

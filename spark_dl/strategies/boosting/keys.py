@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["KeyScheduler"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["Layout", "check_thesis", "plan_partitions"]
 
@@ -15,7 +15,7 @@ def plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log) -> tu
     """partitions="auto": F and R from cost_model.plan (a step of the model priced on the meta
     device, inputs of ``shape``, or the first layer's width for flat features), with the link
     probed on the cluster."""
-    from ...parallel import cost_model
+    from . import cost_model
     with torch.device("meta"):
         shape = tuple(shape) or cost_model.flat_input_shape(model_fn())
     if not shape:
@@ -62,8 +62,8 @@ def _task_memory(spark) -> int:
 
 def check_thesis(model_fn, loss_name: str, partitions) -> None:
     """model_parallel='thesis' runs FC nets with softmax cross-entropy, every layer split."""
-    from ...parallel import cost_model
-    from ...parallel.model_parallel import fc_activation
+    from ..model_parallel import fc_activation
+    from . import cost_model
     with torch.device("meta"):
         net = model_fn()
     sizes = cost_model.fc_sizes(net)
@@ -88,7 +88,7 @@ class Layout:
     with F partitions, partition 0's slices, then partition 1's, ... (shard p = partition p)."""
 
     def __init__(self, net: torch.nn.Module, partitions: int, widths=None):
-        from ...parallel.model_parallel import Comm, partition_model
+        from ..model_parallel import Comm, partition_model
         self.net, self.F = net, partitions
         self.widths = None if widths is None else [float(w) for w in widths]
         self.parts = [partition_model(net, Comm.layout(p, partitions, widths))
@@ -101,7 +101,7 @@ class Layout:
     def describe(self) -> dict:
         """For info.json: the partitions' sizes and the layers kept whole (too narrow to split:
         partition 0 trains them, the others receive its values every forward pass)."""
-        from ...parallel.model_parallel import kept_whole
+        from ..model_parallel import kept_whole
         return {"partitions": self.F, "widths": self.widths,
                 "parameters_per_partition":
                 [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])],
@@ -117,7 +117,7 @@ class Layout:
             torch.nn.utils.vector_to_parameters(
                 flat, [q for q in self.net.parameters() if q.requires_grad])
             return
-        from ...parallel.model_parallel import merge_partitions
+        from ..model_parallel import merge_partitions
         for part, a, b in zip(self.parts, self.bounds[:-1], self.bounds[1:]):
             torch.nn.utils.vector_to_parameters(
                 flat[a:b], [q for q in part.parameters() if q.requires_grad])

@@ -67,7 +67,7 @@ def report(channel, secret: bytes, task: int, e: BaseException) -> bool:
     ``e``; False when ``e`` is transient or the driver cannot be reached."""
     if channel is None or is_transient(e):
         return False
-    from .channel import MessageClient
+    from ..transport.channel import MessageClient
     client = MessageClient(channel, secret, timeout=5.0)
     epoch, step = WHERE["epoch"], WHERE["step"]
     sent = client.send({"type": "task_error", "task": task, "error": type(e).__name__,

@@ -30,7 +30,7 @@ import math
 import os
 import time
 
-from .model_parallel.comm import Comm, split_sizes
+from ..model_parallel.comm import Comm, split_sizes
 
 __all__ = ["Cluster", "Link", "Plan", "StepCost", "activation_bytes", "collective_counts",
            "fc_step_cost", "flat_input_shape", "plan", "predict_seconds", "probe", "probe_flops",
@@ -199,7 +199,7 @@ def step_cost(model_fn, input_shape: tuple, F: int, batch: int, dtype=None,
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .model_parallel import CountingComm, partition_model
+    from ..model_parallel import CountingComm, partition_model
     dtype = dtype or torch.float32
     with torch.device("meta"):
         full = model_fn().to(dtype)
@@ -342,8 +342,8 @@ def probe_cluster(spark, timeout_s: float = 120.0, with_flops: bool = False):
         import pyarrow as pa
         from pyspark import BarrierTaskContext
 
-        from spark_dl.parallel.model_parallel import Comm
-        from spark_dl.parallel.rendezvous import process_group
+        from spark_dl.model_parallel import Comm
+        from spark_dl.transport.rendezvous import process_group
         ctx = BarrierTaskContext.get()
         import torch
         torch.set_num_threads(int(ctx.cpus() or 1))

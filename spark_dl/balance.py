@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..data.bridge import spec_row_bytes
-from ..data.memory import memory_headroom
-from ..errors import ConfigError, DataError, ResourceError
+from .data.bridge import spec_row_bytes
+from .data.memory import memory_headroom
+from .errors import ConfigError, DataError, ResourceError
 
 __all__ = [
     "BALANCE_MODES",

@@ -41,7 +41,7 @@ Modes:
               each push is its own optimizer step in arrival order, and the worker fetches the
               result before going on.
 
-Data keys (``keys``, a spark_dl.parallel.keys.KeyScheduler; sequential mode, one shard): the
+Data keys (``keys``, a spark_dl.strategies.boosting.keys.KeyScheduler; sequential mode, one shard): the
 workers ask the server for their next key (op "key", reply int64 [status, key, epoch]: status
 0 a key, 1 wait that many milliseconds, 2 finished) and push once per key; a push is applied
 only when its worker still holds the key's lease (else it is dropped: the key went to another
@@ -526,10 +526,10 @@ class ParameterServer:
 
     def _balanced(self, worker: int) -> tuple[int, int]:
         """(steps per epoch, ``worker``'s rows per step) of balanced sync rounds: the workers'
-        global batch split so that their steps take as long (spark_dl.parallel.balance), once
+        global batch split so that their steps take as long (spark_dl.balance), once
         for the fit (a retried worker gets its share again); an epoch is ceil(rows / global
         batch) rounds. Called with every worker registered, under the hello lock."""
-        from .balance import equal_time_split
+        from ..balance import equal_time_split
         ids = sorted(self._registered)
         total = sum(self._registered[w][1] for w in ids)
         if self.split is None:
