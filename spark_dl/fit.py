@@ -22,9 +22,10 @@ from torch import nn
 
 from .compat import default_parallelism, master, num_partitions
 from .errors import ConfigError, DataError, ResourceError
+from .losses import loss_function
 from .optim.factory import OPTIMIZERS
 from .preflight import check_model, check_not_empty
-from .runtime.stage import StageConfig, loss_function
+from .runtime.stage import StageConfig
 from .strategies import STRATEGIES, Strategy, make_strategy, option_owner
 from .strategies.base import FitResult, Job
 from .tracking import Tracker

@@ -1,3 +1,3 @@
-"""What a training task runs on, whatever its strategy: its configuration, its shard, the
-barrier-stage scaffold, losses and checkpoint files (stage.py), mixed precision (amp.py), and
-its errors sent to the driver (failures.py)."""
+"""What a training task runs on, whatever its strategy: its configuration, its shard and the
+barrier-stage scaffold (stage.py), its checkpoint files (checkpoint.py), mixed precision
+(amp.py), and its errors sent to the driver (failures.py)."""

@@ -1,7 +1,7 @@
 """What every training task of a fit needs, whatever the strategy: its configuration (plain
-values only: the configs travel to the executors in the task closure), its shard, the losses,
-evaluation, atomic checkpoints, and the scaffold of a barrier stage whose replica 0 returns the
-trained model (all-reduce and gossip)."""
+values only: the configs travel to the executors in the task closure), its shard, and the
+scaffold of a barrier stage whose replica 0 returns the trained model (all-reduce and gossip).
+The losses and evaluation are spark_dl.losses, the checkpoint files checkpoint.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import dataclasses
 import io
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,17 +16,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from ..errors import ConfigError, DataError
 from .failures import at, report
 
-__all__ = ["LOSSES", "RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "barrier_task",
-           "broadcast_bytes", "evaluate", "load_checkpoint", "loss_function", "peak_memory_mb",
-           "previous", "read_shard", "save_atomic", "stage_info", "state_bytes", "write_task_info"]
-
-LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
-
+__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "barrier_task", "broadcast_bytes",
+           "peak_memory_mb", "read_shard", "stage_info", "state_bytes", "write_task_info"]
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
@@ -107,109 +100,6 @@ def write_task_info(run_dir: str, name: str, info: dict) -> None:
         os.replace(tmp, d / f"{name}.json")
     except OSError:
         pass
-
-
-def sequence_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every step of (B, T, V) logits against (B, T) class ids."""
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                       target.reshape(-1).long())
-
-
-def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """torch's cross entropy; a label out of the model's range is a DataError that says so
-    (torch's own is "IndexError: Target 2 is out of bounds")."""
-    try:
-        return nn.functional.cross_entropy(out, y)
-    except (IndexError, RuntimeError) as e:
-        if out.dim() < 2 or y.is_floating_point() or not len(y):
-            raise
-        classes, low, high = out.shape[1], int(y.min()), int(y.max())
-        if low >= 0 and high < classes:
-            raise
-        raise DataError(f"a label of {high if high >= classes else low} in this mini-batch, but "
-                        f"the model outputs {classes} scores per row (cross_entropy needs labels "
-                        f"in 0..{classes - 1}): build the model with as many outputs as there "
-                        f"are classes, and pass num_classes= to check the labels as they are "
-                        f"read") from e
-
-
-def loss_function(name: str) -> Callable:
-    if name == "cross_entropy":
-        return cross_entropy
-    if name == "sequence_cross_entropy":
-        return sequence_cross_entropy
-    if name == "mse":
-        return nn.functional.mse_loss
-    raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)} "
-                     f"or pass a callable loss(output, target) -> mean loss")
-
-
-@torch.no_grad()
-def evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
-    model.eval()
-    x, y = val
-    loss, correct = 0.0, 0
-    for i in range(0, len(x), batch):
-        out = model(x[i:i + batch])
-        loss += float(loss_fn(out, y[i:i + batch])) * len(out)
-        if classify:
-            correct += int((out.argmax(1) == y[i:i + batch]).sum())
-    model.train()
-    row = {"val_loss": loss / max(len(x), 1)}
-    if classify:
-        row["val_accuracy"] = correct / max(len(x), 1)
-    return row
-
-
-def previous(path: Path) -> Path:
-    """Where the checkpoint before ``path`` is kept (checkpoint.pt -> checkpoint.prev.pt)."""
-    return path.with_name(f"{path.stem}.prev{path.suffix}")
-
-
-def save_atomic(path: Path, obj: dict) -> None:
-    """Atomic: write a temporary file next to it, then rename; the file it replaces stays as
-    ``previous(path)`` (a hard link: no copy) until the next save."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    if path.exists():
-        keep = path.with_name(f".{previous(path).name}.tmp-{os.getpid()}")
-        try:
-            os.link(path, keep)
-        except OSError:                    # no hard links on this file system
-            shutil.copyfile(path, keep)
-        os.replace(keep, previous(path))
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path, say: Callable[[str], None]) -> dict | None:
-    """The checkpoint at ``path`` (None without one), on the CPU. A corrupt one (a truncated
-    write, a full disk) is set aside as ``<name>.corrupt-<time>`` and the previous good one
-    takes its place, with a message; a ConfigError when there is none."""
-    if not path.exists():
-        return None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        reason = f"{type(e).__name__}: {str(e)[:200]}"
-    prev, ckpt = previous(path), None
-    if prev.exists():
-        try:
-            ckpt = torch.load(prev, map_location="cpu", weights_only=True)
-        except Exception:
-            ckpt = None
-    if ckpt is None:
-        raise ConfigError(f"the checkpoint {path} cannot be read ({reason}) and there is no "
-                          f"good previous one ({prev.name}): start over with resume=False, or "
-                          f"give a new run_dir")
-    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.replace(path, aside)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.copyfile(prev, tmp)             # the tasks read checkpoint.pt
-    os.replace(tmp, path)
-    say(f"the checkpoint {path} cannot be read ({reason}); it is kept as {aside.name}, and "
-        f"the fit resumes from the previous one ({prev.name}, epoch {ckpt.get('epoch')})")
-    return ckpt
 
 
 def state_bytes(obj) -> bytes:

@@ -27,8 +27,8 @@ from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError
 from ..progress import ProgressLine
 from ..runs import new_run_dir, plot_history, write_history, write_json
+from ..runtime.checkpoint import load_checkpoint
 from ..runtime.failures import TaskErrors
-from ..runtime.stage import load_checkpoint
 
 __all__ = ["FitResult", "Job", "Run", "Strategy", "options"]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError, DataError
+from ...losses import evaluate
 from ...runtime.amp import check_amp
-from ...runtime.stage import evaluate
 from ...transport.ps import SERVER_OPTIMIZERS
 from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
 from . import task as _task
@@ -250,14 +250,14 @@ def cut_keys(files: list[str], key_rows: int) -> list[tuple[str, int, int]]:
 
 
 def _checkpoint(path: Path, state: dict, history: list[dict], epoch: int) -> None:
-    from ...runtime.stage import save_atomic
+    from ...runtime.checkpoint import save_atomic
     save_atomic(path, {"strategy": "boosting", "epoch": epoch, "server": state,
                        "history": [h for h in history if h["epoch"] <= epoch]})
 
 
 def _checkpoint_of(path: Path, say) -> dict | None:
     """The run directory's boosting checkpoint, or None without one."""
-    from ...runtime.stage import load_checkpoint
+    from ...runtime.checkpoint import load_checkpoint
     ckpt = load_checkpoint(path, say)
     if ckpt is not None and ckpt.get("strategy") != "boosting":
         raise ConfigError(f"{path} is a checkpoint of strategy "

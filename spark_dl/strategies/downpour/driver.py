@@ -14,9 +14,9 @@ import torch
 
 from ...balance import check_balance
 from ...errors import ConfigError, ResourceError
+from ...losses import evaluate
 from ...planning.partitions import Layout, check_thesis, plan_partitions
 from ...runtime.amp import check_amp
-from ...runtime.stage import evaluate
 from ...transport.ps import MODES, SERVER_OPTIMIZERS
 from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
 from . import task as _task
@@ -405,7 +405,7 @@ def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
     """The server after an epoch every replica finished, written atomically (the previous
     checkpoint stays until the new one is complete): its values, optimizer states, versions
     and steps, and the history so far. The driver writes it; fit(run_dir=...) resumes it."""
-    from ...runtime.stage import save_atomic
+    from ...runtime.checkpoint import save_atomic
     epoch = _completed_epochs(history)
     save_atomic(path, {"strategy": "downpour", "epoch": epoch, "replicas": replicas,
                  "partitions": partitions, "server": ps.state_dict(),
@@ -414,7 +414,7 @@ def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
 
 def _resume_downpour(path: Path, ps, replicas: int, partitions: int, log, say) -> dict | None:
     """Load a Downpour checkpoint of ``run_dir`` into the fresh server; None without one."""
-    from ...runtime.stage import load_checkpoint
+    from ...runtime.checkpoint import load_checkpoint
     ckpt = load_checkpoint(path, say)
     if ckpt is None:
         return None

@@ -21,15 +21,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_dl.losses import evaluate
 from spark_dl.runtime.amp import autocast
+from spark_dl.runtime.checkpoint import save_atomic
 from spark_dl.runtime.stage import (
     LocalStepConfig,
     StepReports,
     barrier_task,
-    evaluate,
     most_batches,
     read_checkpoint,
-    save_atomic,
     stage_info,
     state_bytes,
 )

@@ -1,0 +1,68 @@
+"""The losses a fit names (``loss="cross_entropy"``, ...) and a model's loss and accuracy on
+held-out rows: what every strategy's tasks and driver compute, beside the single-process
+trainer (spark_dl.train)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .errors import DataError
+
+__all__ = ["LOSSES", "cross_entropy", "evaluate", "loss_function", "sequence_cross_entropy"]
+
+LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
+
+
+def sequence_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every step of (B, T, V) logits against (B, T) class ids."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                       target.reshape(-1).long())
+
+
+def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """torch's cross entropy; a label out of the model's range is a DataError that says so
+    (torch's own is "IndexError: Target 2 is out of bounds")."""
+    try:
+        return nn.functional.cross_entropy(out, y)
+    except (IndexError, RuntimeError) as e:
+        if out.dim() < 2 or y.is_floating_point() or not len(y):
+            raise
+        classes, low, high = out.shape[1], int(y.min()), int(y.max())
+        if low >= 0 and high < classes:
+            raise
+        raise DataError(f"a label of {high if high >= classes else low} in this mini-batch, but "
+                        f"the model outputs {classes} scores per row (cross_entropy needs labels "
+                        f"in 0..{classes - 1}): build the model with as many outputs as there "
+                        f"are classes, and pass num_classes= to check the labels as they are "
+                        f"read") from e
+
+
+def loss_function(name: str) -> Callable:
+    if name == "cross_entropy":
+        return cross_entropy
+    if name == "sequence_cross_entropy":
+        return sequence_cross_entropy
+    if name == "mse":
+        return nn.functional.mse_loss
+    raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)} "
+                     f"or pass a callable loss(output, target) -> mean loss")
+
+
+@torch.no_grad()
+def evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
+    model.eval()
+    x, y = val
+    loss, correct = 0.0, 0
+    for i in range(0, len(x), batch):
+        out = model(x[i:i + batch])
+        loss += float(loss_fn(out, y[i:i + batch])) * len(out)
+        if classify:
+            correct += int((out.argmax(1) == y[i:i + batch]).sum())
+    model.train()
+    row = {"val_loss": loss / max(len(x), 1)}
+    if classify:
+        row["val_accuracy"] = correct / max(len(x), 1)
+    return row
