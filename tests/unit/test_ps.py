@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from spark_dl.transport.ps import MAGIC, OPS, ParameterServer, PSClient, PSError
+from spark_dl.transport.ps import ParameterServer, PSClient, PSError
+from spark_dl.transport.ps.wire import MAGIC, OPS
 
 SECRET = b"s" * 32
 

@@ -1,5 +1,6 @@
 """Downpour SGD workers: ordinary Spark tasks (``mapInArrow`` over the data) that train on
-their own partition and exchange parameters with the driver's parameter server (ps.py).
+their own partition and exchange parameters with the driver's parameter server
+(spark_dl.transport.ps).
 
 Each worker fetches the parameters every ``n_fetch`` steps and, between fetches, computes
 gradients on the parameters it holds (a DistBelief replica does not update itself); it pushes

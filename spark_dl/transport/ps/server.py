@@ -1,30 +1,12 @@
 """Parameter server of Downpour SGD (DistBelief), run by the driver for the duration of a fit.
 
-The parameters live on the server as one flat vector cut into ``shards`` contiguous blocks;
-each block has its own lock, version counter and server-side optimizer (a torch optimizer on
-that block, so the arithmetic is exactly torch's). Workers are ordinary Spark tasks that talk
-to it over TCP with a compact binary protocol:
-
-    frame  = header (72 bytes) + payload
-    header = magic "SDPS" | op | dtype | steps | worker | shard | version | count | length | mac
-    mac    = HMAC-SHA256(secret, nonce of the connection | sequence number | header fields)
-
-The secret is made per fit on the driver and reaches the tasks in the task closure; the nonce
-is the server's greeting to each connection, the sequence number counts the connection's
-frames, so a frame cannot be forged without the secret nor replayed. Payloads are raw arrays
-(float32, float64 or bfloat16 parameters and gradients, int64 for control data), never
-pickled, and their length must equal what the op and shard imply, so a frame claiming 10 GB
-is refused before a byte of it is read. Any malformed frame closes that connection only.
-A push may ask for the shard's values after it in the same reply (op "pushpull"): a worker that
-fetches right after pushing pays one round trip, not two. The server counts the mini-batch steps
-it applied per worker id; the hello reply says how many, so that a task Spark retries goes on
-from there instead of redoing its shard.
-
-Averaged parameters (``average`` = a > 0): besides its parameters x each shard keeps their
-exponential moving average over about a x (an epoch's pushes), x̄ <- x̄ + (x - x̄) / (a E)
-after every step (x̄ = x while a E <= 1). Workers always fetch x; ``parameters()`` (the model
-the driver validates and returns) is x̄: it damps the last iterates' noise, which asynchronous
-pushes add to (docs/benchmarks.md, "Downpour SGD").
+The parameters live on the server as one flat vector cut into ``shards`` contiguous blocks
+(shard.py); workers are ordinary Spark tasks that talk to it over TCP in the frames of wire.py
+(client.py). Any malformed frame closes that connection only. A push may ask for the shard's
+values after it in the same reply (op "pushpull"): a worker that fetches right after pushing
+pays one round trip, not two. The server counts the mini-batch steps it applied per worker id;
+the hello reply says how many, so that a task Spark retries goes on from there instead of
+redoing its shard.
 
 The server-side learning rate decays per epoch (lr_decay): an epoch is the mini-batch steps of
 all workers' shards (sync: of the largest), counted as the pushes carry them.
@@ -41,23 +23,23 @@ Modes:
               each push is its own optimizer step in arrival order, and the worker fetches the
               result before going on.
 
-Data keys (``keys``, a spark_dl.strategies.boosting.keys.KeyScheduler; sequential mode, one shard): the
-workers ask the server for their next key (op "key", reply int64 [status, key, epoch]: status
-0 a key, 1 wait that many milliseconds, 2 finished) and push once per key; a push is applied
-only when its worker still holds the key's lease (else it is dropped: the key went to another
-worker), and when it completes an epoch the server keeps its state of that moment
-(``epoch_states``) for the driver to validate and checkpoint.
+Data keys (``keys``, a spark_dl.strategies.boosting.keys.KeyScheduler; sequential mode, one
+shard): the workers ask the server for their next key (op "key", reply int64 [status, key,
+epoch]: status 0 a key, 1 wait that many milliseconds, 2 finished) and push once per key; a
+push is applied only when its worker still holds the key's lease (else it is dropped: the key
+went to another worker), and when it completes an epoch the server keeps its state of that
+moment (``epoch_states``) for the driver to validate and checkpoint.
+
+One class, read best whole: its connections, its modes and the state it checkpoints share
+the shards' locks and the workers' registry, which a split would pass around.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import hmac
 import itertools
 import os
 import socket
-import struct
 import threading
 import time
 from collections import Counter
@@ -65,155 +47,12 @@ from collections import Counter
 import numpy as np
 import torch
 
-__all__ = ["MODES", "OPS", "SERVER_OPTIMIZERS", "PSClient", "PSError", "ParameterServer"]
+from .shard import SERVER_OPTIMIZERS, Shard
+from .wire import DTYPES, OPS, Conn, Growing, PSError
 
-MAGIC = b"SDPS"
+__all__ = ["MODES", "ParameterServer"]
+
 MODES = ("async", "sync", "sequential")
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
-OPS = {"hello": 1, "pull": 2, "push": 3, "bye": 4, "pushpull": 5, "key": 6, "ok": 10,
-       "error": 11}
-DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.bfloat16, 3: torch.int64}
-DTYPE_CODES = {v: k for k, v in DTYPES.items()}
-_HEAD = struct.Struct("!4sBBHIIqqQ")          # without the MAC
-HEADER_BYTES = _HEAD.size + 32
-
-
-class PSError(RuntimeError):
-    """The parameter server refused a request or the connection broke."""
-
-
-def _mac(secret: bytes, nonce: bytes, seq: int, head: bytes) -> bytes:
-    return hmac.new(secret, nonce + seq.to_bytes(8, "big") + head, hashlib.sha256).digest()
-
-
-def _recv_exact(sock: socket.socket, n: int, into: memoryview | None = None) -> memoryview:
-    buf = into if into is not None else memoryview(bytearray(n))
-    got = 0
-    while got < n:
-        k = sock.recv_into(buf[got:n], n - got)
-        if k == 0:
-            raise ConnectionError("connection closed")
-        got += k
-    return buf[:n]
-
-
-class _Conn:
-    """One side of an authenticated connection: frames with MACs and sequence numbers."""
-
-    def __init__(self, sock: socket.socket, secret: bytes, nonce: bytes):
-        self.sock, self.secret, self.nonce = sock, secret, nonce
-        self.send_seq = self.recv_seq = 0
-        self.bytes_sent = self.bytes_received = 0
-        self.worker: int | None = None           # bound by the hello (server side)
-
-    def send(self, op: int, payload: torch.Tensor | np.ndarray | bytes | None = None, *,
-             worker=0, shard=0, version=0, count=0, steps=0, code=0):
-        if payload is None:
-            data = b""
-        elif isinstance(payload, bytes):
-            data = payload
-        elif isinstance(payload, torch.Tensor):
-            code = DTYPE_CODES[payload.dtype]
-            data = payload.contiguous().view(torch.uint8).numpy() if payload.dtype == \
-                torch.bfloat16 else payload.contiguous().numpy()
-        else:
-            code, data = DTYPE_CODES[torch.int64], np.ascontiguousarray(payload, np.int64)
-        view = memoryview(data).cast("B") if len(data) else b""
-        head = _HEAD.pack(MAGIC, op, code, steps, worker, shard, version, count, len(view))
-        head += _mac(self.secret, self.nonce, self.send_seq, head)
-        # one gather-write for header and payload: no small segment left for Nagle to hold
-        sent = self.sock.sendmsg([head, view] if len(view) else [head])
-        if sent < len(head):                          # a partial write: finish it
-            self.sock.sendall(head[sent:])
-            sent = len(head)
-        if sent - len(head) < len(view):
-            self.sock.sendall(view[sent - len(head):])
-        self.send_seq += 1
-        self.bytes_sent += HEADER_BYTES + len(view)
-
-    def recv(self, max_payload: int, into: memoryview | None = None):
-        """(op, dtype, steps, worker, shard, version, count, payload memoryview)."""
-        raw = bytes(_recv_exact(self.sock, HEADER_BYTES))
-        head, mac = raw[:_HEAD.size], raw[_HEAD.size:]
-        magic, op, code, steps, worker, shard, version, count, length = _HEAD.unpack(head)
-        if magic != MAGIC:
-            raise PSError("bad magic: not a spark_dl parameter-server frame")
-        if op == OPS["error"]:
-            max_payload, into = max(max_payload, 4096), None
-        if not hmac.compare_digest(mac, _mac(self.secret, self.nonce, self.recv_seq, head)):
-            raise PSError("bad MAC: the peer does not know this fit's secret (or replayed a "
-                          "frame)")
-        if code not in DTYPES:
-            raise PSError(f"unknown dtype code {code}")
-        if length > max_payload:
-            raise PSError(f"frame announces {length} payload bytes, more than the {max_payload} "
-                          f"this request may carry")
-        if isinstance(into, _Growing):
-            into = into.get(length)
-        payload = _recv_exact(self.sock, length, into) if length else memoryview(b"")
-        self.recv_seq += 1
-        self.bytes_received += HEADER_BYTES + length
-        return op, code, steps, worker, shard, version, count, payload
-
-
-class _Growing:
-    """A receive buffer that grows to the largest frame seen (never beyond max_payload)."""
-
-    def __init__(self):
-        self.buf = memoryview(bytearray(0))
-
-    def get(self, n: int) -> memoryview:
-        if len(self.buf) < n:
-            self.buf = memoryview(bytearray(n))
-        return self.buf
-
-
-class _Shard:
-    def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float,
-                 lr_decay: float = 1.0, average: float = 0.0):
-        self.param = torch.nn.Parameter(values.clone(), requires_grad=False)
-        self.average = average
-        self.avg = values.clone() if average > 0 else None     # x̄, see the module doc
-        self.param.grad = torch.zeros_like(self.param)
-        opts = {"sgd": lambda: torch.optim.SGD([self.param], lr=lr),
-                "momentum": lambda: torch.optim.SGD([self.param], lr=lr, momentum=momentum),
-                "adagrad": lambda: torch.optim.Adagrad([self.param], lr=lr),
-                "adam": lambda: torch.optim.Adam([self.param], lr=lr),
-                "rmsprop": lambda: torch.optim.RMSprop([self.param], lr=lr)}
-        self.opt = opts[optimizer]()
-        self.lr, self.lr_decay = lr, lr_decay
-        self.steps = 0                  # mini-batch steps applied (a push of k counts k)
-        self.done: Counter = Counter()  # worker -> its mini-batch steps applied (sync: taken)
-        self.lock = threading.Condition()
-        self.version = 0
-        # sync mode: the round being collected
-        self.round_sum: torch.Tensor | None = None       # allocated by the first sync push
-        self.round_count = 0.0
-        self.round_workers: set[int] = set()
-        # sum over applied steps of the mean gradient's |g| summed over the shard (Fig. 4.3b)
-        self.abs_sum, self.abs_steps = 0.0, 0
-
-    def apply(self, grad: torch.Tensor, scale: float = 1.0, steps: int = 1,
-              epoch_steps: int = 0, summed: int = 1) -> None:
-        """One optimizer step on ``grad * scale``, the sum of ``summed`` mini-batch mean
-        gradients, counted as ``steps`` mini-batch steps."""
-        if self.lr_decay != 1.0 and epoch_steps > 0:    # lr * decay^(epochs applied so far)
-            self.opt.param_groups[0]["lr"] = self.lr * self.lr_decay ** (self.steps //
-                                                                         epoch_steps)
-        self.param.grad.copy_(grad)
-        if scale != 1.0:
-            self.param.grad.mul_(scale)
-        self.abs_sum += float(self.param.grad.abs().sum()) / summed
-        self.abs_steps += 1
-        self.opt.step()
-        if self.avg is not None:
-            span = self.average * epoch_steps
-            if span > 1:
-                self.avg.lerp_(self.param.detach(), 1.0 / span)
-            else:
-                self.avg.copy_(self.param.detach())
-        self.steps += steps
-        self.version += 1
 
 
 class ParameterServer:
@@ -251,7 +90,7 @@ class ParameterServer:
         self.epoch_steps = 0            # mini-batch steps of one epoch, from the workers' hellos
         if not average >= 0:
             raise ValueError(f"average must be >= 0 (a fraction of an epoch), got {average}")
-        self.shards = [_Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average)
+        self.shards = [Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
         self.max_payload = max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])) * 8
         self.staleness: Counter = Counter()     # staleness -> pushes
@@ -390,8 +229,8 @@ class ParameterServer:
     def _handle(self, sock: socket.socket):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         nonce = os.urandom(16)
-        conn = _Conn(sock, self.secret, nonce)
-        buf = _Growing()
+        conn = Conn(sock, self.secret, nonce)
+        buf = Growing()
         with sock:
             try:
                 sock.settimeout(self.timeout_s)
@@ -529,7 +368,7 @@ class ParameterServer:
         global batch split so that their steps take as long (spark_dl.balance), once
         for the fit (a retried worker gets its share again); an epoch is ceil(rows / global
         batch) rounds. Called with every worker registered, under the hello lock."""
-        from ..balance import equal_time_split
+        from ...balance import equal_time_split
         ids = sorted(self._registered)
         total = sum(self._registered[w][1] for w in ids)
         if self.split is None:
@@ -565,7 +404,7 @@ class ParameterServer:
     def numel(self) -> int:
         return self.bounds[-1]
 
-    def _push(self, s: _Shard, worker: int, grad: torch.Tensor, base: int, samples: int,
+    def _push(self, s: Shard, worker: int, grad: torch.Tensor, base: int, samples: int,
               steps: int, pull: bool = False):
         """Apply (or collect) one push; returns (version, staleness, and with ``pull`` the
         shard's values after it, copied under the lock so that they belong to that version)."""
@@ -614,147 +453,3 @@ class ParameterServer:
                         raise PSError(f"sync mode: round {target} of shard incomplete after "
                                       f"{self.timeout_s} s (a worker is missing)")
             return s.version, 0, s.param.detach().clone() if pull else None
-
-
-class PSClient:
-    """A worker's connection to the parameter server (one request at a time)."""
-
-    def __init__(self, address, secret: bytes, worker: int, dtype: torch.dtype = torch.float32,
-                 timeout_s: float = 300.0):
-        self.worker, self.dtype = worker, dtype
-        sock = socket.create_connection(tuple(address), timeout=timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        nonce = bytes(_recv_exact(sock, 16))
-        self.conn = _Conn(sock, secret, nonce)
-        self.bounds: list[int] = []
-        self.versions: list[int] = []
-        self.done_steps = 0                       # set by hello
-        self.shard_done: list[int] = []           # set by hello: per shard
-        self._skip: list[int] = []                # steps whose push a shard already has
-        self.push_seconds = self.pull_seconds = 0.0
-
-    def _reply(self, max_payload: int, into=None):
-        op, code, _steps, _worker, shard, version, count, payload = self.conn.recv(max_payload,
-                                                                                   into)
-        if op == OPS["error"]:
-            raise PSError("parameter server: " + bytes(payload).decode(errors="replace"))
-        return code, shard, version, count, payload
-
-    def hello(self, rows: int, batch_size: int, shards: list[int] | None = None,
-              profile: tuple[float, float, int] | None = None) -> int:
-        """Register; returns the steps per epoch (sync: those of the largest shard). Sets
-        ``shard_done``: per shard, the mini-batch steps of this worker id the server already
-        has (a retried task's earlier attempts), and ``done_steps``, the least of them over
-        the ``shards`` this worker pushes to (default: all), where a retried worker goes on
-        from. A task killed between the shards of one push left that step on some shards
-        only: the push that redoes it skips those shards, so that no shard counts a step
-        twice and, in sync mode, the round the dead task left open is closed. ``profile``:
-        this worker's step time t(b) = a + c b (seconds) and memory cap (rows), for balanced
-        sync rounds: ``batch`` is then this worker's share of the global batch."""
-        values = [rows, batch_size]
-        if profile is not None:
-            values += [round(profile[0] * 1e12), round(profile[1] * 1e12), int(profile[2])]
-        self.conn.send(OPS["hello"], np.array(values, np.int64), worker=self.worker)
-        _, _, _, numel, payload = self._reply(1 << 20)
-        info = np.frombuffer(payload, np.int64)
-        k = (len(info) - 3) // 2                 # bounds (k + 1), done (k), steps, batch
-        self.bounds = [int(b) for b in info[:k + 1]]
-        self.shard_done = [int(d) for d in info[k + 1:2 * k + 1]]
-        mine = range(k) if shards is None else shards
-        self.done_steps = min(self.shard_done[i] for i in mine)
-        self._skip = [self.shard_done[i] - self.done_steps if i in mine else 0
-                      for i in range(k)]
-        self.versions = [0] * k
-        self.numel = numel
-        self.batch = int(info[-1])
-        return int(info[-2])
-
-    def next_key(self) -> tuple[str, int, int]:
-        """Data keys: ("key", key, epoch), ("wait", milliseconds, 0) or ("finished", 0, 0)."""
-        self.conn.send(OPS["key"], worker=self.worker)
-        _, _, _, _, payload = self._reply(24)
-        status, a, b = (int(v) for v in np.frombuffer(payload, np.int64))
-        return ("key", "wait", "finished")[status], a, b
-
-    def _layout(self, shards, n: int) -> list[tuple[int, int, int]]:
-        """(shard, its size, its offset in the caller's buffer) for ``shards`` (None: all),
-        whose buffer holds those shards one after the other (``n`` values)."""
-        shards = range(len(self.versions)) if shards is None else shards
-        rows, off = [], 0
-        for i in shards:
-            if not 0 <= i < len(self.versions):
-                raise ValueError(f"shard {i} does not exist (0..{len(self.versions) - 1})")
-            size = self.bounds[i + 1] - self.bounds[i]
-            rows.append((i, size, off))
-            off += size
-        if off != n:
-            raise ValueError(f"the buffer holds {n} values, the shards {list(shards)} {off}")
-        return rows
-
-    def pull(self, out: torch.Tensor, shards: list[int] | None = None) -> None:
-        """The shards (default: all) into ``out``, flat, one after the other; remembers the
-        versions. The requests go out together (they are small), the replies come in order."""
-        t0 = time.perf_counter()
-        rows = self._layout(shards, out.numel())
-        for i, _, _ in rows:
-            self.conn.send(OPS["pull"], worker=self.worker, shard=i,
-                           code=DTYPE_CODES[out.dtype])
-        for i, size, off in rows:
-            self._read_values(i, out[off:off + size])
-        self.pull_seconds += time.perf_counter() - t0
-
-    def _read_values(self, i: int, out: torch.Tensor) -> int:
-        """Read shard i's values into ``out`` (its size); returns the reply's count."""
-        item, n = out.element_size(), out.numel()
-        raw = memoryview(out.view(torch.uint8).numpy())
-        _, shard, version, count, payload = self._reply(n * item, raw)
-        if shard != i or len(payload) != n * item:
-            raise PSError(f"reply for shard {i}: shard {shard} with {len(payload)} bytes, "
-                          f"expected {n * item}")
-        self.versions[i] = version
-        return count
-
-    def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
-             pull_into: torch.Tensor | None = None, shards: list[int] | None = None,
-             versions: list[int] | None = None) -> list[int]:
-        """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all) of
-        the shards (default: all; ``grad_sum`` holds them one after the other); returns the
-        staleness per shard. With ``pull_into`` (as ``grad_sum``, of the wire dtype) every
-        shard's reply carries its values after the push: one round trip, not two.
-        ``versions``: the shard versions the gradient was computed on (default: the last
-        ones pulled), for the staleness count."""
-        if pull_into is not None and pull_into.dtype != self.dtype:
-            raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
-        t0 = time.perf_counter()
-        rows = self._layout(shards, grad_sum.numel())
-        op = OPS["push"] if pull_into is None else OPS["pushpull"]
-        stale, skipped = [], []
-        for i, size, off in rows:
-            if self._skip[i] > 0:            # this shard has the step already (see hello)
-                self._skip[i] = max(self._skip[i] - steps, 0)
-                skipped.append((i, size, off))
-                continue
-            g = grad_sum[off:off + size]
-            self.conn.send(op, g if g.dtype == self.dtype else g.to(self.dtype),
-                           worker=self.worker, shard=i,
-                           version=(versions or self.versions)[i], count=samples, steps=steps)
-            if pull_into is not None:    # large replies: one shard at a time, so that the
-                stale.append(self._read_values(i, pull_into[off:off + size]))  # peers never
-        if pull_into is None:            # both block writing; small replies: all pushes
-            for _ in range(len(rows) - len(skipped)):        # went out, now read them
-                stale.append(self._reply(0)[3])
-        for i, size, off in skipped:
-            stale.insert([r[0] for r in rows].index(i), 0)
-            if pull_into is not None:
-                self.conn.send(OPS["pull"], worker=self.worker, shard=i,
-                               code=DTYPE_CODES[pull_into.dtype])
-                self._read_values(i, pull_into[off:off + size])
-        self.push_seconds += time.perf_counter() - t0
-        return stale
-
-    def close(self) -> None:
-        try:
-            self.conn.send(OPS["bye"], worker=self.worker)
-        except OSError:
-            pass
-        self.conn.sock.close()

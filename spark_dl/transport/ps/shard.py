@@ -1,0 +1,69 @@
+"""One block of the parameter server's flat parameter vector: its values, its own lock, version
+counter and server-side optimizer (a torch optimizer on that block, so the arithmetic is
+exactly torch's), and the sync round being collected.
+
+Averaged parameters (``average`` = a > 0): besides its parameters x each shard keeps their
+exponential moving average over about a x (an epoch's pushes), x̄ <- x̄ + (x - x̄) / (a E)
+after every step (x̄ = x while a E <= 1). Workers always fetch x; the server's
+``parameters()`` (the model the driver validates and returns) is x̄: it damps the last
+iterates' noise, which asynchronous pushes add to (docs/benchmarks.md, "Downpour SGD").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import torch
+
+__all__ = ["SERVER_OPTIMIZERS", "Shard"]
+
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
+
+
+class Shard:
+    def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float,
+                 lr_decay: float = 1.0, average: float = 0.0):
+        self.param = torch.nn.Parameter(values.clone(), requires_grad=False)
+        self.average = average
+        self.avg = values.clone() if average > 0 else None     # x̄, see the module doc
+        self.param.grad = torch.zeros_like(self.param)
+        opts = {"sgd": lambda: torch.optim.SGD([self.param], lr=lr),
+                "momentum": lambda: torch.optim.SGD([self.param], lr=lr, momentum=momentum),
+                "adagrad": lambda: torch.optim.Adagrad([self.param], lr=lr),
+                "adam": lambda: torch.optim.Adam([self.param], lr=lr),
+                "rmsprop": lambda: torch.optim.RMSprop([self.param], lr=lr)}
+        self.opt = opts[optimizer]()
+        self.lr, self.lr_decay = lr, lr_decay
+        self.steps = 0                  # mini-batch steps applied (a push of k counts k)
+        self.done: Counter = Counter()  # worker -> its mini-batch steps applied (sync: taken)
+        self.lock = threading.Condition()
+        self.version = 0
+        # sync mode: the round being collected
+        self.round_sum: torch.Tensor | None = None       # allocated by the first sync push
+        self.round_count = 0.0
+        self.round_workers: set[int] = set()
+        # sum over applied steps of the mean gradient's |g| summed over the shard (Fig. 4.3b)
+        self.abs_sum, self.abs_steps = 0.0, 0
+
+    def apply(self, grad: torch.Tensor, scale: float = 1.0, steps: int = 1,
+              epoch_steps: int = 0, summed: int = 1) -> None:
+        """One optimizer step on ``grad * scale``, the sum of ``summed`` mini-batch mean
+        gradients, counted as ``steps`` mini-batch steps."""
+        if self.lr_decay != 1.0 and epoch_steps > 0:    # lr * decay^(epochs applied so far)
+            self.opt.param_groups[0]["lr"] = self.lr * self.lr_decay ** (self.steps //
+                                                                         epoch_steps)
+        self.param.grad.copy_(grad)
+        if scale != 1.0:
+            self.param.grad.mul_(scale)
+        self.abs_sum += float(self.param.grad.abs().sum()) / summed
+        self.abs_steps += 1
+        self.opt.step()
+        if self.avg is not None:
+            span = self.average * epoch_steps
+            if span > 1:
+                self.avg.lerp_(self.param.detach(), 1.0 / span)
+            else:
+                self.avg.copy_(self.param.detach())
+        self.steps += steps
+        self.version += 1
