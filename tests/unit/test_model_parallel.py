@@ -227,7 +227,7 @@ def test_partitioning_refuses_what_it_cannot_split():
 
 
 def test_flat_views_keep_tied_weights_tied():
-    from spark_dl.strategies.downpour.task import _flatten
+    from spark_dl.strategies.downpour.exchange import flat_parameters as _flatten
     a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
     b.weight = a.weight                                  # tied
     net = torch.nn.Sequential(a, b)

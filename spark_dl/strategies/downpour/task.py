@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import json
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,6 +26,8 @@ from spark_dl.runtime.amp import LossScaler, autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
 from spark_dl.runtime.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
+
+from .exchange import Exchange, flat_parameters
 
 __all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
@@ -155,7 +156,8 @@ def _out_of_memory(comm, slice_bytes: int | None = None):
 def _partitioned_model(model_fn: Callable, comm, dtype, algorithm: str = "collective"
                        ) -> torch.nn.Module:
     """This task's slice of the model, without materialising the whole model: built on the
-    meta device and cut; _flatten allocates the slice (its values come from the server).
+    meta device and cut; flat_parameters allocates the slice (its values come from the
+    server).
     ``algorithm`` "thesis": the FC net as ThesisFC (the thesis's master algorithm)."""
     from spark_dl.model_parallel import ThesisFC, fc_activation, partition_model
     with torch.device("meta"):
@@ -257,7 +259,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     # lands in the model, backward accumulates the pushed sum in place, nothing is copied
     # when the wire carries the model's dtype on the CPU
     try:
-        flat, grad = _flatten(model, expected, device, dtype)
+        flat, grad = flat_parameters(model, expected, device, dtype)
     except (MemoryError, RuntimeError) as e:
         if not _is_out_of_memory(e):
             raise
@@ -272,7 +274,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
 
     client.pull(wire, shards)
     landed()
-    exchange = _Exchange(client, numel, client.dtype, shards) if cfg.overlap else None
+    exchange = Exchange(client, numel, client.dtype, shards) if cfg.overlap else None
     held = list(client.versions)                  # versions of the parameters in the model
     acc_samples = acc_steps = 0
     scaler = LossScaler(cfg.amp == "fp16")
@@ -396,88 +398,3 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         report["model_parallel"] = {"partitions": comm.size, "parameter_bytes": numel *
                                     flat.element_size(), "communication": comm.counts()}
     return report
-
-
-class _Exchange:
-    """One push-and-pull at a time in a thread of its own, so that it travels (and the server
-    applies it) while the worker computes its next step on the parameters it holds."""
-
-    def __init__(self, client, numel: int, dtype: torch.dtype, shards=None):
-        self.client, self.shards = client, shards
-        self.send, self.recv = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
-        self.job, self.result, self.error, self.pushed = None, [], None, False
-        self.go, self.done = threading.Event(), threading.Event()
-        self.done.set()
-        self.thread = threading.Thread(target=self._run, name="spark_dl-push", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            self.go.wait()
-            self.go.clear()
-            if self.job is None:
-                return
-            try:
-                samples, steps, versions = self.job
-                self.result = self.client.push(self.send, samples, steps, pull_into=self.recv,
-                                               shards=self.shards, versions=versions)
-            except BaseException as e:                # raised again in the worker
-                self.error = e
-            self.done.set()
-
-    def start(self, grad: torch.Tensor, samples: int, steps: int, versions: list[int]) -> None:
-        self.send.copy_(grad)
-        self.job, self.pushed = (samples, steps, versions), True
-        self.done.clear()
-        self.go.set()
-
-    def wait(self) -> list[int]:
-        """The staleness of the push in flight (none: []), once its reply is in ``recv``."""
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        result, self.result = self.result, []
-        return result
-
-    def close(self) -> list[int]:
-        result = self.wait()
-        self.job = None
-        self.go.set()
-        self.thread.join()
-        return result
-
-
-def _flatten(model: torch.nn.Module, numel: int, device, dtype
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Make every trainable parameter and its gradient a view into one flat vector each, in
-    ``model.parameters()`` order. Parameters on the meta device are replaced by views (no
-    other memory is allocated); others are copied in."""
-    entries = [(m, name, p) for m in model.modules() for name, p in m._parameters.items()
-               if p is not None and p.requires_grad]
-    unique = {id(p): p for _, _, p in entries}        # a tied parameter counts once
-    if sum(p.numel() for p in unique.values()) != numel:
-        raise RuntimeError(f"the model has {sum(p.numel() for p in unique.values())} trainable "
-                           f"parameters, the parameter server {numel}: model_fn must build "
-                           f"the same model in every task")
-    flat = torch.empty(numel, dtype=dtype, device=device)
-    grad = torch.zeros_like(flat)
-    off, done = 0, {}
-    for module, name, p in entries:
-        if id(p) in done:                             # tied: the same view everywhere
-            setattr(module, name, done[id(p)])
-            continue
-        original = id(p)
-        n = p.numel()
-        view = flat[off:off + n].view(p.shape)
-        if p.is_meta:
-            p = torch.nn.Parameter(view)
-            setattr(module, name, p)
-        else:
-            view.copy_(p.detach())
-            p.data = view
-        p.grad = grad[off:off + n].view(p.shape)
-        done[original] = p
-        off += n
-    return flat, grad
-
-
