@@ -1,4 +1,5 @@
-"""Draw docs/img/architecture.svg: the driver, the executors, the strategies and the data path.
+"""Draw docs/img/architecture.svg: the driver, the executors, the strategies and the data path,
+each part named by the folder of spark_dl that holds it.
 
     python docs/diagrams/architecture.py            # writes docs/img/architecture.svg
     python docs/diagrams/architecture.py --check    # exits 1 when the committed SVG differs
@@ -13,7 +14,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 OUT = Path(__file__).resolve().parents[1] / "img" / "architecture.svg"
-W, H = 900, 500
+W, H = 900, 530
 FONT = "font-family='DejaVu Sans, Helvetica, Arial, sans-serif'"
 
 
@@ -45,34 +46,37 @@ def svg() -> str:
         ("<defs><marker id='head' markerWidth='10' markerHeight='8' refX='9' refY='4' "
         "orient='auto'><path d='M0,0 L10,4 L0,8 z' fill='#333'/></marker></defs>"),
         f"<rect width='{W}' height='{H}' fill='white'/>",
-        box(20, 20, 860, 150, "Driver", fill="#f6f6f6", stroke="#777"),
-        box(40, 55, 250, 100, "spark_dl.fit(df, model, strategy)",
-            ["checks, preflight, run directory", "history, checkpoints, info.json"]),
-        box(320, 55, 270, 100, "Strategy: driver half",
-            ["AllReduce · Downpour · Gossip · Boosting", "parameter server + key scheduler",
-             "rendezvous, authenticated channel"]),
-        box(620, 55, 240, 100, "Spark DataFrame",
-            ["Parquet, images, text, MNIST", "partitions = data shards",
+        box(20, 20, 860, 170, "Driver", fill="#f6f6f6", stroke="#777"),
+        box(40, 55, 250, 120, "spark_dl.fit(df, model, strategy)",
+            ["fit.py, preflight.py, runs.py", "losses.py: losses, evaluation",
+             "runtime/checkpoint.py", "history, info.json"]),
+        box(320, 55, 270, 120, "Strategy: driver half",
+            ["strategies/<name>/driver.py", "AllReduce · Downpour · Gossip · Boosting",
+             "transport/: channel, parameter server",
+             "planning/ · strategies/boosting/keys.py"]),
+        box(620, 55, 240, 120, "Spark DataFrame",
+            ["data/: Parquet, images, text, MNIST", "partitions = data shards",
              "nothing collected here"]),
-        box(20, 230, 860, 250, "Executors (Spark tasks, one per replica or partition)",
+        box(20, 250, 860, 250, "Executors (Spark tasks, one per replica or partition)",
             fill="#f6f6f6", stroke="#777"),
     ]
     for i in range(3):
         x = 40 + i * 285
-        parts.append(box(x, 265, 255, 195, f"Task {i}" if i < 2 else "Task N-1",
-                         ["Arrow record batches of its", "partition -> torch mini-batches",
-                          "(in memory or streamed)", "", "Strategy: task half",
-                          "model replica / column slice", "CPU, or the GPU Spark assigned"],
+        parts.append(box(x, 285, 255, 195, f"Task {i}" if i < 2 else "Task N-1",
+                         ["data/: Arrow record batches ->", "torch mini-batches (memory or disk)",
+                          "runtime/: barrier stage, amp,", "errors to the driver",
+                          "Strategy: task half (task.py)", "balance/ · model_parallel/",
+                          "CPU, or the GPU Spark assigned"],
                          fill="#fdf3e7", stroke="#c07a1e"))
     parts += [
-        arrow(740, 155, 740, 262, "mapInArrow over partitions"),
-        arrow(455, 155, 455, 262, "closure: model factory, secret"),
-        arrow(300, 262, 300, 155, "pushes, progress, errors", dashed=True),
-        arrow(295, 360, 322, 360), arrow(322, 380, 295, 380),
-        arrow(580, 360, 607, 360), arrow(607, 380, 580, 380),
-        (f"<text x='450' y='495' text-anchor='middle' font-size='11' fill='#444' {FONT}>"
-        "between tasks: gloo/NCCL all-reduce, shared memory, gossip rounds, "
-        "model-parallel all-gather</text>"),
+        arrow(740, 175, 740, 282, "mapInArrow over partitions"),
+        arrow(455, 175, 455, 282, "closure: model factory, secret"),
+        arrow(300, 282, 300, 175, "pushes, progress, errors", dashed=True),
+        arrow(295, 380, 322, 380), arrow(322, 400, 295, 400),
+        arrow(580, 380, 607, 380), arrow(607, 400, 580, 400),
+        (f"<text x='450' y='515' text-anchor='middle' font-size='11' fill='#444' {FONT}>"
+        "between tasks (transport/): rendezvous, gloo/NCCL all-reduce, shared memory (shm.py), "
+        "gossip rounds, model-parallel all-gather</text>"),
         "</svg>",
     ]
     return "\n".join(parts) + "\n"
