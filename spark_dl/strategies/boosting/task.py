@@ -96,7 +96,7 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
 
 
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
-    from spark_dl.strategies.downpour.task import _flatten
+    from spark_dl.strategies.downpour.exchange import flat_parameters
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
     from spark_dl.transport.rendezvous import task_device
@@ -115,7 +115,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
     progress = MessageClient(channel, secret)
     client.hello(0, cfg.batch_size)
-    flat, grad = _flatten(model, client.numel, device, dtype)
+    flat, grad = flat_parameters(model, client.numel, device, dtype)
     direct = flat.dtype == client.dtype and flat.device.type == "cpu"
     wire = flat if direct else torch.empty(flat.numel(), dtype=client.dtype)
     client.pull(wire)
