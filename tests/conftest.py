@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,36 @@ MNIST_LABELS = ROOT / "data" / "mnist" / "t10k-labels-idx1-ubyte.gz"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf" / "logging"))
+
+
+# The default run (scripts/test.sh, what CI runs) must finish within this budget on a 2-core
+# machine; the long tier (marker "long", scripts/test.sh --all) is not counted in it.
+BUDGET_MIN = 20
+_STARTED = time.time()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", default=False,
+                     help="also run the long tier (tests marked 'long': chaos, memory, "
+                          "packaging and standalone-cluster runs, about 25 minutes more)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--all"):
+        return
+    skip = pytest.mark.skip(reason="long tier: run scripts/test.sh --all")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    minutes = (time.time() - _STARTED) / 60
+    tier = "all tiers" if config.getoption("--all") else "default tier"
+    verdict = "within" if minutes <= BUDGET_MIN else "OVER"
+    terminalreporter.write_line(f"test time: {minutes:.1f} min ({tier}); the default tier's "
+                                f"budget is {BUDGET_MIN} min on a 2-core machine: {verdict}")
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,17 @@
         [--device auto|cpu|cuda|by-name] [--fits clean,faulty] [--epochs 3]
         [--strategy allreduce|downpour|gossip|boosting]
         [--optimizer adam] [--lr 0.003] [--momentum 0] [--lr-decay 1] [--batch-size 32]
-        [--model cnn|fc] [--partitions 1] [--replicas N]
+        [--model cnn|fc] [--partitions 1] [--replicas N] [--kill-at WORKER:FORWARD]
 
 Trains the thesis CNN on the first 8,000 shipped MNIST digits (two shards of 4,000, built in
 the executors from the file) and validates on the last 2,000; one fit per name in --fits,
 each in RUNS/<name> (with --device by-name the fit's name is its device). Writes
 {"fits": {name: {history, info}}} or {"error": ...} to OUT.
+
+--kill-at W:F: in the fit named "faulty", the task of partition W SIGKILLs its own Python
+worker at its F-th training forward, in its first attempt only: a kill at a point fixed by
+the training itself (mid-step, e.g. while a Boosting worker holds a key's lease), not by
+when the test's poll happens to run.
 """
 
 import argparse
@@ -37,6 +42,31 @@ def _still_open(served: dict) -> list[str]:
     return open_
 
 
+def _kills_itself(model: str, victim: int, at: int):
+    """A factory of ``model`` whose forward SIGKILLs its own process at the ``at``-th training
+    forward of partition ``victim``'s first task attempt (a no-op on the driver)."""
+    def factory():
+        from spark_dl.models import build_model
+        net = build_model(model)
+        calls = [0]
+
+        def hook(module, inputs):
+            import os
+            import signal
+
+            from pyspark import TaskContext
+            ctx = TaskContext.get()
+            if not module.training or ctx is None or ctx.partitionId() != victim or \
+                    ctx.attemptNumber() != 0:
+                return
+            calls[0] += 1
+            if calls[0] == at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        net.register_forward_pre_hook(hook)
+        return net
+    return factory
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -55,6 +85,7 @@ def main():
     ap.add_argument("--replicas", type=int, default=None)
     ap.add_argument("--staleness", default=None, help="downpour: the server's staleness rule")
     ap.add_argument("--data", default="auto", help="fit's data: auto, memory or stream")
+    ap.add_argument("--kill-at", default=None, help="W:F, see the module's docstring")
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
@@ -70,7 +101,11 @@ def main():
             if args.staleness is not None:
                 options["staleness"] = args.staleness
             strategy = make_strategy(args.strategy, **options)    # e.g. Downpour(partitions=2)
-            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), args.model,
+            model = args.model
+            if args.kill_at and name == "faulty":
+                victim, at = map(int, args.kill_at.split(":"))
+                model = _kills_itself(args.model, victim, at)
+            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), model,
                       strategy=strategy, shape=(1, 28, 28) if args.model == "cnn"
                       else (784,), num_classes=10, replicas=args.replicas,
                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,

@@ -1,4 +1,10 @@
-"""Slow tier: jobs submitted with spark-submit to local-cluster and to a standalone cluster."""
+"""Slow tier: jobs submitted with spark-submit to local-cluster and to a standalone cluster.
+
+The default run (scripts/test.sh) keeps what takes a minute or so: the executors' own
+partitions, GPU scheduling's CPU fallback and a worker killed mid-fit (Boosting's key lease).
+The long runs -- chaos with several kills and an executor kill per engine, the driver killed,
+data four times the workers' memory, a model larger than a worker, the standalone cluster and
+the packaged environment -- are marked ``long``: ``scripts/test.sh --all`` runs them too."""
 
 import json
 import os
@@ -78,6 +84,7 @@ def standalone(tmp_path):
         subprocess.run([str(script), "stop"], env=env, timeout=60, check=False)
 
 
+@pytest.mark.long
 @pytest.mark.cluster
 def test_standalone_cluster_runs_the_demo_and_the_probe(venv_bin, standalone, tmp_path):
     # A relative shards_dir: executors work in their own directories, the path must be
@@ -248,6 +255,7 @@ def _checkpointed(epoch: int):
     return ready
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("strategy", ["allreduce", "gossip"])
 def test_barrier_engines_survive_three_worker_kills_and_an_executor_kill(venv_bin, tmp_path,
                                                                         strategy):
@@ -308,6 +316,7 @@ def test_allreduce_reads_the_gpu_spark_assigns(venv_bin, tmp_path):
     assert "Spark assigned GPU addresses" in report["error"]
 
 
+@pytest.mark.long
 def test_downpour_survives_three_worker_kills_and_an_executor_kill(venv_bin, tmp_path):
     """Chaos on local-cluster, one Downpour fit of 12 epochs: SIGKILL worker 1's Python
     process after server epoch 1, worker 0's after epoch 3, worker 1's again after epoch 5,
@@ -353,16 +362,16 @@ def test_downpour_survives_three_worker_kills_and_an_executor_kill(venv_bin, tmp
 
 
 def test_boosting_keys_are_trained_once_per_epoch_when_a_worker_is_killed(venv_bin, tmp_path):
-    """The boosting parameter server on local-cluster, 3 epochs of 64 keys over 2 workers:
-    SIGKILL worker 1's Python process during epoch 2 (it holds a key's lease nearly all the
-    time: reading, training or pushing it). Spark retries the task, whose worker asks again and
-    gets back the key it held; every key is applied exactly once in every epoch, the killed
-    attempt's key included, and the fit ends as accurate as an uninterrupted one."""
+    """The boosting parameter server on local-cluster, 2 epochs of 64 keys over 2 workers:
+    worker 1's Python process is SIGKILLed at its 100th training forward (its model does it,
+    in the task's first attempt): mid-key, so it holds the key's lease, however fast or busy
+    the machine is. Spark retries the task, whose worker asks again and gets back the key it
+    held; every key is applied exactly once in every epoch, the killed attempt's key included,
+    and the fit ends as accurate as an uninterrupted one."""
     log, report, seen = _fit_with_kills(
-        venv_bin, tmp_path, ["--epochs", "3", "--strategy", "boosting", "--model", "fc",
-                             "--optimizer", "adam", "--lr", "0.001",
-                             "--batch-size", "32"],
-        [(_after(1), "worker-1.json", "python")], timeout=300)
+        venv_bin, tmp_path, ["--epochs", "2", "--strategy", "boosting", "--model", "fc",
+                             "--optimizer", "adam", "--lr", "0.001", "--batch-size", "32",
+                             "--kill-at", "1:100"], [], timeout=300)
     assert "Python worker exited unexpectedly" in log
     fits = report["fits"]
     for name in ("clean", "faulty"):
@@ -370,14 +379,14 @@ def test_boosting_keys_are_trained_once_per_epoch_when_a_worker_is_killed(venv_b
         assert keys["count"] == 64, keys["count"]     # 2 files of 4,000 rows, keys of 4 x 32
         for ep in keys["served"]:                     # (key, worker) in the order applied
             assert sorted(k for k, _ in ep) == list(range(64)), (name, ep)
-        assert fits[name]["info"]["server"]["versions"] == [3 * 64]
+        assert fits[name]["info"]["server"]["versions"] == [2 * 64]
     faulty = fits["faulty"]["info"]
     workers = {w["worker"]: w for w in faulty["workers"]}
     assert workers[1]["attempt"] >= 1                 # the report is the retry's
     assert faulty["keys"]["reissued"] >= 1            # ... which got its key back
     assert fits["clean"]["info"]["keys"]["reissued"] == 0
     versions = fits["faulty"]["server_versions_per_epoch"]
-    assert versions == [64, 128, 192]
+    assert versions == [64, 128]
     acc = {k: fits[k]["history"][-1]["val_accuracy"] for k in ("clean", "faulty")}
     assert min(acc.values()) > 0.85 and abs(acc["clean"] - acc["faulty"]) < 0.03, acc
     _nothing_left(tmp_path, report, seen)
@@ -388,6 +397,7 @@ def _server_epoch_done(run, epoch=1):
     return metrics.exists() and metrics.read_text().count('"type": "server_epoch"') >= epoch
 
 
+@pytest.mark.long
 def test_model_parallel_replica_killed_mid_fit_resumes_where_the_server_is(venv_bin, tmp_path):
     """Kill the Python worker of partition 1 of a model-parallel replica (R = 1 x F = 2) after
     epoch 1: Spark retries the barrier stage and both tasks go on at the first epoch the
@@ -411,6 +421,7 @@ def test_model_parallel_replica_killed_mid_fit_resumes_where_the_server_is(venv_
     assert abs(faulty["history"][-1]["val_accuracy"] - acc_clean) <= 0.01
 
 
+@pytest.mark.long
 def test_downpour_driver_killed_after_epoch_two_resumes_from_its_checkpoint(venv_bin, tmp_path):
     """SIGKILL the whole spark-submit (driver, parameter server, executors) once the server's
     checkpoint holds epoch 2; the same job again with the same run directory starts at the
@@ -466,6 +477,7 @@ MEMORY_JOB = ROOT / "tests" / "cluster" / "memory_job.py"
 MEMORY_CAP = "3400m"
 
 
+@pytest.mark.long
 def test_model_larger_than_a_python_worker_trains_split_in_two(venv_bin, tmp_path):
     """spark.executor.pyspark.memory caps each Python worker's address space. A 161M-parameter
     FC net (643 MB of float32 parameters, as much again of gradients) does not fit one worker
@@ -485,6 +497,7 @@ def test_model_larger_than_a_python_worker_trains_split_in_two(venv_bin, tmp_pat
     assert fits["2"]["history"][0]["samples"] == 64
 
 
+@pytest.mark.long
 @pytest.mark.cluster
 def test_standalone_job_runs_in_the_shipped_environment(venv_bin, standalone, tmp_path):
     """The packaging recipe of docs/guides/clusters.md: a virtual environment with torch etc.
@@ -541,6 +554,7 @@ STREAM_JOB = ROOT / "tests" / "cluster" / "stream_job.py"
 STREAM_CAP_MB = 1600
 
 
+@pytest.mark.long
 def test_data_four_times_the_workers_memory_streams_and_memory_mode_says_why_not(venv_bin,
                                                                                  tmp_path):
     """6.4 GiB of uint8 rows over 2 executors whose Python workers may map 1.6 GiB each: the

@@ -61,7 +61,9 @@ def test_two_workers_share_the_keys_of_a_parquet_dataset_exactly_once(spark, tmp
     path = tmp_path / "ds"
     frame(spark, x, y, [160, 160]).write.parquet(str(path))
     df = spark.read.parquet(str(path))
-    res = fit(df, small_fc, strategy="boosting", batch_size=8, epochs=2, lr=0.3,
+    # 4 epochs: which worker takes which key, and so the order of the pushes, depends on the
+    # machine's load; after 2 the model was still mid-climb, and one run ended at 0.5
+    res = fit(df, small_fc, strategy="boosting", batch_size=8, epochs=4, lr=0.3,
               momentum=0.5, validation=(x[:64], y[:64]), run_dir=tmp_path / "run", log=None)
     keys = res.info["keys"]
     assert keys["files"] == len(df.inputFiles())                # its own files, not a copy
@@ -70,8 +72,8 @@ def test_two_workers_share_the_keys_of_a_parquet_dataset_exactly_once(spark, tmp
         assert sorted(k for k, _ in ep) == list(range(keys["count"]))
     per_worker = keys["keys_per_worker"]
     assert all(sum(ep) == keys["count"] for ep in per_worker)
-    assert sum(r["rows"] for r in res.info["workers"]) == 2 * 320
-    assert len(res.history) == 2 and res.history[-1]["val_accuracy"] > 0.6
+    assert sum(r["rows"] for r in res.info["workers"]) == 4 * 320
+    assert len(res.history) == 4 and res.history[-1]["val_accuracy"] > 0.6
     # both workers ran (which takes how many keys depends on when each started: a fast one
     # may take them all)
     assert res.info["world"] == 2 and [r["worker"] for r in res.info["workers"]] == [0, 1]
