@@ -21,10 +21,11 @@ from __future__ import annotations
 
 
 def _preload() -> None:
-    import torch                       # noqa: F401
-    import torch._dynamo               # noqa: F401  (imported by every optimizer's first step)
-    import torch.distributed           # noqa: F401
-    import torch.optim                 # noqa: F401
+    # torch._dynamo: every optimizer imports it when it is made
+    import torch
+    import torch._dynamo
+    import torch.distributed
+    import torch.optim  # noqa: F401
 
 
 if __name__ == "__main__":
