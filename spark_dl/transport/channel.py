@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["MAX_BODY", "MessageClient", "MessageServer", "pack"]
+__all__ = ["MAX_BODY", "MessageClient", "MessageServer", "accept_loop", "pack"]
 
 MAGIC = b"SDL1"
 MAX_BODY = 1 << 20
@@ -42,6 +42,21 @@ def _read_exact(conn: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
+def accept_loop(sock: socket.socket, stop: threading.Event,
+                handle: Callable[[socket.socket], None]) -> None:
+    """Accept connections on ``sock`` until ``stop`` is set or ``sock`` is closed, each handled
+    by ``handle`` on a daemon thread of its own; ``sock``'s timeout is how soon ``stop`` is
+    seen. The serving loop of the message channel and of the parameter server."""
+    while not stop.is_set():
+        try:
+            conn, _ = sock.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
 class MessageServer:
     """Receives authenticated messages on ``host`` (a free port) and calls ``on_message``."""
 
@@ -57,14 +72,7 @@ class MessageServer:
         self._thread.start()
 
     def _serve(self):
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        accept_loop(self._sock, self._stop, self._handle)
 
     def _handle(self, conn: socket.socket):
         with conn:

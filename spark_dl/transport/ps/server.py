@@ -47,6 +47,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from ..channel import accept_loop
 from .shard import SERVER_OPTIMIZERS, Shard
 from .wire import DTYPES, OPS, Conn, Growing, PSError
 
@@ -217,14 +218,7 @@ class ParameterServer:
 
     # -- serving -------------------------------------------------------------------------
     def _serve(self):
-        while not self._stop.is_set():
-            try:
-                sock, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(sock,), daemon=True).start()
+        accept_loop(self._sock, self._stop, self._handle)
 
     def _handle(self, sock: socket.socket):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
