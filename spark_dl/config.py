@@ -64,6 +64,8 @@ class TrainConfig:
     strategy_options: dict = dataclasses.field(default_factory=dict)  # from that table
     replicas: int = 0               # distributed: replicas (0: the cluster's task slots)
     fc_hidden: tuple = (480, 160)   # the FC net's hidden widths (the thesis: 480, 160)
+    lr_scaling: str = "auto"        # lr for the global batch: "auto", "linear", "sqrt", "none"
+    warmup_epochs: float | str = "auto"  # the scaled lr's warmup ("auto": a quarter of the fit)
 
     def __post_init__(self):
         object.__setattr__(self, "fc_hidden", tuple(self.fc_hidden))
@@ -81,6 +83,16 @@ class TrainConfig:
         _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
         _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
         _check(0 <= self.momentum < 1, "train.momentum", self.momentum, "must be in [0, 1)")
+        from .optim.schedule import check_lr_scaling
+        try:
+            check_lr_scaling(self.lr_scaling, self.warmup_epochs, self.epochs)
+        except ConfigError as e:
+            raise ConfigError(f"train.{e}") from None
+
+    @property
+    def scaling(self) -> dict:
+        """fit()'s lr_scaling and warmup_epochs."""
+        return {"lr_scaling": self.lr_scaling, "warmup_epochs": self.warmup_epochs}
 
 
     @property

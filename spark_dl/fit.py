@@ -24,6 +24,7 @@ from .compat import default_parallelism, master, num_partitions
 from .errors import ConfigError, DataError, ResourceError
 from .losses import loss_function
 from .optim.factory import OPTIMIZERS
+from .optim.schedule import check_lr_scaling, resolve_scaling
 from .preflight import check_model, check_not_empty
 from .runtime.stage import StageConfig
 from .strategies import STRATEGIES, Strategy, make_strategy, option_owner
@@ -96,10 +97,12 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         features: str = "features", label: str = "label", shape=(), label_shape=(),
         num_classes: int | None = None, loss: str | Callable = "cross_entropy",
         optimizer: str = "sgd", lr: float = 0.01, lr_decay: float = 1.0,
+        lr_scaling: str | None = "auto", warmup_epochs: float | str = "auto",
         momentum: float = 0.0, weight_decay: float = 0.0, max_iter: int = 3,
         epochs: int = 1, batch_size: int = 64, replicas: int | None = None,
         shuffle: bool = True, seed: int = 0, dtype: str = "float32", device: str = "auto",
-        threads: int = 0, validation: tuple | None = None, run_dir=None, resume: bool = True,
+        threads: int = 0, validation: tuple | None = None, validate_every: float = 1.0,
+        run_dir=None, resume: bool = True,
         progress: bool = True, log: Callable[[str], None] | None = print,
         timeout_s: float = 300.0, data: str = "auto", shuffle_buffer: int | str = "256MB",
         transform: Callable | None = None, track=None, **options) -> FitResult:
@@ -110,6 +113,14 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
       its defaults.
     optimizer, lr, momentum, weight_decay, max_iter: the replicas' optimizer (Downpour: the
       server's, see its server_optimizer); lr_decay: lr is multiplied by it after every epoch.
+      ``lr`` is the rate for one replica's mini-batch of ``batch_size`` rows.
+    lr_scaling, warmup_epochs: how the rate follows the global batch when an update averages
+      k such mini-batches (AllReduce: replicas x accumulate; Gossip: replicas; Downpour sync:
+      replicas; an asynchronous push of n mini-batches: n): "linear" (k lr, SGD), "sqrt"
+      (sqrt(k) lr, Adam-like), None (lr as given), or "auto" (linear for SGD, sqrt for Adam,
+      RMSprop and Adagrad, None for L-BFGS and CG), reached by a linear warmup from lr over
+      ``warmup_epochs`` ("auto": a quarter of the fit, at most 2 epochs, when k > 1). The
+      rate of each epoch is in the history ("lr"); see spark_dl.optim.schedule.
     batch_size: per replica and step (AllReduce's ``accumulate`` micro-batches make one step).
     replicas: number of replicas (default: the DataFrame's partitions, at most the cluster's
       task slots); the data is repartitioned when it differs.
@@ -124,7 +135,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     transform: ``transform(x, y) -> (x_tensor, y_tensor)`` on every mini-batch's numpy rows
       (storage dtypes: uint8 for binary pixel columns), instead of the default conversion.
     validation: (x, y) numpy arrays evaluated after every epoch (the model the strategy
-      returns: replica 0's, the server's, or the replicas' average).
+      returns: replica 0's, the server's, or the replicas' average); validate_every: also
+      every this fraction of an epoch (e.g. 0.25), into ``info["evals"]`` with the training
+      seconds so far (validation's own time left out).
     run_dir: where config, metrics, history, plot and checkpoints go (default
       runs/<strategy>-<time>-<id>); a run_dir with a checkpoint is resumed when ``resume``.
     track: None, "tensorboard", "mlflow" or both in a list: the run's figures also go there.
@@ -140,6 +153,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         _check(name, isinstance(value, int) and value >= 1, value, "an integer >= 1")
     _check("lr", lr > 0, lr, "> 0")
     _check("lr_decay", 0 < lr_decay <= 1, lr_decay, "in (0, 1] (a per-epoch factor)")
+    check_lr_scaling(lr_scaling, warmup_epochs, epochs)
+    _check("validate_every", isinstance(validate_every, (int, float)) and
+           not isinstance(validate_every, bool) and 0 < validate_every <= 1, validate_every,
+           "a fraction of an epoch in (0, 1]")
     _check("dtype", dtype in ("float32", "float64"), dtype, "'float32' or 'float64'")
     _check("device", device in ("auto", "cpu", "cuda"), device, "'auto', 'cpu' or 'cuda'")
     from .data.stream import DATA_MODES, parse_buffer
@@ -174,13 +191,15 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         num_classes=num_classes, loss=loss_name, epochs=epochs, batch_size=batch_size,
         shuffle=shuffle, seed=seed, dtype=dtype, device=device, threads=threads,
         timeout_s=timeout_s, data=data, shuffle_buffer=shuffle_buffer, transform=transform,
-        resume=resume)
+        resume=resume, validate_every=float(validate_every))
     job = Job(df=df, model=model, model_fn=model_fn, loss_fn=loss_fn, signature=signature,
               loss_name=loss_name, stage={f: getattr(stage, f) for f in
                                           StageConfig.__dataclass_fields__},
               train=dict(optimizer=optimizer, lr=float(lr), lr_decay=float(lr_decay),
                          momentum=float(momentum), weight_decay=float(weight_decay),
-                         max_iter=max_iter),
+                         max_iter=max_iter,
+                         lr_scaling=resolve_scaling(lr_scaling, optimizer),
+                         warmup_epochs=warmup_epochs),
               replicas=replicas, validation=validation,
               run_dir=run_dir, progress=progress, log=log, tracker=Tracker(track),
               slots=_slots(spark), partitions=num_partitions(df))

@@ -56,11 +56,12 @@ def evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
     model.eval()
     x, y = val
     loss, correct = 0.0, 0
-    for i in range(0, len(x), batch):
-        out = model(x[i:i + batch])
-        loss += float(loss_fn(out, y[i:i + batch])) * len(out)
-        if classify:
-            correct += int((out.argmax(1) == y[i:i + batch]).sum())
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            out = model(x[i:i + batch])
+            loss += float(loss_fn(out, y[i:i + batch])) * len(out)
+            if classify:
+                correct += int((out.argmax(1) == y[i:i + batch]).sum())
     model.train()
     row = {"val_loss": loss / max(len(x), 1)}
     if classify:

@@ -63,12 +63,15 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
                       TypeConverters.toString)
     lr = Param(Params._dummy(), "lr", "learning rate", TypeConverters.toFloat)
     momentum = Param(Params._dummy(), "momentum", "SGD momentum", TypeConverters.toFloat)
+    lrScaling = Param(Params._dummy(), "lrScaling", "lr for the global batch of several "
+                      "replicas: auto, linear, sqrt or none (spark_dl.fit's lr_scaling)",
+                      TypeConverters.toString)
 
     def __init__(self):
         super().__init__()
         self._setDefault(model="fc", hiddenLayers=[128], inputShape=[], numClasses=2,
                          strategy="allreduce", partitions=1, replicas=0, epochs=1, batchSize=64,
-                         optimizer="sgd", lr=0.05, momentum=0.9, seed=0,
+                         optimizer="sgd", lr=0.05, momentum=0.9, seed=0, lrScaling="auto",
                          featuresCol="features", labelCol="label", predictionCol="prediction")
 
     def _network(self):
@@ -112,7 +115,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
     def __init__(self, *, featuresCol="features", labelCol="label",
                  predictionCol="prediction", model="fc", hiddenLayers=None, inputShape=None,
                  numClasses=2, strategy="allreduce", partitions=1, replicas=0, epochs=1,
-                 batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0):
+                 batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0,
+                 lrScaling="auto"):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
@@ -120,7 +124,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
     def setParams(self, *, featuresCol="features", labelCol="label",
                   predictionCol="prediction", model="fc", hiddenLayers=None, inputShape=None,
                   numClasses=2, strategy="allreduce", partitions=1, replicas=0, epochs=1,
-                  batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0):
+                  batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0,
+                  lrScaling="auto"):
         kwargs = {k: v for k, v in self._input_kwargs.items() if v is not None}
         return self._set(**kwargs)
 
@@ -141,7 +146,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
         res = fit(df, self._network(), strategy=make_strategy(g("strategy"), **partitions),
                   shape=tuple(shape),
                   num_classes=g("numClasses"), optimizer=g("optimizer"), lr=g("lr"),
-                  momentum=g("momentum"), epochs=g("epochs"), batch_size=g("batchSize"),
+                  momentum=g("momentum"), lr_scaling=g("lrScaling"), epochs=g("epochs"),
+                  batch_size=g("batchSize"),
                   replicas=g("replicas") or None, seed=g("seed"), log=None)
         buf = io.BytesIO()
         import torch

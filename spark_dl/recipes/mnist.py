@@ -120,7 +120,7 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
                 yield pixels_to_arrow(x.reshape(len(x), -1), y)
         df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, PIXEL_SCHEMA))
     res = fit(df, _model_fn(t), strategy=t.make_strategy(), shape=(1, 28, 28), num_classes=10,
-              optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, momentum=t.momentum,
+              optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, momentum=t.momentum, **t.scaling,
               max_iter=cfg.max_iter,
               epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
               device=cfg.run.device, threads=cfg.run.threads,

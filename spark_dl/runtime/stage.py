@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -19,8 +20,9 @@ import torch.distributed as dist
 
 from .failures import at, report
 
-__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "barrier_task", "broadcast_bytes",
-           "peak_memory_mb", "read_shard", "stage_info", "state_bytes", "write_task_info"]
+__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "Validation", "barrier_task",
+           "broadcast_bytes", "peak_memory_mb", "read_shard", "set_lr", "stage_info",
+           "state_bytes", "write_task_info"]
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
@@ -45,6 +47,8 @@ class StageConfig:
     shuffle_buffer: int | str = "256MB"  # a streamed shard's shuffle buffer: rows or a size
     transform: Callable | None = None  # (x, y) numpy rows of a batch -> tensors
     resume: bool = True                # a run_dir with a checkpoint goes on from it
+    validate_every: float = 1.0        # validation every this fraction of an epoch (and at
+                                       # every epoch's end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,14 @@ class LocalStepConfig(StageConfig):
     momentum: float = 0.0
     weight_decay: float = 0.0
     max_iter: int = 3
+    lr_scaling: str = "none"           # the rule for the global batch: "linear", "sqrt", "none"
+    warmup_epochs: float | str = "auto"
+
+    def schedule(self, k: float):
+        """The rate per fractional epoch when an update averages ``k`` mini-batches."""
+        from ..optim.schedule import LRSchedule
+        return LRSchedule(self.lr, k, self.lr_scaling, self.warmup_epochs, self.lr_decay,
+                          self.epochs)
 
 
 def read_shard(cfg: StageConfig, batches, where: str):
@@ -277,3 +289,70 @@ class StepReports:
                               "step": step + 1, "steps": steps,
                               "loss": loss_sum / max(samples, 1),
                               "samples_per_s": samples / (now - self.t0)})
+
+    def pause(self, seconds: float) -> None:
+        """Leave ``seconds`` (a validation's) out of the epoch's clock."""
+        self.t0 += seconds
+        self.last += seconds
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def mid_epoch_steps(steps: int, every: float) -> set[int]:
+    """The steps (0-based) of an epoch of ``steps`` after which a fit that validates every
+    ``every`` of an epoch validates before the epoch's end (which always validates)."""
+    if every >= 1.0 or steps < 2:
+        return set()
+    marks, j = set(), 1
+    while j * every < 1.0 - 1e-9:
+        marks.add(min(max(math.ceil(j * every * steps) - 1, 0), steps - 2))
+        j += 1
+    return marks
+
+
+class Validation:
+    """Replica 0's held-out evaluation: after every epoch, and every ``cfg.validate_every`` of
+    an epoch within it. ``evals`` lists each with the fractional epoch and the training
+    seconds so far; validation's own time is kept out of that clock and out of the epochs'
+    seconds (StepReports.pause). ``due(step)`` is the same on every rank, for strategies whose
+    validated model takes a collective (Gossip's average)."""
+
+    def __init__(self, cfg: StageConfig, validation, rank: int, dtype, device, client,
+                 steps: int, loss_fn):
+        self.on = validation is not None and rank == 0
+        self.marks = mid_epoch_steps(steps, cfg.validate_every) \
+            if validation is not None else set()
+        self.val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
+                    torch.as_tensor(validation[1], device=device)) if self.on else None
+        self.classify = cfg.loss == "cross_entropy"
+        self.client, self.steps, self.loss_fn = client, steps, loss_fn
+        self.t0, self.seconds, self.evals = time.perf_counter(), 0.0, []
+
+    def due(self, step: int) -> bool:
+        return step in self.marks
+
+    def maybe(self, model, epoch: int, step: int, reports: StepReports) -> None:
+        if self.due(step):
+            self.run(model, epoch + (step + 1) / self.steps, reports)
+
+    def epoch_end(self, model, epoch: int, reports: StepReports) -> dict:
+        return self.run(model, epoch + 1, reports)
+
+    def run(self, model, t: float, reports: StepReports) -> dict:
+        """Evaluate ``model`` (replica 0 only; {} elsewhere) at fractional epoch ``t``."""
+        if not self.on:
+            return {}
+        from ..losses import evaluate
+        start = time.perf_counter()
+        row = evaluate(model, self.val, self.loss_fn, self.classify)
+        spent = time.perf_counter() - start
+        self.seconds += spent
+        if t != int(t):
+            reports.pause(spent)
+        self.evals.append({"epoch": round(t, 6),
+                           "train_seconds": start - self.t0 - (self.seconds - spent), **row})
+        self.client.send({"type": "eval", **self.evals[-1]})
+        return row

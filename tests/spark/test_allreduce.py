@@ -50,7 +50,7 @@ def assert_same_weights(a, b, tol=1e-9):
 def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, transport, used):
     x, y = data(96)
     res = fit(frame(spark, x, y, [48, 48]), small_fc, strategy=AllReduce(transport=transport),
-              batch_size=8, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
+              batch_size=8, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64", lr_scaling=None,
               run_dir=tmp_path / "run", log=None)
     assert res.info["transport"] == used
     # 2 epochs x 6 steps; the reference replays the same order each epoch.
@@ -61,8 +61,9 @@ def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, tr
 
 
 def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, model_fn=None,
-                     loss=torch.nn.functional.cross_entropy):
-    """Single-process SGD where step s trains on batch s of every split (the union)."""
+                     loss=torch.nn.functional.cross_entropy, schedule=None):
+    """Single-process SGD where step s trains on batch s of every split (the union); the
+    rate decays per epoch, or follows ``schedule(fractional epoch)``."""
     torch.manual_seed(0)
     model = (model_fn or small_fc)().double()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
@@ -70,8 +71,10 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, mo
     bounds = np.cumsum([0] + list(splits))
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
     steps = max(-(-n // batch) for n in splits)
-    for _ in range(epochs):
+    for e in range(epochs):
         for s in range(steps):
+            if schedule is not None:
+                opt.param_groups[0]["lr"] = schedule(e + s / steps)
             idx = np.concatenate([np.arange(lo, hi)[s * batch:(s + 1) * batch]
                                   for lo, hi in itertools.pairwise(bounds)])
             opt.zero_grad()
@@ -81,10 +84,32 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, mo
     return model
 
 
+def test_linear_scaling_with_warmup_is_the_scheduled_big_batch(spark, tmp_path):
+    """Two replicas under the linear rule: the one-process big batch at k = 2 times the rate,
+    reached by a warmup over the first epoch, step by step; the history records each epoch's
+    rate, the validation curve comes every half epoch."""
+    x, y = data(96, seed=7)
+    res = fit(frame(spark, x, y, [48, 48]), small_fc, batch_size=8, epochs=2, lr=0.2,
+              momentum=0.9, lr_decay=0.5, lr_scaling="linear", warmup_epochs=1,
+              shuffle=False, dtype="float64", validation=(x, y), validate_every=0.5,
+              run_dir=tmp_path / "run", log=None)
+
+    def lr(t):                               # 0.2 -> 0.4 over epoch 0, then 0.4 x 0.5
+        return 0.5 ** int(t) * (0.2 + 0.2 * min(t, 1.0))
+    assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.2, 0.9,
+                                                    schedule=lr))
+    assert [h["lr"] for h in res.history] == pytest.approx([lr(5 / 6), lr(1 + 5 / 6)])
+    assert res.info["lr_schedule"]["scaled_lr"] == pytest.approx(0.4)
+    evals = res.info["evals"]
+    assert [e["epoch"] for e in evals] == [0.5, 1.0, 1.5, 2.0]
+    assert all(a["train_seconds"] < b["train_seconds"] for a, b in itertools.pairwise(evals))
+    assert evals[-1]["val_accuracy"] == res.history[-1]["val_accuracy"]
+
+
 def test_uneven_shards_weighted_average_is_the_full_batch_gradient(spark, tmp_path):
     x, y = data(100, seed=1)
     res = fit(frame(spark, x, y, [70, 30]), small_fc, batch_size=100, epochs=1, lr=1.0,
-              shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+              shuffle=False, dtype="float64", lr_scaling=None, run_dir=tmp_path / "run", log=None)
     torch.manual_seed(0)
     ref = small_fc().double()
     before = {k: v.clone() for k, v in ref.state_dict().items()}
@@ -101,7 +126,7 @@ def test_uneven_shards_weighted_average_is_the_full_batch_gradient(spark, tmp_pa
 def test_uneven_shards_with_mini_batches_join_semantics(spark, tmp_path):
     x, y = data(100, seed=2)
     res = fit(frame(spark, x, y, [70, 30]), small_fc, batch_size=16, epochs=1, lr=0.3,
-              momentum=0.5, shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+              momentum=0.5, shuffle=False, dtype="float64", lr_scaling=None, run_dir=tmp_path / "run", log=None)
     assert res.info["steps_per_epoch"] == 5
     assert_same_weights(res.model, reference_epochs(x, y, [70, 30], 16, 1, 0.3, 0.5))
 
@@ -109,7 +134,7 @@ def test_uneven_shards_with_mini_batches_join_semantics(spark, tmp_path):
 def test_accumulation_equals_the_bigger_batch(spark, tmp_path):
     x, y = data(64, seed=3)
     res = fit(frame(spark, x, y, [32, 32]), small_fc, strategy=AllReduce(accumulate=2),
-              batch_size=4, epochs=1, lr=0.5, shuffle=False, dtype="float64",
+              batch_size=4, epochs=1, lr=0.5, shuffle=False, dtype="float64", lr_scaling=None,
               run_dir=tmp_path / "run", log=None)
     assert res.info["steps_per_epoch"] == 4
     assert_same_weights(res.model, reference_epochs(x, y, [32, 32], 8, 1, 0.5, 0.0))
@@ -146,9 +171,9 @@ def test_resume_from_checkpoint_continues_training(spark, tmp_path):
     x, y = data(96, seed=4)
     df = frame(spark, x, y, [48, 48])
     run = tmp_path / "run"
-    fit(df, small_fc, batch_size=8, epochs=1, lr=0.5, shuffle=False, dtype="float64",
+    fit(df, small_fc, batch_size=8, epochs=1, lr=0.5, shuffle=False, dtype="float64", lr_scaling=None,
         run_dir=run, log=None)
-    res = fit(df, small_fc, batch_size=8, epochs=2, lr=0.5, shuffle=False, dtype="float64",
+    res = fit(df, small_fc, batch_size=8, epochs=2, lr=0.5, shuffle=False, dtype="float64", lr_scaling=None,
               run_dir=run, log=None)
     assert res.info["resumed_from_epoch"] == 1 and len(res.history) == 2
     assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.0))
@@ -188,7 +213,7 @@ def test_argument_errors_name_the_fix(spark, tmp_path):
 def test_empty_partition_joins_with_zero_samples(spark, tmp_path):
     x, y = data(30, seed=6)
     res = fit(frame(spark, x, y, [30, 0]), small_fc, batch_size=10, epochs=1, lr=0.5,
-              shuffle=False, dtype="float64", run_dir=tmp_path / "run", log=None)
+              shuffle=False, dtype="float64", lr_scaling=None, run_dir=tmp_path / "run", log=None)
     assert res.info["rows_per_replica"] == [30, 0]
     assert_same_weights(res.model, reference_epochs(x, y, [30, 0], 10, 1, 0.5, 0.0))
 

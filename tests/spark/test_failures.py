@@ -140,7 +140,8 @@ def test_resuming_a_run_directory_of_another_model_names_the_difference(spark, t
 def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(spark, tmp_path):
     x, y = data(48)
     df = frame(spark, x, y, [24, 24])
-    kw = dict(optimizer="sgd", lr=0.3, batch_size=8, seed=1, run_dir=tmp_path / "r")
+    kw = dict(optimizer="sgd", lr=0.3, batch_size=8, seed=1, run_dir=tmp_path / "r",
+              warmup_epochs=1)              # the same scaled rate per epoch in every fit
     fit(df, small_fc, epochs=2, log=None, **kw)
     ckpt, prev = tmp_path / "r" / "checkpoint.pt", tmp_path / "r" / "checkpoint.prev.pt"
     assert torch.load(prev, weights_only=True)["epoch"] == 1

@@ -69,7 +69,8 @@ def reference_gossip(x, y, splits, epochs, alpha, seed=0):
 def _fit(spark, x, y, alpha, epochs, run_dir, **kw):
     return fit(frame(spark, x, y, SPLITS), small_fc, strategy=Gossip(alpha=alpha),
                batch_size=BATCH, epochs=epochs, lr=LR, lr_decay=DECAY, momentum=MOMENTUM,
-               shuffle=False, dtype="float64", run_dir=run_dir, log=None, **kw)
+               shuffle=False, dtype="float64", lr_scaling=None, run_dir=run_dir, log=None,
+               **kw)
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.3])

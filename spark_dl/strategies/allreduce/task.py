@@ -23,16 +23,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spark_dl.losses import evaluate
 from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.checkpoint import save_atomic
 from spark_dl.runtime.stage import (
     LocalStepConfig,
     StepReports,
+    Validation,
     barrier_task,
     broadcast_bytes,
     most_batches,
     read_checkpoint,
+    set_lr,
     stage_info,
     state_bytes,
 )
@@ -160,7 +161,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         dist.broadcast(t.data, 0)                       # identical start on every replica
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
-    sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
+    schedule = cfg.schedule(world * cfg.accumulate)   # an update averages world x accumulate
     closure_opt = needs_closure(opt)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     if scaler is not None:              # a rank whose first steps have no rows can step too
@@ -178,7 +179,6 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
         if scaler is not None and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         if len(ckpt["rng"]) == world:
@@ -200,10 +200,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         steps = balancer.steps
     else:
         steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
-    val = None
-    if validation is not None and rank == 0:
-        val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
-               torch.as_tensor(validation[1], device=device))
+    val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn)
 
     def run_step(micro):
         def closure():
@@ -247,18 +244,19 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             accumulate=cfg.accumulate, transform=cfg.transform))
         loss_sum = samples = 0.0
         for step in range(steps):
+            set_lr(opt, schedule.at(epoch + step / steps))
             micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
             ls, n = run_step(micro)
             loss_sum, samples = loss_sum + ls, samples + n
             reports.step(epoch, step, steps, loss_sum, samples)
-        sched.step()
+            val.maybe(model, epoch, step, reports)
         seconds = reports.seconds()
         row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
-               "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps}
+               "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps,
+               "lr": opt.param_groups[0]["lr"]}
         if balancer is not None:
             row["balance"] = balancer.end_epoch()
-        if val is not None:
-            row.update(evaluate(model, val, loss_fn, cfg.loss == "cross_entropy"))
+        row.update(val.epoch_end(model, epoch, reports))
         history.append(row)
         # Every rank's RNG state goes into the checkpoint (dropout continues as it would).
         states = []
@@ -270,7 +268,6 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             if ckpt_path is not None:
                 save_atomic(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                   "scaler": scaler.state_dict() if scaler else None,
-                                  "scheduler": sched.state_dict(),
                                   "epoch": epoch + 1, "history": history,
                                   "rng": states,
                                   "balance": balancer.state() if balancer else None})
@@ -278,10 +275,11 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             "allreduce_calls": sync.calls, "allreduce_bytes": sync.bytes,
             "buckets": len(sync.buckets), "transport": sync.transport,
             "balance": balancer.info() if balancer is not None else None,
+            "lr_schedule": schedule.describe(), "evals": val.evals,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": setup_s, "train_s": time.perf_counter() - t_fit,
-                        "allreduce_s": sync.seconds}}
+                        "allreduce_s": sync.seconds, "validation_s": val.seconds}}
     if sync.shm is not None:
         sync.shm.close()
     state = state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""

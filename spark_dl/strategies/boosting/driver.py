@@ -77,7 +77,7 @@ class Boosting(Strategy):
     def run(self, job: Job) -> FitResult:
         from ...planning.partitions import Layout
         from ...transport.ps import ParameterServer
-        from ..downpour.driver import _server_optimizer
+        from ..downpour.driver import ServerSnapshots, _schedule, _server_optimizer
         from .keys import KeyScheduler
         workers = job.replicas
         momentum, lr = job.train["momentum"], job.train["lr"]
@@ -102,10 +102,12 @@ class Boosting(Strategy):
         layout = Layout(net, 1, None)
         scheduler = KeyScheduler(len(keys), stage["epochs"], workers, seed=stage["seed"],
                                  lease_s=self.lease_s, start_epoch=start_epoch)
+        schedule = _schedule(job, 1, "sequential")     # each push its own step, as it comes
         ps = ParameterServer(layout.flatten(), run.secret.encode(), job.host,
                              optimizer=server_optimizer, lr=lr, momentum=momentum,
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
-                             lr_decay=job.train["lr_decay"], keys=scheduler)
+                             lr_decay=job.train["lr_decay"], keys=scheduler,
+                             schedule=schedule, push_scaling=job.train["lr_scaling"])
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:
             try:
@@ -153,7 +155,7 @@ class Boosting(Strategy):
                        "seconds": now - t_epoch, "since_start_s": now - run.t_start,
                        "samples_per_s": n / max(now - t_epoch, 1e-9),
                        "server_versions": list(state["versions"]),
-                       "keys_per_worker": served}
+                       "keys_per_worker": served, "lr": ps.shards[0].lr_now(ps.epoch_steps)}
                 t_epoch = now
                 if val is not None:
                     layout.load(state["values"][0].to(dtype))
@@ -180,6 +182,8 @@ class Boosting(Strategy):
         job.tracker.start(run.path, run.config)
         frame = job.spark.range(0, workers, numPartitions=workers)
         watcher.start()
+        snapshots = ServerSnapshots(ps, stage["validate_every"], stage["epochs"]).start() \
+            if val is not None else None
         try:
             try:
                 rows = run.collect(frame.mapInArrow(task, _task.RESULT_SCHEMA))
@@ -190,8 +194,12 @@ class Boosting(Strategy):
         finally:
             stopped.set()
             watcher.join(timeout=5)
+            if snapshots is not None:
+                snapshots.stop()
             run.close()
             ps.close()
+        evals = [] if snapshots is None else snapshots.evals(
+            layout, net, val, job.loss_fn, job.loss_name == "cross_entropy")
         layout.load(ps.parameters().to(dtype))
         reports = sorted((json.loads(r.report) for r in rows), key=lambda r: r["worker"])
         state = scheduler.state()
@@ -205,7 +213,8 @@ class Boosting(Strategy):
                 "rows_per_replica": [r["rows"] for r in reports],
                 "total_rows": sum(r["rows"] for r in reports),
                 "train_seconds": max((r["task_seconds"] for r in reports), default=0.0),
-                "resumed_from_epoch": start_epoch or None}
+                "resumed_from_epoch": start_epoch or None, "evals": evals,
+                "lr_schedule": {**schedule.describe(), "push_scaling": job.train["lr_scaling"]}}
         return run.finish(net, history, info, f"boosting PS, {workers} worker(s)")
 
 

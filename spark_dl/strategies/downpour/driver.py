@@ -6,6 +6,7 @@ spark_dl.planning.partitions."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -231,6 +232,7 @@ class Downpour(Strategy):
         params = [p for p in net.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in params)
         ps_shards = self.ps_shards or (4 if numel >= 1_000_000 else 1)
+        schedule = _schedule(job, replicas, cfg.mode)
         secret = run.secret.encode()
         layout = Layout(net, partitions, widths)
         if partitions > 1:
@@ -241,7 +243,8 @@ class Downpour(Strategy):
                              workers=replicas * partitions, max_staleness=self.max_staleness,
                              timeout_s=cfg.timeout_s, lr_decay=lr_decay,
                              staleness_lr=cfg.mode == "async" and "lr" in staleness.split("+"),
-                             average=average)
+                             average=average, schedule=schedule,
+                             push_scaling=job.train["lr_scaling"])
         val = None
         if job.validation is not None:
             val = (torch.as_tensor(job.validation[0], dtype=dtype),
@@ -264,7 +267,8 @@ class Downpour(Strategy):
                    "since_start_s": time.perf_counter() - t_start,
                    "samples_per_s": sum(r["samples_per_s"] for r in rows),
                    "server_versions": ps.versions,
-                   "grad_mean_abs": ps.take_gradient_mean_abs()}
+                   "grad_mean_abs": ps.take_gradient_mean_abs(),
+                   "lr": ps.shards[0].lr_now(ps.epoch_steps)}
             if val is not None:
                 layout.load(ps.parameters().to(dtype))
                 row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
@@ -304,6 +308,8 @@ class Downpour(Strategy):
                 f"({ps_shards} shard(s), {server_optimizer}), run directory {run_path}")
         tracker.start(run_path, run.config)
         df = job.frame(replicas * partitions, barrier=partitions > 1)
+        snapshots = ServerSnapshots(ps, job.stage["validate_every"], cfg.epochs).start() \
+            if val is not None else None
         try:
             try:
                 if partitions == 1:
@@ -320,6 +326,8 @@ class Downpour(Strategy):
                     sum(len(v) for v in epochs_done.values()) < replicas * cfg.epochs:
                 time.sleep(0.01)
         finally:
+            if snapshots is not None:
+                snapshots.stop()
             run.close()
             ps.close()
         tasks = sorted((json.loads(r.report) for r in rows),
@@ -342,6 +350,8 @@ class Downpour(Strategy):
                     history.append(row)
                     tracker.epoch(row)
                     run.record({"type": "server_epoch", **row})
+        evals = [] if snapshots is None else snapshots.evals(
+            layout, net, val, job.loss_fn, job.loss_name == "cross_entropy")
         layout.load(ps.parameters().to(dtype))
         stale: Counter = Counter()
         for r in tasks:
@@ -349,6 +359,7 @@ class Downpour(Strategy):
         info = {"world": replicas, "mode": cfg.mode, "n_fetch": cfg.n_fetch,
                 "n_push": cfg.n_push,
                 "staleness": staleness, "server_momentum": server_momentum, "average": average,
+                "evals": evals, "lr_schedule": {**schedule.describe(), "push_scaling": job.train["lr_scaling"]},
                 "server": ps.stats(), "staleness_histogram": dict(sorted(stale.items())),
                 "served": {"parameter_server": list(ps.address)},
                 "rows_per_replica": [sum(t["rows"] for t in tasks if t["worker"] == r["worker"])
@@ -364,6 +375,60 @@ class Downpour(Strategy):
                                       "probed_speeds": measured}
         info["resumed_from_epoch"] = resumed["epoch"] if resumed is not None else None
         return run.finish(net, history, info, f"downpour {cfg.mode}, {replicas} worker(s)")
+
+
+class ServerSnapshots:
+    """The server's validated parameters every ``every`` of an epoch, for fit's
+    ``validate_every``: a driver thread watches the steps applied and copies the parameters
+    when they cross a mark; ``evals()`` validates the copies after training, so that
+    validation neither stalls a push nor takes the driver's cores from the server. Each
+    eval's train_seconds runs from the first step the server applied."""
+
+    def __init__(self, ps, every: float, epochs: int, poll_s: float = 0.01):
+        self.ps, self.every, self.epochs, self.poll_s = ps, every, epochs, poll_s
+        self.taken: list[tuple[float, float, torch.Tensor]] = []   # (epoch, seconds, values)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="spark_dl-snapshots",
+                                        daemon=True)
+
+    def start(self) -> ServerSnapshots:
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        shard, t0, mark = self.ps.shards[0], None, self.every
+        while not self._stop.wait(self.poll_s) and mark <= self.epochs + 1e-9:
+            steps, per_epoch = shard.steps, self.ps.epoch_steps
+            if steps and t0 is None:
+                t0 = time.perf_counter()
+            if per_epoch and steps / per_epoch >= mark - 1e-9:
+                self.taken.append((steps / per_epoch, time.perf_counter() - t0,
+                                   self.ps.parameters()))
+                while mark <= steps / per_epoch + 1e-9:
+                    mark += self.every
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+
+    def evals(self, layout, net, val, loss_fn, classify: bool) -> list[dict]:
+        out = []
+        for t, seconds, values in self.taken:
+            layout.load(values.to(next(net.parameters()).dtype))
+            out.append({"epoch": round(t, 6), "train_seconds": seconds,
+                        **evaluate(net, val, loss_fn, classify)})
+        return out
+
+
+def _schedule(job: Job, replicas: int, mode: str):
+    """The server's rate: in sync mode an update averages a round of every replica's
+    mini-batch (k = replicas, the fit's scaling rule and warmup); asynchronous and sequential
+    pushes are each applied as they come, a push of n mini-batches stepping f(n) times their
+    mean (the server's push_scaling), so k = 1 there."""
+    from ...optim.schedule import LRSchedule
+    t = job.train
+    return LRSchedule(t["lr"], replicas if mode == "sync" else 1, t["lr_scaling"],
+                      t["warmup_epochs"], t["lr_decay"], job.stage["epochs"])
 
 
 def _server_optimizer(optimizer: str, momentum: float) -> str:

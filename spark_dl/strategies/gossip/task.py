@@ -21,15 +21,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spark_dl.losses import evaluate
 from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.checkpoint import save_atomic
 from spark_dl.runtime.stage import (
     LocalStepConfig,
     StepReports,
+    Validation,
     barrier_task,
     most_batches,
     read_checkpoint,
+    set_lr,
     stage_info,
     state_bytes,
 )
@@ -101,7 +102,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     flat = flat_parameters(model)
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
-    sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
+    schedule = cfg.schedule(world)      # the replicas' average moves by their mean gradient
     rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
 
@@ -114,18 +115,22 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         mine = ckpt["replicas"][rank % len(ckpt["replicas"])]
         flat.copy_(mine["flat"])
         opt.load_state_dict(mine["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(mine["rng"].cpu())
         rounds.bytes_sent, rounds.rounds = mine["bytes_sent"], mine["rounds"]
         start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
         client.send({"type": "resume", "epoch": start})
 
     steps = most_batches(shard, cfg.batch_size, device)   # every replica, every round
-    val = None
-    if validation is not None and rank == 0:
-        val = (torch.as_tensor(validation[0], dtype=dtype, device=device),
-               torch.as_tensor(validation[1], device=device))
-        probe = model_fn().to(device=device, dtype=dtype)
+    val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn)
+    probe = model_fn().to(device=device, dtype=dtype) if val.on else None
+
+    def validate(t: float) -> dict:
+        """Replica 0 validates the replicas' average (a collective: every rank calls it)."""
+        mean, distance = average_and_distance(flat)
+        if probe is not None:
+            torch.nn.utils.vector_to_parameters(
+                mean, [p for p in probe.parameters() if p.requires_grad])
+        return {**val.run(probe, t, reports), "consensus_distance": distance}
     t_fit = time.perf_counter()
     round_s = 0.0
     reports = StepReports(cfg, client, rank)
@@ -135,6 +140,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         loss_sum = samples = 0.0
         for step in range(steps):
             k = epoch * steps + step
+            set_lr(opt, schedule.at(epoch + step / steps))
             batch = next(it, None)
             opt.zero_grad()
             if batch is not None:                    # g_i at x_k,i
@@ -157,22 +163,18 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             elif batch is not None:
                 opt.step()                           # x_k+1 = x_k+1/2 - lr g_i(x_k,i)
             reports.step(epoch, step, steps, loss_sum, samples)
-        sched.step()
+            if val.due(step):
+                validate(epoch + (step + 1) / steps)
         seconds = reports.seconds()
         totals = torch.tensor([loss_sum, samples], dtype=torch.float64, device=device)
         dist.all_reduce(totals)
-        mean, distance = average_and_distance(flat)
         sent = torch.tensor([float(rounds.bytes_sent)], dtype=torch.float64, device=device)
         dist.all_reduce(sent)
         row = {"epoch": epoch + 1, "loss": float(totals[0]) / max(float(totals[1]), 1.0),
                "samples": int(totals[1]), "seconds": seconds,
                "samples_per_s": float(totals[1]) / seconds, "steps": steps,
-               "consensus_distance": distance,
-               "bytes_sent_per_replica": float(sent) / world}
-        if val is not None:
-            torch.nn.utils.vector_to_parameters(
-                mean, [p for p in probe.parameters() if p.requires_grad])
-            row.update(evaluate(probe, val, loss_fn, cfg.loss == "cross_entropy"))
+               "lr": opt.param_groups[0]["lr"],
+               "bytes_sent_per_replica": float(sent) / world, **validate(epoch + 1)}
         history.append(row)
         state = state_bytes({"flat": flat.cpu(), "optimizer": opt.state_dict(),
                              "rng": torch.get_rng_state(), "bytes_sent": rounds.bytes_sent,
@@ -183,7 +185,6 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             if ckpt_path is not None:
                 save_atomic(ckpt_path, {
                     "strategy": "gossip", "epoch": epoch + 1, "history": history,
-                    "scheduler": sched.state_dict(),
                     "replicas": [torch.load(io.BytesIO(b), weights_only=True)
                                  for b in replicas]})
     mean, distance = average_and_distance(flat)
@@ -198,9 +199,10 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             "bytes_sent": [int(s) for s in sent],
             "bytes_per_round_expected": cfg.alpha * numel * item * len(rounds.peers),
             "final_consensus_distance": distance,
+            "lr_schedule": schedule.describe(), "evals": val.evals,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": t_fit - t_setup, "train_s": time.perf_counter() - t_fit,
-                        "gossip_s": round_s}}
+                        "gossip_s": round_s, "validation_s": val.seconds}}
     state = state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
     return {"state": state, "history": history, "info": info}

@@ -8,8 +8,10 @@ pays one round trip, not two. The server counts the mini-batch steps it applied 
 the hello reply says how many, so that a task Spark retries goes on from there instead of
 redoing its shard.
 
-The server-side learning rate decays per epoch (lr_decay): an epoch is the mini-batch steps of
-all workers' shards (sync: of the largest), counted as the pushes carry them.
+The server-side learning rate follows ``schedule`` (spark_dl.optim.schedule: its warmup and
+per-epoch decay) over the fractional epochs applied: an epoch is the mini-batch steps of all
+workers' shards (sync: of the largest), counted as the pushes carry them. An asynchronous push
+of k mini-batches steps f(k) times their mean gradient (``push_scaling``: linear, sqrt, none).
 
 Modes:
   async       Downpour: every push is applied on arrival (one optimizer step per push);
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 import socket
 import threading
@@ -64,7 +67,8 @@ class ParameterServer:
                  momentum: float = 0.9, mode: str = "async", workers: int = 1,
                  max_staleness: int | None = None, timeout_s: float = 300.0,
                  lr_decay: float = 1.0, bounds: list[int] | None = None,
-                 staleness_lr: bool = False, average: float = 0.0, keys=None):
+                 staleness_lr: bool = False, average: float = 0.0, keys=None,
+                 schedule=None, push_scaling: str = "linear"):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -91,7 +95,8 @@ class ParameterServer:
         self.epoch_steps = 0            # mini-batch steps of one epoch, from the workers' hellos
         if not average >= 0:
             raise ValueError(f"average must be >= 0 (a fraction of an epoch), got {average}")
-        self.shards = [Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average)
+        self.push_scaling = push_scaling          # a push of k mini-batches steps f(k) x mean
+        self.shards = [Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average, schedule)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
         self.max_payload = max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])) * 8
         self.staleness: Counter = Counter()     # staleness -> pushes
@@ -412,7 +417,7 @@ class ParameterServer:
             if self.mode != "sync":
                 self.staleness[staleness] += 1
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
-                scale = steps / max(samples, 1)
+                scale = _push_factor(self.push_scaling, steps) / max(samples, 1)
                 if self.staleness_lr and staleness > 1:
                     scale /= staleness
                 s.apply(grad, scale, steps, self.epoch_steps, summed=steps)
@@ -447,3 +452,9 @@ class ParameterServer:
                         raise PSError(f"sync mode: round {target} of shard incomplete after "
                                       f"{self.timeout_s} s (a worker is missing)")
             return s.version, 0, s.param.detach().clone() if pull else None
+
+
+def _push_factor(rule: str, steps: int) -> float:
+    """f(k) of an asynchronous push that sums k mini-batches' gradients: the step it takes is
+    f(k) times their mean (linear: k, as k sequential steps would; sqrt: sqrt(k); none: 1)."""
+    return float(steps) if rule == "linear" else math.sqrt(steps) if rule == "sqrt" else 1.0

@@ -16,6 +16,8 @@ from collections import Counter
 
 import torch
 
+from ...optim.schedule import LRSchedule
+
 __all__ = ["SERVER_OPTIMIZERS", "Shard"]
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
@@ -23,7 +25,8 @@ SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
 
 class Shard:
     def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float,
-                 lr_decay: float = 1.0, average: float = 0.0):
+                 lr_decay: float = 1.0, average: float = 0.0,
+                 schedule: LRSchedule | None = None):
         self.param = torch.nn.Parameter(values.clone(), requires_grad=False)
         self.average = average
         self.avg = values.clone() if average > 0 else None     # x̄, see the module doc
@@ -34,7 +37,8 @@ class Shard:
                 "adam": lambda: torch.optim.Adam([self.param], lr=lr),
                 "rmsprop": lambda: torch.optim.RMSprop([self.param], lr=lr)}
         self.opt = opts[optimizer]()
-        self.lr, self.lr_decay = lr, lr_decay
+        # the rate per fractional epoch of steps applied (its warmup and decay)
+        self.schedule = schedule or LRSchedule(lr, decay=lr_decay)
         self.steps = 0                  # mini-batch steps applied (a push of k counts k)
         self.done: Counter = Counter()  # worker -> its mini-batch steps applied (sync: taken)
         self.lock = threading.Condition()
@@ -50,9 +54,7 @@ class Shard:
               epoch_steps: int = 0, summed: int = 1) -> None:
         """One optimizer step on ``grad * scale``, the sum of ``summed`` mini-batch mean
         gradients, counted as ``steps`` mini-batch steps."""
-        if self.lr_decay != 1.0 and epoch_steps > 0:    # lr * decay^(epochs applied so far)
-            self.opt.param_groups[0]["lr"] = self.lr * self.lr_decay ** (self.steps //
-                                                                         epoch_steps)
+        self.opt.param_groups[0]["lr"] = self.lr_now(epoch_steps)
         self.param.grad.copy_(grad)
         if scale != 1.0:
             self.param.grad.mul_(scale)
@@ -67,3 +69,7 @@ class Shard:
                 self.avg.copy_(self.param.detach())
         self.steps += steps
         self.version += 1
+
+    def lr_now(self, epoch_steps: int) -> float:
+        """The schedule's rate after the steps applied so far (epochs of ``epoch_steps``)."""
+        return self.schedule.at(self.steps / epoch_steps if epoch_steps > 0 else 0.0)

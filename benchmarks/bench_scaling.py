@@ -1,0 +1,194 @@
+"""Scaling as time to accuracy: does adding replicas give a good model sooner?
+
+The thesis CNN on the extended MNIST the demo generates (--samples distorted digits made from
+the first 8,000 shipped digits, on the executors, written once as Parquet), validated on the
+last 2,000 real digits every quarter epoch (fit's validate_every=0.25; validation's own time
+kept out of the clock). SGD lr --lr for one replica's batch of --batch rows, momentum 0.9,
+fit's default lr_scaling="auto" (linear for SGD, with its warmup). For every strategy and
+replica count, interleaved (A B C ... A B C ...), medians of --repeats runs:
+
+  plain-1t          single-process PyTorch, 1 thread, the same rows, lr and evaluation marks
+                    (the calibration: the limit of R replicas is R x its samples/s)
+  <strategy>-<R>    spark_dl.fit(strategy=..., replicas=R) on local[max R], 1 thread a replica
+
+Reported per system: the training seconds until the held-out accuracy first reaches --target
+(None when it never does), steady samples/s (median over epochs), its fraction of the limit,
+the final accuracy; per strategy, time to target at R replicas over one replica's (Gossip
+needs two replicas: its one-replica reference is AllReduce's, plain local SGD in one task).
+
+    .venv/bin/python benchmarks/bench_scaling.py [--replicas 1,2] [--repeats 3]
+        [--strategies allreduce,downpour,gossip,boosting] [--epochs 3] [--out ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _results import write_results  # noqa: E402
+
+IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
+LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
+MOMENTUM, EVERY = 0.9, 0.25
+
+
+def make_data(spark, samples: int, out: Path):
+    """The extended set as Parquet (uint8 pixels) and the held-out digits as floats."""
+    import numpy as np
+
+    from spark_dl.data import extended_mnist
+    from spark_dl.data.mnist import mnist_split
+    (src_x, src_y), (test_x, test_y) = mnist_split(IMAGES, LABELS, 8000, 2000)
+    extended_mnist(spark, src_x, src_y, samples, 4, seed=0).write.mode("overwrite") \
+        .parquet(out.as_uri())
+    return test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y.astype(np.int64)
+
+
+def first_at(evals: list[dict], target: float) -> float | None:
+    """Training seconds of the first validation at or above ``target``."""
+    return next((e["train_seconds"] for e in evals if e.get("val_accuracy", 0) >= target),
+                None)
+
+
+def plain(data: Path, val, args) -> dict:
+    """Single-process, one-thread PyTorch over the same rows, evaluated at the same marks."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    from spark_dl.losses import evaluate
+    from spark_dl.models import build_model
+    torch.set_num_threads(1)
+    table = pq.read_table(data)
+    x = np.frombuffer(b"".join(table.column("features").to_pylist()), np.uint8)
+    x = torch.from_numpy(x.reshape(-1, 1, 28, 28).astype(np.float32) / 255)
+    y = torch.from_numpy(table.column("label").to_numpy().astype(np.int64))
+    vx, vy = torch.from_numpy(val[0]).reshape(-1, 1, 28, 28), torch.from_numpy(val[1])
+    torch.manual_seed(0)
+    model = build_model("cnn")
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
+    n, b = len(x), args.batch
+    steps = -(-n // b)
+    marks = {min(int(steps * EVERY * j) - 1, steps - 1) for j in range(1, int(1 / EVERY) + 1)}
+    evals, clock, rates = [], 0.0, []
+    for e in range(args.epochs):
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(e))
+        t0, epoch_s = time.perf_counter(), 0.0
+        for s in range(steps):
+            idx = perm[s * b:(s + 1) * b]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+            if s in marks:
+                now = time.perf_counter()
+                clock, epoch_s, t0 = clock + now - t0, epoch_s + now - t0, None
+                evals.append({"epoch": e + (s + 1) / steps, "train_seconds": clock,
+                              **evaluate(model, (vx, vy), torch.nn.functional.cross_entropy,
+                                         True)})
+                model.train()
+                t0 = time.perf_counter()
+        rates.append(n / max(epoch_s, 1e-9))
+    return {"evals": evals, "samples_per_s": statistics.median(rates),
+            "final_accuracy": evals[-1]["val_accuracy"]}
+
+
+def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, runs: Path) -> dict:
+    from spark_dl import fit
+    from spark_dl.strategies import make_strategy
+    df = spark.read.parquet(data.as_uri())
+    t0 = time.perf_counter()
+    res = fit(df, "cnn", strategy=make_strategy(strategy), shape=(1, 28, 28), num_classes=10,
+              optimizer="sgd", lr=args.lr, momentum=MOMENTUM, epochs=args.epochs,
+              batch_size=args.batch, replicas=replicas, threads=1, validation=val,
+              validate_every=EVERY, run_dir=runs / f"{strategy}-{replicas}-{time.time()}",
+              log=None, progress=False)
+    wall = time.perf_counter() - t0
+    evals = res.info["evals"]
+    return {"evals": evals, "wall_s": wall,
+            "samples_per_s": statistics.median(h["samples_per_s"] for h in res.history),
+            "final_accuracy": res.history[-1].get("val_accuracy"),
+            "lr": [h.get("lr") for h in res.history]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--replicas", default="1,2")
+    ap.add_argument("--strategies", default="allreduce,downpour,gossip,boosting")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=24000)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--target", type=float, default=0.98)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/scaling.json"))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
+    from spark_dl import get_session
+    counts = [int(r) for r in args.replicas.split(",")]
+    spark = get_session("local", master=f"local[{max(counts)}]")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
+    data = tmp / "extended"
+    val = make_data(spark, args.samples, data)
+
+    systems = {"plain-1t": lambda: plain(data, val, args)}
+    for strategy in args.strategies.split(","):
+        for r in counts:
+            if strategy == "gossip" and r < 2:
+                continue
+            systems[f"{strategy}-{r}"] = (
+                lambda s=strategy, r=r: spark_dl_fit(spark, data, val, s, r, args, tmp))
+    raw: dict[str, list[dict]] = {k: [] for k in systems}
+    for i in range(args.repeats):                      # interleaved A B C ... A B C ...
+        for name, run in systems.items():
+            out = run()
+            out["time_to_target_s"] = first_at(out["evals"], args.target)
+            raw[name].append(out)
+            print(f"[{i + 1}/{args.repeats}] {name}: time to {args.target:.1%} "
+                  f"{out['time_to_target_s']}, {out['samples_per_s']:,.0f} samples/s, final "
+                  f"{out['final_accuracy']}", flush=True)
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    plain_rate = med(r["samples_per_s"] for r in raw["plain-1t"])
+    summary = {}
+    for name, runs in raw.items():
+        r = 1 if name == "plain-1t" else int(name.rsplit("-", 1)[1])
+        reached = [x["time_to_target_s"] for x in runs]
+        rate = med(x["samples_per_s"] for x in runs)
+        summary[name] = {
+            "replicas": r, "time_to_target_s": med(reached),
+            "reached": f"{sum(t is not None for t in reached)}/{len(runs)}",
+            "samples_per_s": round(rate), "fraction_of_limit": round(rate / (r * plain_rate), 3),
+            "final_accuracy": med(x["final_accuracy"] for x in runs),
+            "final_accuracy_spread": round(max(x["final_accuracy"] for x in runs) -
+                                           min(x["final_accuracy"] for x in runs), 4)}
+    for strategy in args.strategies.split(","):
+        one = summary.get(f"{strategy}-1") or summary.get("allreduce-1")
+        for r in counts:
+            row = summary.get(f"{strategy}-{r}")
+            if r > 1 and row and one and row["time_to_target_s"] and one["time_to_target_s"]:
+                row["time_vs_one_replica"] = round(row["time_to_target_s"] /
+                                                   one["time_to_target_s"], 3)
+    settings = {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
+                "batch_per_replica": args.batch, "lr_one_replica": args.lr,
+                "momentum": MOMENTUM, "lr_scaling": "auto", "target": args.target,
+                "validate_every": EVERY, "repeats": args.repeats,
+                "spark_master": f"local[{max(counts)}]"}
+    write_results(args.out, "bench_scaling.py", argv, settings, summary, raw)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

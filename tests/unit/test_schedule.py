@@ -1,0 +1,71 @@
+"""The learning-rate rule for the global batch (spark_dl.optim.schedule) and its checks."""
+
+import math
+
+import pytest
+
+from spark_dl import ConfigError
+from spark_dl.optim.schedule import LRSchedule, check_lr_scaling, resolve_scaling
+from spark_dl.runtime.stage import mid_epoch_steps
+
+
+def test_linear_rule_with_warmup_and_decay():
+    s = LRSchedule(0.01, k=8, rule="linear", warmup_epochs=2, decay=0.5, epochs=4)
+    assert s.scaled == pytest.approx(0.08)
+    assert s.at(0) == pytest.approx(0.01)                     # Goyal: warmup from lr
+    assert s.at(0.5) == pytest.approx(0.01 + 0.07 / 4)        # linear in the epochs done
+    assert s.at(1.0) == pytest.approx(0.5 * (0.01 + 0.07 / 2))  # the decay of epoch 1
+    assert s.at(2.0) == pytest.approx(0.25 * 0.08)            # warm: k lr, decayed twice
+    assert s.at(3.5) == pytest.approx(0.125 * 0.08)
+
+
+def test_sqrt_and_none_rules():
+    assert LRSchedule(0.001, k=16, rule="sqrt", warmup_epochs=0).at(0) == pytest.approx(0.004)
+    assert LRSchedule(0.1, k=16, rule="none").at(5.0) == pytest.approx(0.1)
+
+
+def test_auto_warmup_is_a_quarter_of_the_fit_at_most_two_epochs_and_none_for_one_replica():
+    assert LRSchedule(0.1, k=2, rule="linear", epochs=3).warmup == pytest.approx(0.75)
+    assert LRSchedule(0.1, k=2, rule="linear", epochs=40).warmup == 2.0
+    one = LRSchedule(0.1, k=1, rule="linear", epochs=3)
+    assert one.warmup == 0.0 and [one.at(t) for t in (0, 0.3, 2.9)] == [0.1] * 3
+
+
+@pytest.mark.parametrize("optimizer, rule", [("sgd", "linear"), ("adam", "sqrt"),
+                                             ("rmsprop", "sqrt"), ("adagrad", "sqrt"),
+                                             ("lbfgs", "none"), ("cg", "none")])
+def test_auto_picks_the_rule_by_the_optimizer(optimizer, rule):
+    assert resolve_scaling("auto", optimizer) == rule
+    assert resolve_scaling(None, optimizer) == "none"
+    assert resolve_scaling("sqrt", optimizer) == "sqrt"
+
+
+@pytest.mark.parametrize("scaling, warmup, match", [
+    ("quadratic", "auto", (r"lr_scaling must be one of 'auto', 'linear', 'sqrt', 'none' or "
+                           r"None, got 'quadratic'")),
+    ("linear", -1, r"warmup_epochs must be 'auto' or a number of epochs >= 0, got -1"),
+    ("linear", math.nan, r"warmup_epochs must be .*, got nan"),
+    ("linear", "long", r"warmup_epochs must be .*, got 'long'"),
+    ("linear", 5, r"warmup_epochs=5 is longer than the fit \(epochs=3\).*use warmup_epochs <= 3"),
+])
+def test_bad_scaling_arguments_are_config_errors(scaling, warmup, match):
+    with pytest.raises(ConfigError, match=match):
+        check_lr_scaling(scaling, warmup, 3)
+
+
+def test_toml_keys_are_checked(tmp_path):
+    from spark_dl import DemoConfig, load_toml
+    p = tmp_path / "job.toml"
+    p.write_text("[train]\nepochs = 2\nlr_scaling = 'cubic'\n")
+    with pytest.raises(ConfigError, match=r"train.lr_scaling must be one of"):
+        load_toml(DemoConfig, p)
+    p.write_text("[train]\nepochs = 2\nlr_scaling = 'none'\nwarmup_epochs = 1.5\n")
+    assert load_toml(DemoConfig, p).train.scaling == {"lr_scaling": "none",
+                                                       "warmup_epochs": 1.5}
+
+
+@pytest.mark.parametrize("steps, every, marks", [
+    (100, 0.25, {24, 49, 74}), (10, 0.5, {4}), (7, 1.0, set()), (3, 0.25, {0, 1}),
+    (1, 0.25, set())])
+def test_mid_epoch_validation_steps(steps, every, marks):
+    assert mid_epoch_steps(steps, every) == marks
