@@ -164,8 +164,13 @@ def test_sync_mode_follows_the_allreduce_trajectory(spark, tmp_path, splits):
     ring = fit(frame(spark, x, y, splits), small_fc, run_dir=tmp_path / "ring", **kw)
     ps = fit(frame(spark, x, y, splits), small_fc,
              strategy=Downpour(mode="sync", wire_dtype="float64", ps_shards=3),
-             run_dir=tmp_path / "ps", **kw)
+             run_dir=tmp_path / "ps", validation=(x, y), validate_every=0.5, **kw)
+    # both scale the rate for 2 replicas' batch (the linear rule, its warmup): step by step
     assert_same_weights(ps.model, ring.model, tol=1e-9)
+    assert [h["lr"] for h in ps.history] == pytest.approx([h["lr"] for h in ring.history])
+    assert ps.info["lr_schedule"]["scaled_lr"] == pytest.approx(0.6)
+    assert [e["epoch"] for e in ps.info["evals"]] == pytest.approx([0.5, 1, 1.5, 2], abs=0.1)
+    assert ps.info["evals"][-1]["val_accuracy"] == pytest.approx(ps.history[-1]["val_accuracy"])
     steps = max(-(-n // 8) for n in splits)
     assert ps.info["server"]["versions"] == [2 * steps] * 3
     assert ps.info["server"]["dropped_stale"] == 0

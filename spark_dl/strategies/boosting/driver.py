@@ -155,7 +155,7 @@ class Boosting(Strategy):
                        "seconds": now - t_epoch, "since_start_s": now - run.t_start,
                        "samples_per_s": n / max(now - t_epoch, 1e-9),
                        "server_versions": list(state["versions"]),
-                       "keys_per_worker": served, "lr": ps.shards[0].lr_now(ps.epoch_steps)}
+                       "keys_per_worker": served, "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
                 t_epoch = now
                 if val is not None:
                     layout.load(state["values"][0].to(dtype))
@@ -182,7 +182,7 @@ class Boosting(Strategy):
         job.tracker.start(run.path, run.config)
         frame = job.spark.range(0, workers, numPartitions=workers)
         watcher.start()
-        snapshots = ServerSnapshots(ps, stage["validate_every"], stage["epochs"]).start() \
+        snapshots = ServerSnapshots(ps, stage["validate_every"]).start() \
             if val is not None else None
         try:
             try:

@@ -268,7 +268,7 @@ class Downpour(Strategy):
                    "samples_per_s": sum(r["samples_per_s"] for r in rows),
                    "server_versions": ps.versions,
                    "grad_mean_abs": ps.take_gradient_mean_abs(),
-                   "lr": ps.shards[0].lr_now(ps.epoch_steps)}
+                   "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
             if val is not None:
                 layout.load(ps.parameters().to(dtype))
                 row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
@@ -308,7 +308,7 @@ class Downpour(Strategy):
                 f"({ps_shards} shard(s), {server_optimizer}), run directory {run_path}")
         tracker.start(run_path, run.config)
         df = job.frame(replicas * partitions, barrier=partitions > 1)
-        snapshots = ServerSnapshots(ps, job.stage["validate_every"], cfg.epochs).start() \
+        snapshots = ServerSnapshots(ps, job.stage["validate_every"]).start() \
             if val is not None else None
         try:
             try:
@@ -379,37 +379,42 @@ class Downpour(Strategy):
 
 class ServerSnapshots:
     """The server's validated parameters every ``every`` of an epoch, for fit's
-    ``validate_every``: a driver thread watches the steps applied and copies the parameters
-    when they cross a mark; ``evals()`` validates the copies after training, so that
-    validation neither stalls a push nor takes the driver's cores from the server. Each
-    eval's train_seconds runs from the first step the server applied."""
+    ``validate_every``: the step after which every shard has crossed a mark copies the
+    parameters; ``evals()`` validates the copies after training, so that validation neither
+    stalls the pushes nor takes the driver's cores from the server. Each eval's
+    train_seconds runs from the first step the server applied."""
 
-    def __init__(self, ps, every: float, epochs: int, poll_s: float = 0.01):
-        self.ps, self.every, self.epochs, self.poll_s = ps, every, epochs, poll_s
+    def __init__(self, ps, every: float):
+        self.ps, self.every = ps, every
         self.taken: list[tuple[float, float, torch.Tensor]] = []   # (epoch, seconds, values)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="spark_dl-snapshots",
-                                        daemon=True)
+        self.t0, self.mark = None, every         # the first step's time, the next mark
+        self._lock = threading.Lock()
 
     def start(self) -> ServerSnapshots:
-        self._thread.start()
+        for shard in self.ps.shards:
+            shard.on_step = self._on_step
         return self
 
-    def _watch(self) -> None:
-        shard, t0, mark = self.ps.shards[0], None, self.every
-        while not self._stop.wait(self.poll_s) and mark <= self.epochs + 1e-9:
-            steps, per_epoch = shard.steps, self.ps.epoch_steps
-            if steps and t0 is None:
-                t0 = time.perf_counter()
-            if per_epoch and steps / per_epoch >= mark - 1e-9:
-                self.taken.append((steps / per_epoch, time.perf_counter() - t0,
-                                   self.ps.parameters()))
-                while mark <= steps / per_epoch + 1e-9:
-                    mark += self.every
+    def _on_step(self, shard, epoch_steps: int) -> None:
+        """After a step of ``shard`` (under its lock). One step at a time takes a copy; a
+        step that finds another taking one leaves it (no lock held while waiting for a
+        second shard's: two shards' steps never wait on each other)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.t0 is None:
+                self.t0 = time.perf_counter()
+            t = min(s.steps for s in self.ps.shards) / epoch_steps if epoch_steps else 0.0
+            if epoch_steps and t >= self.mark - 1e-9:
+                self.taken.append((t, time.perf_counter() - self.t0, self.ps.parameters()))
+                while self.mark <= t + 1e-9:
+                    self.mark += self.every
+        finally:
+            self._lock.release()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5.0)
+        for shard in self.ps.shards:
+            shard.on_step = None
 
     def evals(self, layout, net, val, loss_fn, classify: bool) -> list[dict]:
         out = []

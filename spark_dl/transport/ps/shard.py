@@ -39,6 +39,7 @@ class Shard:
         self.opt = opts[optimizer]()
         # the rate per fractional epoch of steps applied (its warmup and decay)
         self.schedule = schedule or LRSchedule(lr, decay=lr_decay)
+        self.on_step = None             # called after every step, under the lock (snapshots)
         self.steps = 0                  # mini-batch steps applied (a push of k counts k)
         self.done: Counter = Counter()  # worker -> its mini-batch steps applied (sync: taken)
         self.lock = threading.Condition()
@@ -69,6 +70,12 @@ class Shard:
                 self.avg.copy_(self.param.detach())
         self.steps += steps
         self.version += 1
+        if self.on_step is not None:
+            self.on_step(self, epoch_steps)
+
+    def epoch_lr(self, epoch: int, epoch_steps: int) -> float:
+        """The rate of the last step of ``epoch`` (1-based), as the history records it."""
+        return self.schedule.at(epoch - 1.0 / max(epoch_steps, 1))
 
     def lr_now(self, epoch_steps: int) -> float:
         """The schedule's rate after the steps applied so far (epochs of ``epoch_steps``)."""
