@@ -1,7 +1,7 @@
 """Ray Train on Ray-on-Spark: the peer bench_run.py runs beside TorchDistributor and
 spark_dl.run. Runs inside .venv-ray (benchmarks/setup_ray.sh) as a long-lived process with
 its own Spark session (local[2]) and a Ray cluster on it (ray.util.spark.setup_ray_cluster:
-one worker node of 2 CPUs), started once and timed apart; then, for every line read on stdin,
+two worker nodes of 1 CPU, Spark's local mode having no stage scheduling), started once and timed apart; then, for every line read on stdin,
 one TorchTrainer fit of _ddp_fn.ddp_train on 2 workers, printed as one JSON line
 ({"steady_samples_per_s", "wall_s"} or {"error"}).
 
@@ -27,6 +27,8 @@ def main(argv):
     rows, epochs, batch = (int(a) for a in argv[:3])
     lr, momentum = float(argv[3]), float(argv[4])
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Ray-on-Spark starts its nodes with the `ray` script found on PATH: this venv's
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])
     # Ray's worker processes start under Spark's, which start under this one: they import
     # _ddp_fn (and spark_dl) from here
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)])
@@ -44,7 +46,8 @@ def main(argv):
              .config("spark.ui.enabled", "false")
              .config("spark.task.maxFailures", "1").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    setup_ray_cluster(max_worker_nodes=1, num_cpus_worker_node=2, num_gpus_worker_node=0,
+    # local mode has no stage scheduling: a Ray worker node per Spark task of 1 core
+    setup_ray_cluster(max_worker_nodes=2, min_worker_nodes=2,
                       object_store_memory_worker_node=256 << 20)
     ray.init(ignore_reinit_error=True)
     startup = time.perf_counter() - t0
