@@ -12,6 +12,6 @@ fi
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" install -q "torch==2.13.0"
-"$VENV/bin/pip" install -q "ray[train,default]==2.60.*" "pyspark==4.3.*" "pyarrow" "pandas"
+"$VENV/bin/pip" install -q "ray[train,default]==2.60.*" "pyspark==4.3.*" "pyarrow" "pandas<3" "pillow"
 "$VENV/bin/pip" install -q --no-deps -e .
 "$VENV/bin/python" -c "import ray, torch, pyspark; print('ray ready:', ray.__version__, 'torch', torch.__version__, 'pyspark', pyspark.__version__)"
