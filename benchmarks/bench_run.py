@@ -42,9 +42,8 @@ def _steady(rows: int, out: dict) -> float:
 def torchdist(spark, rows, batch, timeout_s=180):
     """One TorchDistributor run: (steady samples/s, wall s), or (None, wall) when it failed
     or hung (cancelled after ``timeout_s``)."""
-    from pyspark.ml.torch.distributor import TorchDistributor
-
     from _ddp_fn import ddp_train
+    from pyspark.ml.torch.distributor import TorchDistributor
     out, t0 = {}, time.perf_counter()
 
     def go():
@@ -65,16 +64,17 @@ def torchdist(spark, rows, batch, timeout_s=180):
     return _steady(rows, out["r"]), wall
 
 
-def spark_dl_run(spark, rows, batch, hook):
-    import spark_dl
+def spark_dl_run(spark, rows, batch, hook, runs: Path):
     from _ddp_fn import ddp_train
+
+    import spark_dl
     from spark_dl.data import mnist_file_dataframe
     t0 = time.perf_counter()
     df = mnist_file_dataframe(spark, IMAGES, LABELS, 0, rows, 2)
     out = spark_dl.run(ddp_train, IMAGES, LABELS, rows, EPOCHS, batch, LR, MOMENTUM, df=df,
                        shape=(1, 28, 28), batch_size=batch, shuffle=True,
-                       comm_hook="shm" if hook else None, log=None, run_dir=RUNS /
-                       f"{time.time()}")
+                       comm_hook="shm" if hook else None, log=None,
+                       run_dir=runs / f"{time.time()}")
     return _steady(rows, out), time.perf_counter() - t0
 
 
@@ -116,11 +116,9 @@ class RayPeer:
 
 
 FAILURES: list[str] = []
-RUNS = Path("/tmp")
 
 
 def main(argv=None):
-    global RUNS
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rows", type=int, default=4000)
@@ -133,22 +131,22 @@ def main(argv=None):
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)])
     import tempfile
 
+    import _ddp_fn
     import torch
+    from _results import write_results
     from pyspark import cloudpickle
 
-    import _ddp_fn
-    from _results import write_results
     from spark_dl import get_session
     cloudpickle.register_pickle_by_value(_ddp_fn)      # the executors get it with the call
-    RUNS = Path(tempfile.mkdtemp(prefix="bench-run-"))
+    runs = Path(tempfile.mkdtemp(prefix="bench-run-"))
     t0 = time.perf_counter()
     spark = get_session("local", master="local[2]")
     spark.range(2, numPartitions=2).count()
     startup = time.perf_counter() - t0
     rows, batch = args.rows, args.batch
     systems = {"torchdist": lambda: torchdist(spark, rows, batch),
-               "spark_dl": lambda: spark_dl_run(spark, rows, batch, False),
-               "spark_dl+hook": lambda: spark_dl_run(spark, rows, batch, True)}
+               "spark_dl": lambda: spark_dl_run(spark, rows, batch, False, runs),
+               "spark_dl+hook": lambda: spark_dl_run(spark, rows, batch, True, runs)}
     ray_note, peer = None, None
     if not args.no_ray:
         if not (ROOT / ".venv-ray/bin/python").exists():
@@ -161,7 +159,7 @@ def main(argv=None):
                 ray_note = peer.ready
             except Exception as e:
                 ray_note = f"not run: {type(e).__name__}: {e}"
-    spark_dl_run(spark, rows, batch, True)                 # warm the workers
+    spark_dl_run(spark, rows, batch, True, runs)                 # warm the workers
     rate = {k: [] for k in systems}
     wall = {k: [] for k in systems}
     try:

@@ -35,12 +35,11 @@ def main(argv):
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     t0 = time.perf_counter()
     import ray
+    from _ddp_fn import ddp_train
     from pyspark.sql import SparkSession
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
     from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
-
-    from _ddp_fn import ddp_train
 
     spark = (SparkSession.builder.master("local[2]").appName("ray-peer")
              .config("spark.ui.enabled", "false")
