@@ -186,12 +186,13 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
         t_start = time.perf_counter()
         shard = device = None
         try:
-            shard = read_shard(cfg, batches, f"partition {rank}")
-            opened.append(shard)
+            if cfg.features:              # no feature column: a stage without data (run())
+                shard = read_shard(cfg, batches, f"partition {rank}")
+                opened.append(shard)
             gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
             device, note = task_device(cfg.device, gpus, rank)
-            status.update(rows=len(shard), device=str(device), note=note, gpus=gpus,
-                          data=shard.kind,
+            status.update(rows=len(shard) if shard is not None else 0, device=str(device),
+                          note=note, gpus=gpus, data=shard.kind if shard is not None else None,
                           host=os.uname().nodename, machine=_machine_id(), pid=os.getpid(),
                           read_s=time.perf_counter() - t_start)
         except SparkDLError as e:        # reported to all tasks and the driver; not retried

@@ -30,7 +30,7 @@ from ..runs import new_run_dir, plot_history, write_history, write_json
 from ..runtime.checkpoint import load_checkpoint
 from ..runtime.failures import TaskErrors
 
-__all__ = ["FitResult", "Job", "Run", "Strategy", "options"]
+__all__ = ["FitResult", "Job", "Run", "Strategy", "barrier_row", "options", "run_barrier"]
 
 
 @dataclasses.dataclass
@@ -314,6 +314,19 @@ class Run:
 def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
     """Run a replica-per-task barrier stage whose task 0 returns the model (runtime.stage's
     barrier_task; ``run.serve()`` gave the tasks their channel) and finish the fit with it."""
+    row = barrier_row(job, run, task, schema)
+    net = job.model_fn()
+    net = net.double() if job.stage["dtype"] == "float64" else net
+    net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True))
+    history = json.loads(row.history)
+    for h in history:                      # epochs whose live messages were lost
+        job.tracker.epoch(h)
+    return run.finish(net, history, json.loads(row.info), title)
+
+
+def barrier_row(job: Job, run: Run, task, schema: str):
+    """Run a replica-per-task barrier stage (runtime.stage's barrier_task) and return the row
+    its task 0 yields; a stage whose tasks did not start (a bad shard) raises their errors."""
     df = job.frame(job.replicas, barrier=True)
     job.tracker.start(run.path, run.config)
     try:
@@ -337,13 +350,7 @@ def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
         cls = _ERRORS.get(kinds.pop(), SparkDLError) if len(kinds) == 1 else SparkDLError
         raise cls("training did not start: " + "; ".join(
             f"task {e['task']}: {e['message']}" for e in errors))
-    net = job.model_fn()
-    net = net.double() if job.stage["dtype"] == "float64" else net
-    net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True))
-    history = json.loads(row.history)
-    for h in history:                      # epochs whose live messages were lost
-        job.tracker.epoch(h)
-    return run.finish(net, history, json.loads(row.info), title)
+    return row
 
 
 def check_checkpoint(run: Run, name: str) -> None:

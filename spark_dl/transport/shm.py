@@ -64,10 +64,15 @@ class ShmAllReduce:
         self.step = 0
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
-        """In place: ``flat`` becomes the sum over ranks."""
+        """In place: ``flat`` becomes the sum over ranks. Collective: every rank calls it with a
+        buffer of the same size, at most the ``numel`` the segment was made for (a smaller one
+        uses the first values of every slot: DDP's buckets, see ddp_hook.py)."""
+        if flat.numel() > self.numel:
+            raise ValueError(f"shared-memory all-reduce of {flat.numel()} values, but the "
+                             f"segment holds {self.numel} per rank: make it for the largest")
         self.step += 1
-        slots = self._slots[self.step % 2]
-        slots[self.rank].copy_(flat)
+        slots = self._slots[self.step % 2, :, :flat.numel()]
+        slots[self.rank].copy_(flat.reshape(-1))
         self._counters[self.rank, 0] = self.step
         spins, t0 = 0, None
         col = self._counters[:, 0]
@@ -79,7 +84,7 @@ class ShmAllReduce:
                     raise TimeoutError(f"shared-memory all-reduce: a replica did not arrive at "
                                        f"step {self.step} within {self.timeout_s} s")
                 time.sleep(0.0001 if spins < 20000 else 0.001)
-        torch.sum(slots, dim=0, out=flat)
+        torch.sum(slots, dim=0, out=flat.view(-1))
         return flat
 
     def close(self):
