@@ -62,7 +62,7 @@ def digits(spark):
 def reference(digits, tmp_path_factory):
     res = fit(digits, "cnn", strategy=AllReduce(), shape=(1, 28, 28), num_classes=10,
               lr=LR, momentum=MOMENTUM, batch_size=BATCH, epochs=1, dtype="float64",
-              run_dir=tmp_path_factory.mktemp("fit") / "run", log=None)
+              lr_scaling=None, run_dir=tmp_path_factory.mktemp("fit") / "run", log=None)
     assert res.info["transport"] == "shm"
     return res.model
 
