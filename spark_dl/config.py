@@ -65,7 +65,7 @@ class TrainConfig:
     replicas: int = 0               # distributed: replicas (0: the cluster's task slots)
     fc_hidden: tuple = (480, 160)   # the FC net's hidden widths (the thesis: 480, 160)
     lr_scaling: str = "auto"        # lr for the global batch: "auto", "linear", "sqrt", "none"
-    warmup_epochs: float | str = "auto"  # the scaled lr's warmup ("auto": a quarter of the fit)
+    warmup_epochs: float | str = "auto"  # the scaled lr's warmup ("auto": grows with log2 k)
 
     def __post_init__(self):
         object.__setattr__(self, "fc_hidden", tuple(self.fc_hidden))

@@ -119,7 +119,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
       replicas; an asynchronous push of n mini-batches: n): "linear" (k lr, SGD), "sqrt"
       (sqrt(k) lr, Adam-like), None (lr as given), or "auto" (linear for SGD, sqrt for Adam,
       RMSprop and Adagrad, None for L-BFGS and CG), reached by a linear warmup from lr over
-      ``warmup_epochs`` ("auto": a quarter of the fit, at most 2 epochs, when k > 1). The
+      ``warmup_epochs`` ("auto": growing with log2 k to a quarter of the fit, at most 2
+      epochs, from k = 32 on). The
       rate of each epoch is in the history ("lr"); see spark_dl.optim.schedule.
     batch_size: per replica and step (AllReduce's ``accumulate`` micro-batches make one step).
     replicas: number of replicas (default: the DataFrame's partitions, at most the cluster's

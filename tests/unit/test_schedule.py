@@ -24,9 +24,12 @@ def test_sqrt_and_none_rules():
     assert LRSchedule(0.1, k=16, rule="none").at(5.0) == pytest.approx(0.1)
 
 
-def test_auto_warmup_is_a_quarter_of_the_fit_at_most_two_epochs_and_none_for_one_replica():
-    assert LRSchedule(0.1, k=2, rule="linear", epochs=3).warmup == pytest.approx(0.75)
-    assert LRSchedule(0.1, k=2, rule="linear", epochs=40).warmup == 2.0
+def test_auto_warmup_grows_with_log_k_to_a_quarter_of_the_fit_and_none_for_one_replica():
+    assert LRSchedule(0.1, k=2, rule="linear", epochs=3).warmup == pytest.approx(0.75 / 5)
+    assert LRSchedule(0.1, k=16, rule="linear", epochs=3).warmup == pytest.approx(0.75 * 4 / 5)
+    assert LRSchedule(0.1, k=64, rule="linear", epochs=3).warmup == pytest.approx(0.75)
+    assert LRSchedule(0.1, k=64, rule="linear", epochs=40).warmup == 2.0
+    assert LRSchedule(0.1, k=4, rule="none", epochs=4).warmup == 0.0
     one = LRSchedule(0.1, k=1, rule="linear", epochs=3)
     assert one.warmup == 0.0 and [one.at(t) for t in (0, 0.3, 2.9)] == [0.1] * 3
 

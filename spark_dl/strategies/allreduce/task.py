@@ -102,7 +102,9 @@ class GradientSync:
         if shm_name is not None:
             from spark_dl.transport.shm import ShmAllReduce
             self.shm = ShmAllReduce(self.flats[0].numel(), ref.dtype, shm_name, timeout_s)
-        self.transport = "shm" if self.shm is not None else dist.get_backend()
+        self.world = dist.get_world_size()
+        self.transport = "shm" if self.shm is not None else dist.get_backend() \
+            if self.world > 1 else "none"
 
     def __call__(self, loss_sum: float, count: int) -> tuple[float, float]:
         """Make every .grad the global sample-weighted mean gradient; returns the global
@@ -117,7 +119,7 @@ class GradientSync:
                 p.grad = view
         self.flats[-1][-2], self.flats[-1][-1] = loss_sum, count
         works = []
-        for flat in self.flats:
+        for flat in self.flats if self.world > 1 else ():     # one replica: nothing to reduce
             if self.shm is not None:
                 self.shm(flat)
             else:
