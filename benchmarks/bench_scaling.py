@@ -4,7 +4,8 @@ The thesis CNN on the extended MNIST the demo generates (--samples distorted dig
 the first 8,000 shipped digits, on the executors, written once as Parquet), validated on the
 last 2,000 real digits every quarter epoch (fit's validate_every=0.25; validation's own time
 kept out of the clock). SGD lr --lr for one replica's batch of --batch rows, momentum 0.9,
-fit's default lr_scaling="auto" (linear for SGD, with its warmup). For every strategy and
+halved after every epoch (--lr-decay: the curves settle above the target instead of grazing
+it), fit's default lr_scaling="auto" (linear for SGD, with its warmup). For every strategy and
 replica count, interleaved (A B C ... A B C ...), medians of --repeats runs:
 
   plain-1t          single-process PyTorch, 1 thread, the same rows, lr and evaluation marks
@@ -17,7 +18,8 @@ the final accuracy; per strategy, time to target at R replicas over one replica'
 needs two replicas: its one-replica reference is AllReduce's, plain local SGD in one task).
 
     .venv/bin/python benchmarks/bench_scaling.py [--replicas 1,2] [--repeats 3]
-        [--strategies allreduce,downpour,gossip,boosting] [--epochs 3] [--out ...]
+        [--strategies allreduce,downpour,gossip,boosting] [--epochs 2] [--samples 48000]
+        [--out ...]
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def plain(data: Path, val, args) -> dict:
     torch.manual_seed(0)
     model = build_model("cnn")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, args.lr_decay)
     n, b = len(x), args.batch
     steps = -(-n // b)
     marks = {min(int(steps * EVERY * j) - 1, steps - 1) for j in range(1, int(1 / EVERY) + 1)}
@@ -97,6 +100,7 @@ def plain(data: Path, val, args) -> dict:
                 model.train()
                 t0 = time.perf_counter()
         rates.append(n / max(epoch_s, 1e-9))
+        sched.step()
     return {"evals": evals, "samples_per_s": statistics.median(rates),
             "final_accuracy": evals[-1]["val_accuracy"]}
 
@@ -107,7 +111,8 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     df = spark.read.parquet(data.as_uri())
     t0 = time.perf_counter()
     res = fit(df, "cnn", strategy=make_strategy(strategy), shape=(1, 28, 28), num_classes=10,
-              optimizer="sgd", lr=args.lr, momentum=MOMENTUM, epochs=args.epochs,
+              optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
+              epochs=args.epochs,
               batch_size=args.batch, replicas=replicas, threads=1, validation=val,
               validate_every=EVERY, run_dir=runs / f"{strategy}-{replicas}-{time.time()}",
               log=None, progress=False)
@@ -124,10 +129,11 @@ def main(argv=None):
     ap.add_argument("--replicas", default="1,2")
     ap.add_argument("--strategies", default="allreduce,downpour,gossip,boosting")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=24000)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=48000)
+    ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--lr", type=float, default=0.02)
+    ap.add_argument("--lr-decay", type=float, default=0.5)
     ap.add_argument("--target", type=float, default=0.98)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/scaling.json"))
     args = ap.parse_args(argv)
@@ -183,6 +189,7 @@ def main(argv=None):
                                                    one["time_to_target_s"], 3)
     settings = {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
                 "batch_per_replica": args.batch, "lr_one_replica": args.lr,
+                "lr_decay": args.lr_decay,
                 "momentum": MOMENTUM, "lr_scaling": "auto", "target": args.target,
                 "validate_every": EVERY, "repeats": args.repeats,
                 "spark_master": f"local[{max(counts)}]"}
