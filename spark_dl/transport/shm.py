@@ -67,6 +67,13 @@ class ShmAllReduce:
         """In place: ``flat`` becomes the sum over ranks. Collective: every rank calls it with a
         buffer of the same size, at most the ``numel`` the segment was made for (a smaller one
         uses the first values of every slot: DDP's buckets, see ddp_hook.py)."""
+        torch.sum(self.gather(flat), dim=0, out=flat.view(-1))
+        return flat
+
+    def gather(self, flat: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``flat`` as rows of a (world, n) view of the segment (a gossip round
+        reads its neighbours' rows). Collective, as ``__call__``; the view holds until this
+        rank's next call (double-buffering: nobody rewrites it before then)."""
         if flat.numel() > self.numel:
             raise ValueError(f"shared-memory all-reduce of {flat.numel()} values, but the "
                              f"segment holds {self.numel} per rank: make it for the largest")
@@ -84,8 +91,7 @@ class ShmAllReduce:
                     raise TimeoutError(f"shared-memory all-reduce: a replica did not arrive at "
                                        f"step {self.step} within {self.timeout_s} s")
                 time.sleep(0.0001 if spins < 20000 else 0.001)
-        torch.sum(slots, dim=0, out=flat.view(-1))
-        return flat
+        return slots
 
     def close(self):
         self._slots = self._counters = None

@@ -80,7 +80,7 @@ def main(out: str, runs: str) -> None:
     except Exception:
         report["task_error"] = {"error": traceback.format_exc()[-3000:]}
     for name, path in (("demo", _demo), ("predict_udf", _predict_udf), ("ml", _ml),
-                       ("superres", _superres)):
+                       ("superres", _superres), ("run", lambda s, p: _run(df, p))):
         t0 = time.perf_counter()
         try:
             report[name] = {**path(spark, Path(runs) / name),
@@ -92,6 +92,28 @@ def main(out: str, runs: str) -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def count_rows(scale):
+    """A torchrun-style function: the process group is up, the shard comes from the context."""
+    import torch
+    import torch.distributed as dist
+
+    import spark_dl
+    ctx = spark_dl.context()
+    n = torch.tensor([sum(len(xb) for xb, _ in ctx.batches(0))], dtype=torch.float64)
+    dist.all_reduce(n)
+    ctx.log({"epoch": 1, "rows": float(n)})            # an epoch report: always sent
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "rows": float(n) * scale}
+
+
+def _run(df, tmp: Path) -> dict:
+    """spark_dl.run from the Connect client: rank 0's value comes back."""
+    import spark_dl
+    lines: list[str] = []
+    out = spark_dl.run(count_rows, 1.0, df=df, shape=(12,), batch_size=16, run_dir=tmp,
+                       log=lines.append)
+    return {"value": out, "metrics": (tmp / "metrics.jsonl").read_text()}
 
 
 def _demo(spark, tmp: Path) -> dict:

@@ -61,3 +61,10 @@ def test_the_demo_inference_spark_ml_and_super_resolution_work_from_a_connect_cl
     assert sr["patches"] > 0 and sr["report"]
     assert list(sr["skipped"]) == [next(k for k in sr["skipped"] if k.endswith("broken.png"))]
     assert "corrupt or unreadable image" in next(iter(sr["skipped"].values()))
+
+
+def test_spark_dl_run_works_from_a_connect_client(report):
+    run = report["run"]
+    assert "error" not in run, run["error"]
+    assert run["value"] == {"rank": 0, "world": 2, "rows": 96.0}
+    assert '"rows": 96.0' in run["metrics"]

@@ -82,6 +82,7 @@ def test_gossip_fit_is_rd_psgd_computed_by_hand(spark, tmp_path, alpha):
     res = _fit(spark, x, y, alpha, 2, tmp_path / "run")
     ref, sent = reference_gossip(x, y, SPLITS, 2, alpha)
     assert_same_weights(res.model, ref)
+    assert res.info["transport"] == "shm"        # both replicas on this host: shared memory
     assert res.info["bytes_sent"] == sent
     numel = sum(p.numel() for p in ref.parameters())
     rounds = res.info["rounds"]

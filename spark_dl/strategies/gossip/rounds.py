@@ -17,7 +17,10 @@ neighbour; with n = 2 both ring edges join the same pair: 1/3 itself, 2/3 the ot
 The mask is drawn as its gaps (eq. 22): the distance between consecutive selected
 coordinates is Geometric(α), so a round draws about α·N random numbers instead of N, and the
 values go out by one index_select and come back by one index_copy_ (no loop over
-coordinates). Point-to-point messages over torch.distributed (gloo isend/irecv on CPU).
+coordinates). Point-to-point messages over torch.distributed (gloo isend/irecv on CPU), or,
+when every replica shares one host (CPU), the rows of a shared-memory segment
+(spark_dl/transport/shm.py): loopback TCP costs about a millisecond a message, as much as a
+small model's step.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ class Rounds:
     in the current torch.distributed group (or ``group``), ring topology."""
 
     def __init__(self, flat: torch.Tensor, alpha: float, seed: int, rank: int | None = None,
-                 world: int | None = None, group=None):
+                 world: int | None = None, group=None, shm=None):
         check_alpha(alpha)
         if flat.dim() != 1:
             raise ValueError(f"Rounds needs the parameters as one flat vector, got shape "
@@ -85,6 +88,9 @@ class Rounds:
         self.rank = dist.get_rank(group) if rank is None else rank
         self.world = dist.get_world_size(group) if world is None else world
         self.peers, self.self_weight = ring_peers(self.rank, self.world)
+        self.shm = shm              # a ShmAllReduce of the group when it shares one host
+        self.transport = "shm" if shm is not None else \
+            dist.get_backend(group) if self.world > 1 else "none"
         self.bytes_sent = 0
         self.rounds = 0
 
@@ -92,13 +98,17 @@ class Rounds:
         """Round ``k``: average the masked coordinates with the neighbours; returns the mask."""
         idx = mask_indices(self.flat.numel(), self.alpha, self.seed, k).to(self.flat.device)
         mine = self.flat.index_select(0, idx)
-        if self.peers:
+        if self.peers and self.shm is not None:     # one host: every row in shared memory
+            rows = self.shm.gather(mine)
+            theirs = [rows[p] for p, _ in self.peers]
+        elif self.peers:
             theirs = [torch.empty_like(mine) for _ in self.peers]
             reqs = [dist.irecv(buf, self._global(p), group=self.group)
                     for (p, _), buf in zip(self.peers, theirs)]
             reqs += [dist.isend(mine, self._global(p), group=self.group) for p, _ in self.peers]
             for r in reqs:
                 r.wait()
+        if self.peers:
             mixed = mine * self.self_weight
             for (_, w), buf in zip(self.peers, theirs):
                 mixed.add_(buf, alpha=w)

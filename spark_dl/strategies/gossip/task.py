@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -28,6 +29,7 @@ from spark_dl.runtime.stage import (
     StepReports,
     Validation,
     barrier_task,
+    broadcast_bytes,
     most_batches,
     read_checkpoint,
     set_lr,
@@ -103,7 +105,12 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
     schedule = cfg.schedule(world)      # the replicas' average moves by their mean gradient
-    rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world)
+    shm = None
+    if world > 1 and device.type == "cpu" and len({s["machine"] for s in statuses}) == 1:
+        from spark_dl.transport.shm import ShmAllReduce
+        name = broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank, device).decode()
+        shm = ShmAllReduce(flat.numel(), flat.dtype, name, cfg.timeout_s)
+    rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world, shm=shm)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
 
     # Resume: replica 0 reads the checkpoint, every replica takes its own model from it.
@@ -195,6 +202,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     numel, item = flat.numel(), flat.element_size()
     info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
             "alpha": cfg.alpha, "sync_every": cfg.sync_every, "rounds": rounds.rounds,
+            "transport": rounds.transport,
             "neighbours": len(rounds.peers), "parameters": numel,
             "bytes_sent": [int(s) for s in sent],
             "bytes_per_round_expected": cfg.alpha * numel * item * len(rounds.peers),
@@ -204,5 +212,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": t_fit - t_setup, "train_s": time.perf_counter() - t_fit,
                         "gossip_s": round_s, "validation_s": val.seconds}}
+    if shm is not None:
+        shm.close()
     state = state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
     return {"state": state, "history": history, "info": info}
