@@ -208,6 +208,14 @@ def test_argument_errors_name_the_fix(spark, tmp_path):
         fit(df, "resnet")
     with pytest.raises(ConfigError, match="amp must be"):
         AllReduce(amp="int8")
+    with pytest.raises(ConfigError, match=r"lr_scaling must be one of .*, got 'cubic'"):
+        fit(df, small_fc, lr_scaling="cubic")
+    with pytest.raises(ConfigError, match=r"warmup_epochs must be .* >= 0, got -0.5"):
+        fit(df, small_fc, warmup_epochs=-0.5)
+    with pytest.raises(ConfigError, match=r"warmup_epochs=3 is longer than the fit"):
+        fit(df, small_fc, epochs=2, warmup_epochs=3)
+    with pytest.raises(ConfigError, match=r"validate_every must be a fraction .*, got 0"):
+        fit(df, small_fc, validate_every=0)
 
 
 def test_empty_partition_joins_with_zero_samples(spark, tmp_path):
