@@ -281,11 +281,14 @@ class StepReports:
         """Since the epoch started."""
         return time.perf_counter() - self.t0
 
-    def step(self, epoch: int, step: int, steps: int, loss_sum: float, samples: float) -> None:
+    def step(self, epoch: int, step: int, steps: int, loss_sum, samples) -> None:
+        """``loss_sum`` and ``samples`` so far this epoch: numbers, or 0-d tensors read only
+        when a report goes (no host synchronisation on the other steps)."""
         at(epoch, min(step + 1, steps - 1))          # what runs next (for an error report)
         now = time.perf_counter()
         if self.on and now - self.last >= self.cfg.progress_every_s:
             self.last = now
+            loss_sum, samples = float(loss_sum), float(samples)
             self.client.send({"type": "step", "epoch": epoch + 1, "epochs": self.cfg.epochs,
                               "step": step + 1, "steps": steps,
                               "loss": loss_sum / max(samples, 1),

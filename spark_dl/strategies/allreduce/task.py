@@ -117,7 +117,8 @@ class GradientSync:
             elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
                 p.grad = view
-        self.flats[-1][-2], self.flats[-1][-1] = loss_sum, count
+        self.flats[-1][-2] = loss_sum          # a tensor: no host synchronisation
+        self.flats[-1][-1] = count
         works = []
         for flat in self.flats if self.world > 1 else ():     # one replica: nothing to reduce
             if self.shm is not None:
@@ -129,11 +130,11 @@ class GradientSync:
             w.wait()
         self.seconds += time.perf_counter() - t0
         self.calls += 1
-        total = float(self.flats[-1][-1])
-        loss = float(self.flats[-1][-2]) / max(total, 1.0)
+        total = self.flats[-1][-1].clamp(min=1.0)            # tensors: no host sync
+        loss = self.flats[-1][-2] / total
         for flat, n in zip(self.flats, self.grad_numels):
-            flat[:n].div_(max(total, 1.0))
-        return loss, total
+            flat[:n].div_(total)
+        return loss, self.flats[-1][-1]
 
     def zero_grad(self) -> None:
         for flat in self.flats:
@@ -207,7 +208,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     def run_step(micro):
         def closure():
             sync.zero_grad()
-            loss_sum, count = 0.0, 0
+            loss_sum, count = torch.zeros((), dtype=dtype, device=device), 0
             for x, y in micro:
                 x = x.to(device=device, dtype=dtype, non_blocking=True)
                 y = y.to(device=device, non_blocking=True)
@@ -217,24 +218,24 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                     loss = loss_fn(model(x), y)
                 scaled = loss * len(x)
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                loss_sum += float(loss.detach()) * len(x)
+                loss_sum += loss.detach().to(dtype) * len(x)    # no host sync per step
                 count += len(x)
             if balancer is not None:
                 balancer.syncing(count)
             mean, _total = sync(loss_sum, count)
             if balancer is not None:
                 balancer.synced()
-            return torch.tensor(mean, dtype=dtype)
+            return mean
         if closure_opt:
             opt.step(closure)
-            return sync.flats[-1][-2].item(), sync.flats[-1][-1].item()
-        closure()
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
         else:
-            opt.step()
-        return sync.flats[-1][-2].item(), sync.flats[-1][-1].item()
+            closure()
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+        return sync.flats[-1][-2:].to(torch.float64)     # (global loss sum, samples): a copy
 
     t_fit = time.perf_counter()
     setup_s = t_fit - t_setup
@@ -244,14 +245,14 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         it = reports.epoch(shard, epoch, None if balancer is None else balancer.epoch(
             shard, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank, epoch=epoch,
             accumulate=cfg.accumulate, transform=cfg.transform))
-        loss_sum = samples = 0.0
+        totals = torch.zeros(2, dtype=torch.float64, device=device)   # loss sum, samples
         for step in range(steps):
             set_lr(opt, schedule.at(epoch + step / steps))
             micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
-            ls, n = run_step(micro)
-            loss_sum, samples = loss_sum + ls, samples + n
-            reports.step(epoch, step, steps, loss_sum, samples)
+            totals += run_step(micro)
+            reports.step(epoch, step, steps, totals[0], totals[1])
             val.maybe(model, epoch, step, reports)
+        loss_sum, samples = totals.tolist()          # the epoch's one host synchronisation
         seconds = reports.seconds()
         row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
                "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps,
