@@ -50,7 +50,8 @@ def assert_same_weights(a, b, tol=1e-9):
 def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, transport, used):
     x, y = data(96)
     res = fit(frame(spark, x, y, [48, 48]), small_fc, strategy=AllReduce(transport=transport),
-              batch_size=8, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64", lr_scaling=None,
+              batch_size=8, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
+              lr_scaling=None,
               run_dir=tmp_path / "run", log=None)
     assert res.info["transport"] == used
     # 2 epochs x 6 steps; the reference replays the same order each epoch.
@@ -126,7 +127,8 @@ def test_uneven_shards_weighted_average_is_the_full_batch_gradient(spark, tmp_pa
 def test_uneven_shards_with_mini_batches_join_semantics(spark, tmp_path):
     x, y = data(100, seed=2)
     res = fit(frame(spark, x, y, [70, 30]), small_fc, batch_size=16, epochs=1, lr=0.3,
-              momentum=0.5, shuffle=False, dtype="float64", lr_scaling=None, run_dir=tmp_path / "run", log=None)
+              momentum=0.5, shuffle=False, dtype="float64",
+              lr_scaling=None, run_dir=tmp_path / "run", log=None)
     assert res.info["steps_per_epoch"] == 5
     assert_same_weights(res.model, reference_epochs(x, y, [70, 30], 16, 1, 0.3, 0.5))
 
@@ -171,9 +173,11 @@ def test_resume_from_checkpoint_continues_training(spark, tmp_path):
     x, y = data(96, seed=4)
     df = frame(spark, x, y, [48, 48])
     run = tmp_path / "run"
-    fit(df, small_fc, batch_size=8, epochs=1, lr=0.5, shuffle=False, dtype="float64", lr_scaling=None,
+    fit(df, small_fc, batch_size=8, epochs=1, lr=0.5, shuffle=False, dtype="float64",
+        lr_scaling=None,
         run_dir=run, log=None)
-    res = fit(df, small_fc, batch_size=8, epochs=2, lr=0.5, shuffle=False, dtype="float64", lr_scaling=None,
+    res = fit(df, small_fc, batch_size=8, epochs=2, lr=0.5, shuffle=False, dtype="float64",
+              lr_scaling=None,
               run_dir=run, log=None)
     assert res.info["resumed_from_epoch"] == 1 and len(res.history) == 2
     assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.0))

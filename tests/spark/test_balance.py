@@ -43,7 +43,7 @@ def test_fixed_shares_train_as_one_process_on_the_global_batch(spark, tmp_path):
     x, y = data(96, seed=5)
     res = fit(frame(spark, x, y, [48, 48]), small_fc, strategy=AllReduce(balance=[1, 3]),
               batch_size=16, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
-              run_dir=tmp_path / "run", log=None)
+              lr_scaling=None, run_dir=tmp_path / "run", log=None)
     # global batch 2 x 16 = 32 split 1:3; an epoch is 96 / 32 = 3 steps. The shards become
     # 24 : 72 rows first: replica 0 lends its last 24 rows to replica 1, which appends them
     # to its own 48; then every epoch is exactly one pass over the 96 rows
@@ -59,7 +59,7 @@ def test_fixed_shares_train_as_one_process_on_the_global_batch(spark, tmp_path):
     wrap = fit(frame(spark, x, y, [48, 48]), small_fc,
                strategy=AllReduce(balance=[1, 3], balance_rows="wrap"), batch_size=16,
                epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
-               run_dir=tmp_path / "wrap", log=None)
+               lr_scaling=None, run_dir=tmp_path / "wrap", log=None)
     assert [h["balance"]["rows"] for h in wrap.history] == [[48, 48], [48, 48]]
     assert_same_weights(wrap.model, reference_wrapped(x, y, [48, 48], [8, 24], 3, 2, 0.5, 0.9))
 
@@ -175,7 +175,7 @@ def test_sync_parameter_server_rounds_split_the_batch_too(spark, tmp_path):
     res = fit(frame(spark, x, y, [48, 48]), small_fc,
               strategy=Downpour(mode="sync", balance=[1, 3], wire_dtype="float64"),
               batch_size=16, epochs=2, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
-              run_dir=tmp_path / "run", log=None)
+              lr_scaling=None, run_dir=tmp_path / "run", log=None)
     assert res.info["balance"] == [8, 24]
     assert res.info["server"]["versions"] == [6]                  # 2 epochs x 96 / 32 rounds
     assert_same_weights(res.model, reference_wrapped(x, y, [48, 48], [8, 24], 3, 2, 0.5, 0.9))
