@@ -45,7 +45,7 @@ def test_allreduce_streamed_equals_in_memory_and_a_small_buffer_still_learns(spa
     x, y = pixel_data(1200)
     df = pixel_frame(spark, x, y)
     common = dict(strategy="allreduce", optimizer="sgd", lr=0.1, momentum=0.9, epochs=3,
-                  batch_size=32, seed=3, progress=False, log=None,
+                  batch_size=32, seed=3, progress=False, log=None, lr_scaling=None,
                   validation=(x[:300].astype(np.float32) / 255, y[:300]))
     mem = fit(df, net, data="memory", run_dir=tmp_path / "memory", **common)
     whole = fit(df, net, data="stream", shuffle_buffer=10_000, run_dir=tmp_path / "whole",
