@@ -107,7 +107,8 @@ class Boosting(Strategy):
                              optimizer=server_optimizer, lr=lr, momentum=momentum,
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
                              lr_decay=job.train["lr_decay"], keys=scheduler,
-                             schedule=schedule, push_scaling=job.train["lr_scaling"])
+                             schedule=schedule, push_scaling=job.train["lr_scaling"],
+                             buffers=layout.flatten_buffers())
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:
             try:
@@ -158,7 +159,7 @@ class Boosting(Strategy):
                        "keys_per_worker": served, "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
                 t_epoch = now
                 if val is not None:
-                    layout.load(state["values"][0].to(dtype))
+                    layout.load(state["values"][0].to(dtype), state["buffers"])
                     row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
                 history.append(row)
                 job.tracker.epoch(row)
@@ -171,6 +172,7 @@ class Boosting(Strategy):
                                    daemon=True)
         channel = run.serve(on_message)
         cfg = _task.BoostingConfig(**stage, n_push=self.n_push, amp=self.amp,
+                                   buffers=layout.buffer_spec,
                                    wire_dtype="float64" if stage["dtype"] == "float64" else
                                    "bfloat16" if self.amp else "float32")
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret.encode(), ps.address,
@@ -200,7 +202,7 @@ class Boosting(Strategy):
             ps.close()
         evals = [] if snapshots is None else snapshots.evals(
             layout, net, val, job.loss_fn, job.loss_name == "cross_entropy")
-        layout.load(ps.parameters().to(dtype))
+        layout.load(ps.parameters().to(dtype), ps.buffers())
         reports = sorted((json.loads(r.report) for r in rows), key=lambda r: r["worker"])
         state = scheduler.state()
         info = {"world": workers, "mode": "sequential", "n_push": self.n_push,

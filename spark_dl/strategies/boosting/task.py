@@ -29,6 +29,7 @@ class BoostingConfig(StageConfig):
     n_push: int = 4
     amp: str | None = None
     wire_dtype: str = "float32"
+    buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
 
 
 def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
@@ -99,6 +100,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     from spark_dl.strategies.downpour.exchange import flat_parameters
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
+    from spark_dl.transport.ps.buffers import read_buffers, spec_numel
     from spark_dl.transport.rendezvous import task_device
 
     t_start = time.perf_counter()
@@ -122,6 +124,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     if not direct:
         flat.copy_(wire)
     scaler = LossScaler(cfg.amp == "fp16")
+    buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
+                          if dtype == torch.float64 else torch.float32) if cfg.buffers else None
     files = _Files()
     columns = [c for c in (cfg.features, cfg.label) if c]
     mine = dataclasses.replace(cfg, data="memory")
@@ -155,7 +159,9 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             if not scaler.unscale(grad):             # fp16 overflow: an empty push
                 grad.zero_()
             out = grad if grad.device.type == "cpu" else grad.cpu()
-            client.push(out, int(samples), max(steps, 1), pull_into=wire)
+            client.push(out, int(samples), max(steps, 1), pull_into=wire,
+                        buffers=None if buffers is None else
+                        read_buffers(model, cfg.buffers, buffers))
             if not direct:
                 flat.copy_(wire)
             grad.zero_()
