@@ -66,9 +66,25 @@ def test_downpour_returns_the_workers_running_statistics(spark, tmp_path, partit
 
 
 def test_boosting_returns_the_workers_running_statistics(spark, tmp_path):
+    def probed_bn_net():
+        class Probe(torch.nn.Module):
+            """A buffer the workers give another shape: not reported, model_fn()'s kept."""
+
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("seen", torch.zeros(1))
+
+            def forward(self, h):
+                if self.training:
+                    self.seen = h.detach().mean(0)          # (8,), no longer (1,)
+                return h
+        net = bn_net()
+        return torch.nn.Sequential(*net[:3], Probe(), net[3])
+
     x, y = data(256, seed=1)
-    res = fit(frame(spark, x, y, [128, 128]), bn_net, strategy=Boosting(n_push=2),
+    res = fit(frame(spark, x, y, [128, 128]), probed_bn_net, strategy=Boosting(n_push=2),
               replicas=2, batch_size=16, epochs=2, lr=0.05, run_dir=tmp_path / "run",
               validation=(x, y), log=None)
+    assert res.model[3].seen.tolist() == [0.0]
     _check_statistics(res.model, x, y)
     assert res.history[-1]["val_accuracy"] > 0.6
