@@ -12,6 +12,8 @@ ingredient of the strategy can be switched on alone:
   momentum     the server's
   scaling      push_scaling: a push of k mini-batches steps f(k) x their mean gradient
   cyclic       the seed's cyclic learning rate, 1e-2..1e-1 (triangular, one cycle an epoch)
+  "-avg"       (a suffix to any name) the model scored is the server's moving average over
+               0.1 epoch of pushes (Downpour's ``average``), not its last values
 
 Keys are cut as the strategy cuts them (contiguous rows of the Parquet copy: the two
 partitions of 800 scenes, k x 8 rows a key), reshuffled every epoch (KeyScheduler's order),
@@ -71,13 +73,14 @@ def keys_of(n: int, key_rows: int, files: int = 2) -> list[tuple[int, int]]:
 
 def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
         widths: tuple) -> dict:
-    k, R, momentum, scaling, order, cyc = CONFIGS[name]
+    average = 0.1 if name.endswith("-avg") else 0.0
+    k, R, momentum, scaling, order, cyc = CONFIGS[name.removesuffix("-avg")]
     torch.manual_seed(seed)
     net = UNet(3, widths)
     params = list(net.parameters())
     flat = torch.nn.utils.parameters_to_vector(params).detach()
-    shard = Shard(flat, "momentum", lr, momentum, schedule=LRSchedule(lr, 1, "none",
-                                                                      0, 1.0, epochs))
+    shard = Shard(flat, "momentum", lr, momentum, average=average,
+                  schedule=LRSchedule(lr, 1, "none", 0, 1.0, epochs))
     loss_fn = FocalDiceLoss(10.0, 2.0)
     keys = keys_of(len(x), k * batch)
     held = [shard.param.detach().clone() for _ in range(R)]     # each worker's fetched values
@@ -109,12 +112,14 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
             shard.apply(grad, _push_factor(scaling, steps) / samples, steps, steps_per_epoch,
                         summed=steps)
             held[w] = shard.param.detach().clone()          # the worker fetches after its push
-    torch.nn.utils.vector_to_parameters(shard.param.detach(), params)
+    torch.nn.utils.vector_to_parameters(shard.param.detach() if shard.avg is None
+                                        else shard.avg, params)
     net.eval()
     with torch.no_grad():
         prob = torch.cat([net(vx[i:i + 64]) for i in range(0, len(vx), 64)])[:, 0].numpy()
     scores = mask_scores(prob, vm)
     return {"config": name, "seed": seed, "k": k, "R": R, "momentum": momentum,
+            "average": average,
             "scaling": scaling, "order": order, "cyclic": cyc, **scores,
             "last_loss": float(np.mean(losses[-100:])), "seconds": time.perf_counter() - t0,
             "server_steps": shard.version}

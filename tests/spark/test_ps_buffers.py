@@ -13,7 +13,9 @@ from .test_allreduce import data, frame
 
 
 def bn_net():
-    return torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.BatchNorm1d(8),
+    # momentum 0.3: after a worker's 16 mini-batches its statistics hold 0.7^16 = 0.3% of the
+    # initial values (0.9^16 = 19% at the default 0.1)
+    return torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.BatchNorm1d(8, momentum=0.3),
                                torch.nn.ReLU(), torch.nn.Linear(8, 3))
 
 
@@ -27,9 +29,9 @@ def _check_statistics(model, x, y):
         h = model[0](x)                              # (N, 8) what BatchNorm sees
     assert not torch.allclose(bn.running_mean, torch.zeros(8))
     assert not torch.allclose(bn.running_var, torch.ones(8))
-    # EMAs over the last ~10 mini-batches of each worker, of a moving model: near the data's
+    # EMAs over the last few mini-batches of each worker, of a moving model: near the data's
     assert torch.allclose(bn.running_mean, h.mean(0), atol=0.25 * float(h.std(0).mean()))
-    assert torch.allclose(bn.running_var, h.var(0), rtol=0.5)
+    assert torch.allclose(bn.running_var, h.var(0), rtol=0.3)
     y = torch.as_tensor(y)
 
     def loss_in(mode: bool) -> float:
@@ -62,7 +64,7 @@ def test_downpour_returns_the_workers_running_statistics(spark, tmp_path, partit
         acc = float((res.model(torch.as_tensor(x)).argmax(1) == torch.as_tensor(y))
                     .float().mean())
     assert res.history[-1]["val_accuracy"] == pytest.approx(acc, abs=0.05)
-    assert acc > 0.6
+    assert acc > 0.4                                  # chance: 1/3
 
 
 def test_boosting_returns_the_workers_running_statistics(spark, tmp_path):
@@ -87,4 +89,4 @@ def test_boosting_returns_the_workers_running_statistics(spark, tmp_path):
               validation=(x, y), log=None)
     assert res.model[3].seen.tolist() == [0.0]
     _check_statistics(res.model, x, y)
-    assert res.history[-1]["val_accuracy"] > 0.6
+    assert res.history[-1]["val_accuracy"] > 0.4      # chance: 1/3
