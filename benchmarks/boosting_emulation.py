@@ -12,6 +12,9 @@ ingredient of the strategy can be switched on alone:
   momentum     the server's
   scaling      push_scaling: a push of k mini-batches steps f(k) x their mean gradient
   cyclic       the seed's cyclic learning rate, 1e-2..1e-1 (triangular, one cycle an epoch)
+  "-local"     (a suffix) each mini-batch's gradient of a key is computed after the key's
+               earlier ones were stepped locally (plain SGD at the server's rate, on the
+               worker's copy): the push sums gradients taken where k sequential steps would
   "-avg"       (a suffix to any name) the model scored is the server's moving average over
                0.1 epoch of pushes (Downpour's ``average``), not its last values
 
@@ -74,7 +77,9 @@ def keys_of(n: int, key_rows: int, files: int = 2) -> list[tuple[int, int]]:
 def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
         widths: tuple) -> dict:
     average = 0.1 if name.endswith("-avg") else 0.0
-    k, R, momentum, scaling, order, cyc = CONFIGS[name.removesuffix("-avg")]
+    base = name.removesuffix("-avg")
+    local = base.endswith("-local")
+    k, R, momentum, scaling, order, cyc = CONFIGS[base.removesuffix("-local")]
     torch.manual_seed(seed)
     net = UNet(3, widths)
     params = list(net.parameters())
@@ -96,13 +101,19 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
             rows = np.random.default_rng([seed, epoch, int(key)]).permutation(np.arange(a, b))
             for p in params:
                 p.grad = None
-            samples, steps = 0, 0
+            samples, steps, before = 0, 0, None
             for j in range(0, len(rows), batch):
                 idx = rows[j:j + batch]
                 out = net(x[idx])
                 loss = loss_fn(out, m[idx])
                 (loss * len(idx)).backward()
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
+                if local:                   # x <- x - lr g of this mini-batch, on the copy
+                    with torch.no_grad():
+                        for p, g0 in zip(params, before or [None] * len(params)):
+                            new = p.grad if g0 is None else p.grad - g0
+                            p.sub_(shard.lr_now(steps_per_epoch) * new / len(idx))
+                    before = [p.grad.clone() for p in params]
                 samples += len(idx)
                 steps += 1
             grad = torch.cat([p.grad.reshape(-1) for p in params])
@@ -119,7 +130,7 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
         prob = torch.cat([net(vx[i:i + 64]) for i in range(0, len(vx), 64)])[:, 0].numpy()
     scores = mask_scores(prob, vm)
     return {"config": name, "seed": seed, "k": k, "R": R, "momentum": momentum,
-            "average": average,
+            "average": average, "widths": list(widths),
             "scaling": scaling, "order": order, "cyclic": cyc, **scores,
             "last_loss": float(np.mean(losses[-100:])), "seconds": time.perf_counter() - t0,
             "server_steps": shard.version}
@@ -132,7 +143,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--n-train", type=int, default=1600)
     ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--widths", default="16,32,64,128", help="the U-Net's (the job's default)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -144,7 +156,8 @@ def main() -> None:
     out = []
     for seed in (int(s) for s in args.seeds.split(",")):
         for name in args.configs.split(","):
-            r = run(name, seed, x, m, vx, vm, args.epochs, 8, args.lr, (16, 32, 64, 128))
+            r = run(name, seed, x, m, vx, vm, args.epochs, 8, args.lr,
+                    tuple(int(w) for w in args.widths.split(",")))
             print(json.dumps(r), flush=True)
             out.append(r)
     if args.out:
