@@ -50,7 +50,11 @@ class Boosting(Strategy):
     tau >= 2 versions old steps lr / tau; "lr+momentum"; "none". local (SGD servers, default
     True): a worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k
-    sequential steps; False: k gradients of the fetched values (docs/quality.md, ships)."""
+    sequential steps; False: k gradients of the fetched values (docs/quality.md, ships).
+    average: the model validated, checkpointed and returned is the server's moving average
+    over its last average x E pushes, E an epoch's mini-batch steps (Downpour's ``average``;
+    with n_push=4 the default 0.1 spans 0.4 of an epoch's pushes; default 0.1 with several
+    workers, 0 with one); the workers fetch the last values."""
 
     name = "boosting"
     n_push: int = 4
@@ -60,6 +64,7 @@ class Boosting(Strategy):
     amp: str | None = None
     staleness: str = "momentum"
     local: bool = True
+    average: float | None = None
 
     def check(self) -> None:
         from ..downpour.driver import STALENESS_RULES
@@ -67,6 +72,11 @@ class Boosting(Strategy):
         check_choice("staleness", self.staleness, STALENESS_RULES)
         if not isinstance(self.local, bool):
             raise ConfigError(f"local must be True or False, got {self.local!r}")
+        if self.average is not None and not (isinstance(self.average, (int, float))
+                                             and self.average >= 0):
+            raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch the "
+                              f"returned parameters average over; 0: the last values), got "
+                              f"{self.average!r}")
         check_choice("server_optimizer", self.server_optimizer, (None, *SERVER_OPTIMIZERS))
         if not isinstance(self.lease_s, (int, float)) or not self.lease_s > 0:
             raise ConfigError(f"lease_s must be a number of seconds > 0, got {self.lease_s!r}")
@@ -93,6 +103,7 @@ class Boosting(Strategy):
         from ..downpour.driver import (
             ServerSnapshots,
             _schedule,
+            _server_average,
             _server_momentum,
             _server_optimizer,
         )
@@ -103,6 +114,7 @@ class Boosting(Strategy):
             _server_optimizer(job.train["optimizer"], momentum)
         # the workers push in turn: each push W - 1 versions old, as Downpour's async pushes
         server_momentum = _server_momentum(momentum, workers, "async", self.staleness)
+        average = _server_average(self.average, workers, "async")
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": job.train["lr_decay"], "momentum": momentum,
                               "server_momentum": server_momentum})
@@ -130,6 +142,7 @@ class Boosting(Strategy):
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
                              lr_decay=job.train["lr_decay"], keys=scheduler,
                              schedule=schedule, push_scaling=job.train["lr_scaling"],
+                             average=average,
                              buffers=layout.flatten_buffers())
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:
@@ -181,7 +194,9 @@ class Boosting(Strategy):
                        "keys_per_worker": served, "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
                 t_epoch = now
                 if val is not None:
-                    layout.load(state["values"][0].to(dtype), state["buffers"])
+                    kept = state["averages"][0]          # the averaged server's, if any
+                    layout.load((state["values"][0] if kept is None else kept).to(dtype),
+                                state["buffers"])
                     row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
                 history.append(row)
                 job.tracker.epoch(row)
@@ -233,7 +248,7 @@ class Boosting(Strategy):
         state = scheduler.state()
         info = {"world": workers, "mode": "sequential", "n_push": self.n_push,
                 "staleness": self.staleness, "server_momentum": server_momentum,
-                "local_steps": local,
+                "local_steps": local, "average": average,
                 "keys": {"count": len(keys), "rows_per_key": key_rows, "files": len(files),
                          "served": [[list(p) for p in ep] for ep in scheduler.served],
                          "keys_per_worker": state["keys_per_worker"],
