@@ -143,3 +143,31 @@ for name, title in (("fc-thesis-2x2", "FC 784-480-160-10, thesis algorithm, R = 
     plot_convergence(dest / f"fig4.3-{name}.png", {name: h}, f"Fig. 4.3: {title}")
 PLOT
 fi
+if [ "$group" = ships ]; then
+  # conf/jobs/ships.toml as shipped (4 epochs): one process (AllReduce, 1 replica), then the
+  # boosting server and Downpour (async, its defaults) with 2 workers, RUNS runs each of one
+  # config (they differ by the order in which the pushes land); then the U-Net with BatchNorm
+  # (train.norm=batch) through each (its running statistics through the parameter server).
+  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml)
+  run_named ships-single "${SHIPS[@]}" --set train.strategy=allreduce --set train.replicas=1
+  for i in $(seq 1 "${RUNS:-5}"); do
+    run_named "ships-boosting-$i" "${SHIPS[@]}" --set train.replicas=2
+    run_named "ships-downpour-$i" "${SHIPS[@]}" --set train.strategy=downpour \
+        --set train.replicas=2
+  done
+  for s in allreduce boosting downpour; do
+    reps=2; [ "$s" = allreduce ] && reps=1
+    run_named "ships-bn-$s" "${SHIPS[@]}" --set train.strategy=$s --set train.replicas=$reps \
+        --set train.norm=batch
+  done
+fi
+if [ "$group" = cnn-bn ]; then
+  # The thesis CNN with BatchNorm (train.model=cnn_bn) on a quarter of the digits (50,000
+  # distorted + 8,000 real), 4 epochs, 2 replicas x batch 16: AllReduce, Downpour (async,
+  # its defaults) and the boosting server (keys of 4 mini-batches), equal epochs.
+  CNN=(jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.model=cnn_bn
+       --set data.extended_samples=50000 --set train.epochs=4 --set train.replicas=2)
+  for s in allreduce downpour boosting; do
+    run_named "cnn-bn-$s" "${CNN[@]}" --set train.strategy=$s
+  done
+fi

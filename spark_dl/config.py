@@ -50,8 +50,8 @@ class DataConfig:
 class TrainConfig:
     """The model and the optimisation of one fit."""
 
-    MODELS: ClassVar[tuple] = ("cnn", "fc")
-    model: str = "cnn"              # "cnn" (thesis CNN) or "fc" (784-480-160-10)
+    MODELS: ClassVar[tuple] = ("cnn", "cnn_bn", "fc")
+    model: str = "cnn"              # "cnn" (thesis CNN), "cnn_bn" (with BatchNorm) or "fc"
     epochs: int = 1
     batch_size: int = 16
     optimizer: str = "sgd"          # sgd (with momentum), rmsprop, adagrad, adam, lbfgs, cg

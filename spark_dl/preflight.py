@@ -84,9 +84,7 @@ def check_model(model_fn: Callable[[], nn.Module], *, rows: tuple | None, dtype:
                 f"{cause}{_last_frame(cause)}; give shape= the shape the model's first layer "
                 f"takes (e.g. shape=(1, 28, 28) for the CNN), or a model for these rows"
             ) from cause
-    signature = {"parameters": _shapes(net),
-                 "running_stats": [n for n, _ in net.named_buffers()
-                                   if n.endswith(("running_mean", "running_var"))]}
+    signature = {"parameters": _shapes(net)}
     if out is None or loss not in _CLASSIFY:
         return signature
     if not isinstance(out, torch.Tensor) or out.dim() < 2:

@@ -250,13 +250,14 @@ def kept_whole(model: nn.Module) -> list[str]:
 
 
 _PARTITIONED = (ColumnLinear, ColumnConv2d, _ColumnRecurrent, ColumnDenoisingLayer)
-_SUPPORTED = "Linear, Conv2d, LSTM, RNN and SSDA DenoisingLayer"
+_SUPPORTED = "Linear, Conv2d, LSTM, RNN, SSDA DenoisingLayer and BatchNorm"
 
 
 def partition_model(model: nn.Module, comm: Comm) -> nn.Module:
     """A copy of ``model`` with every Linear, Conv2d, LSTM, RNN and DenoisingLayer replaced by
     its column-partitioned form holding this rank's slice; a Linear or Conv2d narrower than the
-    group is kept whole (``kept_whole`` lists them). Other layers must be parameter-free."""
+    group is kept whole (``kept_whole`` lists them), and so is every BatchNorm (it normalises
+    gathered activations, the same on every rank). Other layers must be parameter-free."""
     model = copy.deepcopy(model)
 
     def narrow(width: int, name: str, kind: str):
@@ -278,6 +279,10 @@ def partition_model(model: nn.Module, comm: Comm) -> nn.Module:
                 narrow(child.hidden_size, full, kind)
                 setattr(module, name, (ColumnLSTM if isinstance(child, nn.LSTM)
                                        else ColumnRNN)(child, comm))
+            elif isinstance(child, nn.modules.batchnorm._BatchNorm):
+                # normalises the gathered (replicated) activations: whole on every rank,
+                # rank 0's copy trained, its running statistics the ones kept
+                setattr(module, name, _keep_whole(child, comm))
             elif isinstance(child, DenoisingLayer):
                 narrow(child.weight.shape[0], full, kind)
                 setattr(module, name, ColumnDenoisingLayer(child, comm))

@@ -14,19 +14,22 @@ __all__ = ["ThesisCNN"]
 
 
 class ThesisCNN(nn.Module):
-    """x (B, 784) or (B, C, 28, 28) -> logits (B, num_classes)."""
+    """x (B, 784) or (B, C, 28, 28) -> logits (B, num_classes). ``batch_norm``: a BatchNorm2d
+    after every convolution (not in the thesis; what most CNNs users bring have)."""
 
     def __init__(self, widths: Sequence[int] = (6, 12, 12), num_classes: int = 10,
-                 in_channels: int = 1, act: str = "relu"):
+                 in_channels: int = 1, act: str = "relu", batch_norm: bool = False):
         super().__init__()
         if len(widths) != 3 or any(int(w) < 1 for w in widths):
             raise ValueError(f"widths must be 3 positive channel counts, got {list(widths)}")
         c1, c2, c3 = (int(w) for w in widths)
         self.in_channels = in_channels
+        def conv(cin: int, cout: int, k: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, k)] + ([nn.BatchNorm2d(cout)] if batch_norm else [])
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, c1, 5), activation(act), nn.AvgPool2d(2),  # 28 -> 24 -> 12
-            nn.Conv2d(c1, c2, 5), activation(act), nn.AvgPool2d(2),           # 12 -> 8 -> 4
-            nn.Conv2d(c2, c3, 4), activation(act),                            # 4 -> 1
+            *conv(in_channels, c1, 5), activation(act), nn.AvgPool2d(2),  # 28 -> 24 -> 12
+            *conv(c1, c2, 5), activation(act), nn.AvgPool2d(2),           # 12 -> 8 -> 4
+            *conv(c2, c3, 4), activation(act),                            # 4 -> 1
         )
         self.classifier = nn.Linear(c3, num_classes)
 

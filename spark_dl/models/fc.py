@@ -36,9 +36,10 @@ class FCNet(nn.Module):
 
 
 def build_model(name: str) -> nn.Module:
-    """The thesis networks by name: "fc" (784-480-160-10, sigmoid) or "cnn"."""
+    """The thesis networks by name: "fc" (784-480-160-10, sigmoid), "cnn", or "cnn_bn" (the
+    CNN with a BatchNorm after every convolution)."""
     from .cnn import ThesisCNN
-    models = {"fc": FCNet, "cnn": ThesisCNN}
+    models = {"fc": FCNet, "cnn": ThesisCNN, "cnn_bn": lambda: ThesisCNN(batch_norm=True)}
     if name not in models:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(models)}")
     return models[name]()

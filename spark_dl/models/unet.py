@@ -18,26 +18,31 @@ from torch import nn
 __all__ = ["Bottleneck", "FocalDiceLoss", "UNet"]
 
 
-def _norm(channels: int) -> nn.Module:
-    """Group normalisation (one group): the same in training and evaluation and free of
-    running statistics, which a parameter server (it carries parameters only) would leave
-    at their initial values; BatchNorm's batch dependence would also make micro-batch
-    accumulation differ from the big batch."""
-    return nn.GroupNorm(1, channels)
+NORMS = ("group", "batch")
+
+
+def _norm(channels: int, kind: str = "group") -> nn.Module:
+    """"group": group normalisation (one group), the same in training and evaluation, free of
+    running statistics and of BatchNorm's batch dependence (micro-batch accumulation equals
+    the big batch); "batch": BatchNorm, whose running statistics the parameter server
+    averages over the workers (spark_dl.transport.ps.buffers)."""
+    if kind not in NORMS:
+        raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {kind!r}")
+    return nn.GroupNorm(1, channels) if kind == "group" else nn.BatchNorm2d(channels)
 
 
 class Bottleneck(nn.Module):
     """in -> out channels, same size: [x, 1×1 -> 3×3 -> 1×1 (out − in channels)]."""
 
-    def __init__(self, cin: int, cout: int):
+    def __init__(self, cin: int, cout: int, norm: str = "group"):
         super().__init__()
         if cout <= cin:
             raise ValueError(f"a bottleneck block widens: out ({cout}) must exceed in ({cin})")
         grow = cout - cin
         self.body = nn.Sequential(
-            nn.Conv2d(cin, grow, 1), _norm(grow), nn.ReLU(inplace=True),
-            nn.Conv2d(grow, grow, 3, padding=1), _norm(grow), nn.ReLU(inplace=True),
-            nn.Conv2d(grow, grow, 1), _norm(grow), nn.ReLU(inplace=True))
+            nn.Conv2d(cin, grow, 1), _norm(grow, norm), nn.ReLU(inplace=True),
+            nn.Conv2d(grow, grow, 3, padding=1), _norm(grow, norm), nn.ReLU(inplace=True),
+            nn.Conv2d(grow, grow, 1), _norm(grow, norm), nn.ReLU(inplace=True))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, self.body(x)], 1)
@@ -45,19 +50,20 @@ class Bottleneck(nn.Module):
 
 class UNet(nn.Module):
     """(B, in_channels, H, W) -> (B, 1, H, W) ship probabilities; H, W multiples of
-    2 ** (len(widths) - 1)."""
+    2 ** (len(widths) - 1). ``norm``: "group" (default) or "batch" (BatchNorm)."""
 
-    def __init__(self, in_channels: int = 3, widths: tuple = (16, 32, 64, 128)):
+    def __init__(self, in_channels: int = 3, widths: tuple = (16, 32, 64, 128),
+                 norm: str = "group"):
         super().__init__()
         self.widths = tuple(widths)
         chans = (in_channels, *widths)
-        self.down = nn.ModuleList(Bottleneck(a, b) for a, b in itertools.pairwise(chans))
+        self.down = nn.ModuleList(Bottleneck(a, b, norm) for a, b in itertools.pairwise(chans))
         self.pool = nn.MaxPool2d(2)
         self.up = nn.ModuleList(nn.ConvTranspose2d(widths[i], widths[i - 1], 2, stride=2)
                                 for i in range(len(widths) - 1, 0, -1))
         self.merge = nn.ModuleList(
             nn.Sequential(nn.Conv2d(2 * widths[i - 1], widths[i - 1], 3, padding=1),
-                          _norm(widths[i - 1]), nn.ReLU(inplace=True))
+                          _norm(widths[i - 1], norm), nn.ReLU(inplace=True))
             for i in range(len(widths) - 1, 0, -1))
         self.head = nn.Conv2d(widths[0], 1, 1)
 

@@ -85,7 +85,9 @@ def check_thesis(model_fn, loss_name: str, partitions) -> None:
 
 class Layout:
     """How the parameter server lays out a model's parameters: the flat parameter vector, or
-    with F partitions, partition 0's slices, then partition 1's, ... (shard p = partition p)."""
+    with F partitions, partition 0's slices, then partition 1's, ... (shard p = partition p).
+    Its floating-point buffers (BatchNorm's running statistics) travel as partition 0's
+    (``buffer_spec``: a split model keeps its normalisation layers whole, on partition 0)."""
 
     def __init__(self, net: torch.nn.Module, partitions: int, widths=None):
         from ..model_parallel import Comm, partition_model
@@ -107,12 +109,30 @@ class Layout:
                 [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])],
                 "kept_whole": kept_whole(self.parts[0])}
 
+    @property
+    def buffer_spec(self) -> tuple:
+        """(name, shape) of the buffers the workers report (spark_dl.transport.ps.buffers),
+        named as in partition 0's model."""
+        from ..transport.ps.buffers import buffer_spec
+        return buffer_spec(self.parts[0])
+
+    def flatten_buffers(self) -> torch.Tensor:
+        """model_fn()'s values of ``buffer_spec``'s buffers, flat (the server's start)."""
+        from ..transport.ps.buffers import read_buffers, spec_numel
+        spec = self.buffer_spec
+        return read_buffers(self.parts[0], spec, torch.empty(spec_numel(spec),
+                                                              dtype=torch.float64))
+
     def flatten(self) -> torch.Tensor:
         return torch.cat([torch.nn.utils.parameters_to_vector(
             [q for q in part.parameters() if q.requires_grad]).detach() for part in self.parts])
 
-    def load(self, flat: torch.Tensor) -> None:
-        """The server's flat vector into ``net`` (merging the partitions' slices)."""
+    def load(self, flat: torch.Tensor, buffers: torch.Tensor | None = None) -> None:
+        """The server's flat vector (and ``buffers``: its mean of the workers' buffers, as
+        ``buffer_spec`` lays them out) into ``net`` (merging the partitions' slices)."""
+        if buffers is not None:
+            from ..transport.ps.buffers import load_buffers
+            load_buffers(self.parts[0], self.buffer_spec, buffers)
         if self.F == 1:
             torch.nn.utils.vector_to_parameters(
                 flat, [q for q in self.net.parameters() if q.requires_grad])

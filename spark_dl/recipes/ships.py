@@ -50,7 +50,13 @@ class ShipsTrainConfig(TrainConfig):
     momentum: float = 0.9
     batch_size: int = 8
     widths: tuple = (16, 32, 64, 128)
+    norm: str = "group"             # the U-Net's normalisation: "group" or "batch" (BatchNorm)
     threshold: float = 0.5          # probability above which a pixel is a ship
+
+    def __post_init__(self):
+        super().__post_init__()
+        from ..models.unet import NORMS
+        _check(self.norm in NORMS, "train.norm", self.norm, f"must be one of {', '.join(NORMS)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +110,10 @@ def segment_ships(cfg: ShipsJobConfig, log=print, spark=None) -> dict:
     say(f"ships: {d.n_train} training scenes of {d.size}x{d.size} made in the executors, "
         f"{d.n_test} held-out scenes here ({time.perf_counter() - t0:.1f} s, "
         f"{int((tships == 0).sum())} without ships)")
-    widths = tuple(t.widths)
+    widths, norm = tuple(t.widths), t.norm
     strategy = t.make_strategy()          # "boosting": the seed's n_push=4 by default
     out_dir = Path(cfg.run.out_dir)
-    res = fit(df, lambda: UNet(3, widths), strategy=strategy, shape=(3, d.size, d.size),
+    res = fit(df, lambda: UNet(3, widths, norm), strategy=strategy, shape=(3, d.size, d.size),
               label_shape=(1, d.size, d.size), loss=FocalDiceLoss(10.0, 2.0),
               optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, **t.scaling,
               weight_decay=1e-5, epochs=t.epochs, batch_size=t.batch_size,

@@ -24,12 +24,15 @@ def _key_rows(keys, x_of_file):
     return out
 
 
-def test_one_worker_applies_every_key_once_per_epoch_as_one_step(spark, tmp_path):
+@pytest.mark.parametrize("local", [False, True])
+def test_one_worker_applies_every_key_once_per_epoch_as_one_step(spark, tmp_path, local):
     # one worker: the server's steps are one per key in the scheduler's order, each the sum of
-    # the key's n_push mini-batch mean gradients; replayed in one process, float64
+    # the key's n_push mini-batch mean gradients (local: each taken after the earlier ones
+    # stepped the worker's copy by lr); replayed in one process, float64
     from spark_dl.strategies.boosting.driver import cut_keys
     x, y = data(80, seed=3)
-    res = fit(frame(spark, x, y, [80]), small_fc, strategy=Boosting(n_push=2), replicas=1,
+    res = fit(frame(spark, x, y, [80]), small_fc, strategy=Boosting(n_push=2, local=local),
+              replicas=1,
               batch_size=8, epochs=2, lr=0.2, momentum=0.5, shuffle=False, dtype="float64",
               run_dir=tmp_path / "run", log=None)
     keys = res.info["keys"]
@@ -43,14 +46,24 @@ def test_one_worker_applies_every_key_once_per_epoch_as_one_step(spark, tmp_path
     torch.manual_seed(0)
     ref = small_fc().double()
     opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.5)
+    copy = small_fc().double()
     for ep in served:
         for k, _ in ep:
             xk, yk = rows[k]
-            opt.zero_grad()
-            steps = -(-len(xk) // 8)
-            (torch.nn.functional.cross_entropy(ref(xk), yk, reduction="sum")
-             * steps / len(xk)).backward()
+            copy.load_state_dict(ref.state_dict())
+            total = [torch.zeros_like(p) for p in ref.parameters()]
+            for a in range(0, len(xk), 8):            # the key's mini-batches in order
+                copy.zero_grad()
+                torch.nn.functional.cross_entropy(copy(xk[a:a + 8]), yk[a:a + 8]).backward()
+                with torch.no_grad():
+                    for t, p in zip(total, copy.parameters()):
+                        t += p.grad
+                        if local:
+                            p -= 0.2 * p.grad
+            for p, t in zip(ref.parameters(), total):
+                p.grad = t
             opt.step()
+    assert res.info["local_steps"] is local
     assert_same_weights(res.model, ref)
     assert res.info["server"]["versions"] == [10] and res.info["server"]["dropped_stale"] == 0
     assert [h["keys_per_worker"] for h in res.history] == [[5], [5]]

@@ -46,21 +46,3 @@ def test_mask_scores():
     prob[0, 2:4, 2:4] = 0.9
     s = mask_scores(prob, truth)
     assert s == {"iou": 1.0, "dice": 1.0, "f2": 1.0, "empty_correct": 1.0}
-
-
-def test_downpour_says_when_running_statistics_stay_behind(spark, tmp_path):
-    import torch
-
-    from spark_dl import Downpour, fit
-
-    from .test_allreduce import data, frame
-
-    def bn_net():
-        return torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.BatchNorm1d(8),
-                                   torch.nn.ReLU(), torch.nn.Linear(8, 3))
-    x, y = data(32)
-    lines = []
-    fit(frame(spark, x, y, [16, 16]), bn_net, strategy=Downpour(), batch_size=8,
-        run_dir=tmp_path / "run", log=lines.append)
-    assert any("running statistics (1.running_mean, 1.running_var)" in line and
-               "GroupNorm" in line for line in lines)

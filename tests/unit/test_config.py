@@ -23,7 +23,7 @@ def test_overrides(tmp_path):
     ("[train]\nlearning_rate = 0.1\n", r"unknown key 'train.learning_rate'.*allowed keys.*lr"),
     ("[trian]\nlr = 0.1\n", r"unknown key 'trian'.*allowed keys here: data, train"),
     ("[train]\nlr = -1.0\n", r"'train.lr' must be > 0, got -1.0"),
-    ("[train]\nmodel = 'resnet'\n", r"'train.model' must be one of 'cnn', 'fc'"),
+    ("[train]\nmodel = 'resnet'\n", r"'train.model' must be one of 'cnn', 'cnn_bn', 'fc'"),
     ("[data]\npartitions = 'four'\n", r"'data.partitions' .* must be of type int"),
     ("train = 3\n", r"'train' .* must be a table"),
     ("[train.strategy]\nname = 'downpour'\npartitions = 'many'\n",

@@ -79,3 +79,13 @@ def test_concurrent_workers_see_each_key_once():
     for t in threads:
         t.join()
     assert [sorted(k for k, _ in ep) for ep in s.served] == [list(range(200))] * 3
+
+
+def test_boosting_options_name_the_value_and_the_choices():
+    from spark_dl import Boosting
+    with pytest.raises(ConfigError, match="staleness must be one of 'none', 'lr', 'momentum'"):
+        Boosting(staleness="fast")
+    with pytest.raises(ConfigError, match="local must be True or False, got 1"):
+        Boosting(local=1)
+    with pytest.raises(ConfigError, match=r"average must be a number >= 0 .* got -1"):
+        Boosting(average=-1)

@@ -112,6 +112,18 @@ def _rank_main(rank, world):
     img = torch.rand(1, 1, 12, 12, dtype=torch.float64, generator=g)
     target = torch.rand(1, 1, 12, 12, dtype=torch.float64, generator=g)
     check("srcnn", sr, lambda m: nn.functional.mse_loss(m(img), target))
+
+    # BatchNorm after a split convolution: kept whole (it normalises the gathered output),
+    # training mode; its running statistics follow the batch as the unpartitioned model's
+    torch.manual_seed(0)
+    bn = nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
+                       nn.Flatten(), nn.Linear(6 * 4 * 4, 3)).double()
+    x4 = torch.randn(5, 2, 4, 4, dtype=torch.float64, generator=g)
+    y4 = torch.randint(0, 3, (5,), generator=g)
+    part = check("batchnorm", bn, lambda m: nn.functional.cross_entropy(m(x4), y4))
+    report["batchnorm"]["stats_error"] = max(
+        float((part[1].running_mean - bn[1].running_mean).abs().max()),
+        float((part[1].running_var - bn[1].running_var).abs().max()))
     return report
 
 
@@ -123,6 +135,7 @@ def test_ssda_rnn_and_kept_whole_layers_equal_the_unpartitioned_models(world, tm
             assert r["loss_error"] < 1e-10 and r["grad_error"] < 1e-10, (world, name, r)
         assert rep["narrow_fc"]["kept_whole"] == (["2"] if world > 1 else [])
         assert rep["srcnn"]["kept_whole"] == (["body.4"] if world > 1 else [])  # 1 channel
+        assert rep["batchnorm"]["kept_whole"] == ["1"] and rep["batchnorm"]["stats_error"] < 1e-12
 
 
 def test_cut_and_merge_the_ssda_rnn_and_a_kept_whole_layer():
@@ -146,7 +159,7 @@ def test_what_cannot_be_partitioned_names_the_layer():
     from spark_dl.models.ssda import SSDA, LayerSpec
     gru = nn.Sequential(nn.Linear(4, 6), nn.GRU(6, 5, batch_first=True))
     with pytest.raises(ValueError, match=r"layer 1 \(GRU\) has no column-partitioned form; "
-                                         r".*Linear, Conv2d, LSTM, RNN and SSDA"):
+                                         r".*Linear, Conv2d, LSTM, RNN, SSDA DenoisingLayer and BatchNorm"):
         partition_model(gru, Comm.layout(0, 2))
     with pytest.raises(ValueError, match=r"layer layers.1 \(DenoisingLayer\) has 2 units, fewer "
                                          r"than partitions=3: use partitions <= 2"):

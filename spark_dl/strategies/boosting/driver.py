@@ -43,7 +43,18 @@ class Boosting(Strategy):
     push is then dropped). data_dir: where the DataFrame's Parquet copy goes when it is not
     a plain Parquet scan (default: the run directory; on a cluster a URI every executor
     reads). amp: None, "bf16" or "fp16" (autocast forward passes, float32 on the server,
-    bfloat16 on the wire)."""
+    bfloat16 on the wire). staleness: how the server allows for the pushes computed on values
+    the other workers' pushes have moved since (with W equally fast workers every push is
+    W - 1 versions old), Downpour's rules: "momentum" (default): the server's momentum is
+    fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/W; "lr": a push
+    tau >= 2 versions old steps lr / tau; "lr+momentum"; "none". local (SGD servers, default
+    True): a worker steps its copy by each mini-batch of a key (plain SGD at the server's
+    rate) before taking the next one's gradient, so that a push sums the gradients of k
+    sequential steps; False: k gradients of the fetched values (docs/quality.md, ships).
+    average: the model validated, checkpointed and returned is the server's moving average
+    over its last average x E pushes, E an epoch's mini-batch steps (Downpour's ``average``;
+    with n_push=4 the default 0.1 spans 0.4 of an epoch's pushes; default 0.1 with several
+    workers, 0 with one); the workers fetch the last values."""
 
     name = "boosting"
     n_push: int = 4
@@ -51,9 +62,21 @@ class Boosting(Strategy):
     lease_s: float = 300.0
     data_dir: str | None = None
     amp: str | None = None
+    staleness: str = "momentum"
+    local: bool = True
+    average: float | None = None
 
     def check(self) -> None:
+        from ..downpour.driver import STALENESS_RULES
         check_int("n_push", self.n_push, 1)
+        check_choice("staleness", self.staleness, STALENESS_RULES)
+        if not isinstance(self.local, bool):
+            raise ConfigError(f"local must be True or False, got {self.local!r}")
+        if self.average is not None and not (isinstance(self.average, (int, float))
+                                             and self.average >= 0):
+            raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch the "
+                              f"returned parameters average over; 0: the last values), got "
+                              f"{self.average!r}")
         check_choice("server_optimizer", self.server_optimizer, (None, *SERVER_OPTIMIZERS))
         if not isinstance(self.lease_s, (int, float)) or not self.lease_s > 0:
             raise ConfigError(f"lease_s must be a number of seconds > 0, got {self.lease_s!r}")
@@ -77,14 +100,24 @@ class Boosting(Strategy):
     def run(self, job: Job) -> FitResult:
         from ...planning.partitions import Layout
         from ...transport.ps import ParameterServer
-        from ..downpour.driver import ServerSnapshots, _schedule, _server_optimizer
+        from ..downpour.driver import (
+            ServerSnapshots,
+            _schedule,
+            _server_average,
+            _server_momentum,
+            _server_optimizer,
+        )
         from .keys import KeyScheduler
         workers = job.replicas
         momentum, lr = job.train["momentum"], job.train["lr"]
         server_optimizer = self.server_optimizer or \
             _server_optimizer(job.train["optimizer"], momentum)
+        # the workers push in turn: each push W - 1 versions old, as Downpour's async pushes
+        server_momentum = _server_momentum(momentum, workers, "async", self.staleness)
+        average = _server_average(self.average, workers, "async")
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
-                              "lr_decay": job.train["lr_decay"], "momentum": momentum})
+                              "lr_decay": job.train["lr_decay"], "momentum": momentum,
+                              "server_momentum": server_momentum})
         stage = job.stage
         key_rows = self.n_push * stage["batch_size"]
         files = parquet_files(job, Path(self.data_dir) if self.data_dir else run.path / "data",
@@ -104,10 +137,13 @@ class Boosting(Strategy):
                                  lease_s=self.lease_s, start_epoch=start_epoch)
         schedule = _schedule(job, 1, "sequential")     # each push its own step, as it comes
         ps = ParameterServer(layout.flatten(), run.secret.encode(), job.host,
-                             optimizer=server_optimizer, lr=lr, momentum=momentum,
+                             optimizer=server_optimizer, lr=lr, momentum=server_momentum,
+                             staleness_lr="lr" in self.staleness.split("+"),
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
                              lr_decay=job.train["lr_decay"], keys=scheduler,
-                             schedule=schedule, push_scaling=job.train["lr_scaling"])
+                             schedule=schedule, push_scaling=job.train["lr_scaling"],
+                             average=average,
+                             buffers=layout.flatten_buffers())
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:
             try:
@@ -158,7 +194,9 @@ class Boosting(Strategy):
                        "keys_per_worker": served, "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
                 t_epoch = now
                 if val is not None:
-                    layout.load(state["values"][0].to(dtype))
+                    kept = state["averages"][0]          # the averaged server's, if any
+                    layout.load((state["values"][0] if kept is None else kept).to(dtype),
+                                state["buffers"])
                     row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
                 history.append(row)
                 job.tracker.epoch(row)
@@ -170,7 +208,12 @@ class Boosting(Strategy):
         watcher = threading.Thread(target=epochs_thread, name="spark_dl-boosting-epochs",
                                    daemon=True)
         channel = run.serve(on_message)
+        # local steps: plain SGD on the worker, for the servers whose step is lr x gradient
+        local = self.local and server_optimizer in ("sgd", "momentum") and \
+            self.amp != "fp16" and job.train["lr_scaling"] == "linear"
         cfg = _task.BoostingConfig(**stage, n_push=self.n_push, amp=self.amp,
+                                   buffers=layout.buffer_spec,
+                                   local=schedule if local else None,
                                    wire_dtype="float64" if stage["dtype"] == "float64" else
                                    "bfloat16" if self.amp else "float32")
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret.encode(), ps.address,
@@ -200,10 +243,12 @@ class Boosting(Strategy):
             ps.close()
         evals = [] if snapshots is None else snapshots.evals(
             layout, net, val, job.loss_fn, job.loss_name == "cross_entropy")
-        layout.load(ps.parameters().to(dtype))
+        layout.load(ps.parameters().to(dtype), ps.buffers())
         reports = sorted((json.loads(r.report) for r in rows), key=lambda r: r["worker"])
         state = scheduler.state()
         info = {"world": workers, "mode": "sequential", "n_push": self.n_push,
+                "staleness": self.staleness, "server_momentum": server_momentum,
+                "local_steps": local, "average": average,
                 "keys": {"count": len(keys), "rows_per_key": key_rows, "files": len(files),
                          "served": [[list(p) for p in ep] for ep in scheduler.served],
                          "keys_per_worker": state["keys_per_worker"],

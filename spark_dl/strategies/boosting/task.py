@@ -1,7 +1,10 @@
 """The boosting parameter server's workers: Spark tasks (one per worker, over a range of
 worker ids) that ask the server for their next data key, read its rows from Parquet, sum the
 gradients of its ``n_push`` mini-batches, push once and fetch the result, until the server
-says the fit is finished. A task Spark retries asks again and gets back the key its last
+says the fit is finished. With ``local`` (SGD servers), each mini-batch's gradient is taken
+after the key's earlier ones stepped the worker's copy (x <- x - lr g, plain SGD at the
+server's rate): the push sums the gradients k sequential steps would take, not k gradients
+of one point; the server steps their sum once, with its momentum, and the worker fetches. A task Spark retries asks again and gets back the key its last
 attempt held (keys.py)."""
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class BoostingConfig(StageConfig):
     n_push: int = 4
     amp: str | None = None
     wire_dtype: str = "float32"
+    buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
+    local: object = None               # the server's LRSchedule: a key's mini-batches step
+    #                                    the worker's copy one after another (see _work)
 
 
 def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
@@ -99,6 +105,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     from spark_dl.strategies.downpour.exchange import flat_parameters
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
+    from spark_dl.transport.ps.buffers import read_buffers, spec_numel
     from spark_dl.transport.rendezvous import task_device
 
     t_start = time.perf_counter()
@@ -122,6 +129,11 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     if not direct:
         flat.copy_(wire)
     scaler = LossScaler(cfg.amp == "fp16")
+    local = seen = None
+    if cfg.local is not None:
+        local, seen = torch.empty_like(grad), torch.empty_like(grad)
+    buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
+                          if dtype == torch.float64 else torch.float32) if cfg.buffers else None
     files = _Files()
     columns = [c for c in (cfg.features, cfg.label) if c]
     mine = dataclasses.replace(cfg, data="memory")
@@ -139,6 +151,9 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             shard = read_shard(mine, iter(read_key(files, keys[key], columns)), f"key {key}")
             loss_sum = samples = 0.0
             steps = 0
+            if local is not None:
+                seen.zero_()
+                rate = cfg.local.at(epoch)       # the server's rate in this epoch
             for x, y in shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
                                       seed=cfg.seed * 1000003 + key, epoch=epoch):
                 x = x.to(device=device, dtype=dtype)
@@ -151,11 +166,18 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 loss_sum += float(loss.detach()) * len(x)
                 samples += len(x)
                 steps += 1
+                if local is not None:            # step the copy by this mini-batch's mean
+                    with torch.no_grad():        # gradient (grad holds the key's sum so far)
+                        torch.sub(grad, seen, out=local)
+                        flat.sub_(local, alpha=rate / len(x))
+                        seen.copy_(grad)
             shard.close()
             if not scaler.unscale(grad):             # fp16 overflow: an empty push
                 grad.zero_()
             out = grad if grad.device.type == "cpu" else grad.cpu()
-            client.push(out, int(samples), max(steps, 1), pull_into=wire)
+            client.push(out, int(samples), max(steps, 1), pull_into=wire,
+                        buffers=None if buffers is None else
+                        read_buffers(model, cfg.buffers, buffers))
             if not direct:
                 flat.copy_(wire)
             grad.zero_()

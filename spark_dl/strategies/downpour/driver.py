@@ -5,6 +5,7 @@ spark_dl.planning.partitions."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -142,12 +143,6 @@ class Downpour(Strategy):
                               "give partitions=F (or leave model_parallel alone)")
 
     def check_job(self, job: Job) -> None:
-        stats = job.signature.get("running_stats") or []
-        if stats:
-            job.say(f"downpour: the model has running statistics ({', '.join(stats[:3])}"
-                    f"{', ...' if len(stats) > 3 else ''}) that the parameter server does not "
-                    f"carry: the model returned keeps their initial values (use GroupNorm or "
-                    f"LayerNorm, or strategy='allreduce')")
         if self.server_optimizer is None and \
                 job.train["optimizer"] not in ("sgd", "adagrad", "adam", "rmsprop"):
             raise ConfigError(f"optimizer {job.train['optimizer']!r} has no parameter-server "
@@ -235,6 +230,7 @@ class Downpour(Strategy):
         schedule = _schedule(job, replicas, cfg.mode)
         secret = run.secret.encode()
         layout = Layout(net, partitions, widths)
+        cfg = dataclasses.replace(cfg, buffers=layout.buffer_spec)   # running statistics
         if partitions > 1:
             ps_shards = partitions                    # shard p: partition p's slices
         ps = ParameterServer(layout.flatten(), secret, job.host, bounds=layout.bounds,
@@ -244,7 +240,8 @@ class Downpour(Strategy):
                              timeout_s=cfg.timeout_s, lr_decay=lr_decay,
                              staleness_lr=cfg.mode == "async" and "lr" in staleness.split("+"),
                              average=average, schedule=schedule,
-                             push_scaling=job.train["lr_scaling"])
+                             push_scaling=job.train["lr_scaling"],
+                             buffers=layout.flatten_buffers())
         val = None
         if job.validation is not None:
             val = (torch.as_tensor(job.validation[0], dtype=dtype),
@@ -270,7 +267,7 @@ class Downpour(Strategy):
                    "grad_mean_abs": ps.take_gradient_mean_abs(),
                    "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
             if val is not None:
-                layout.load(ps.parameters().to(dtype))
+                layout.load(ps.parameters().to(dtype), ps.buffers())
                 row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
             return row
 
@@ -352,7 +349,7 @@ class Downpour(Strategy):
                     run.record({"type": "server_epoch", **row})
         evals = [] if snapshots is None else snapshots.evals(
             layout, net, val, job.loss_fn, job.loss_name == "cross_entropy")
-        layout.load(ps.parameters().to(dtype))
+        layout.load(ps.parameters().to(dtype), ps.buffers())
         stale: Counter = Counter()
         for r in tasks:
             stale.update({int(k): v for k, v in r["staleness"].items()})
@@ -386,7 +383,8 @@ class ServerSnapshots:
 
     def __init__(self, ps, every: float):
         self.ps, self.every = ps, every
-        self.taken: list[tuple[float, float, torch.Tensor]] = []   # (epoch, seconds, values)
+        # (epoch, seconds, parameters, buffers)
+        self.taken: list[tuple[float, float, torch.Tensor, torch.Tensor]] = []
         self.t0, self.mark = None, every         # the first step's time, the next mark
         self._lock = threading.Lock()
 
@@ -406,7 +404,8 @@ class ServerSnapshots:
                 self.t0 = time.perf_counter()
             t = min(s.steps for s in self.ps.shards) / epoch_steps if epoch_steps else 0.0
             if epoch_steps and t >= self.mark - 1e-9:
-                self.taken.append((t, time.perf_counter() - self.t0, self.ps.parameters()))
+                self.taken.append((t, time.perf_counter() - self.t0, self.ps.parameters(),
+                                   self.ps.buffers()))
                 while self.mark <= t + 1e-9:
                     self.mark += self.every
         finally:
@@ -418,8 +417,8 @@ class ServerSnapshots:
 
     def evals(self, layout, net, val, loss_fn, classify: bool) -> list[dict]:
         out = []
-        for t, seconds, values in self.taken:
-            layout.load(values.to(next(net.parameters()).dtype))
+        for t, seconds, values, buffers in self.taken:
+            layout.load(values.to(next(net.parameters()).dtype), buffers)
             out.append({"epoch": round(t, 6), "train_seconds": seconds,
                         **evaluate(net, val, loss_fn, classify)})
         return out

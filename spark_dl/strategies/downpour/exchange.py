@@ -31,16 +31,20 @@ class Exchange:
             if self.job is None:
                 return
             try:
-                samples, steps, versions = self.job
+                samples, steps, versions, buffers = self.job
                 self.result = self.client.push(self.send, samples, steps, pull_into=self.recv,
-                                               shards=self.shards, versions=versions)
+                                               shards=self.shards, versions=versions,
+                                               buffers=buffers)
             except BaseException as e:                # raised again in the worker
                 self.error = e
             self.done.set()
 
-    def start(self, grad: torch.Tensor, samples: int, steps: int, versions: list[int]) -> None:
+    def start(self, grad: torch.Tensor, samples: int, steps: int, versions: list[int],
+              buffers: torch.Tensor | None = None) -> None:
+        """Push ``grad`` (and report ``buffers``, copied) in the thread."""
         self.send.copy_(grad)
-        self.job, self.pushed = (samples, steps, versions), True
+        self.job = (samples, steps, versions, None if buffers is None else buffers.clone())
+        self.pushed = True
         self.done.clear()
         self.go.set()
 

@@ -45,6 +45,7 @@ class DownpourConfig(StageConfig):
     amp: str | None = None             # autocast: "bf16" or "fp16" (float32 master weights)
     widths: tuple | None = None        # partitions' shares of every layer's columns
     balance: str | tuple | None = None  # sync rounds: "speed" or fixed shares per worker
+    buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -164,7 +165,15 @@ def _partitioned_model(model_fn: Callable, comm, dtype, algorithm: str = "collec
         full = model_fn().to(dtype)
     if algorithm == "thesis":
         return ThesisFC(full, comm, fc_activation(full))
-    return partition_model(full, comm)
+    model = partition_model(full, comm)
+    for module in model.modules():    # buffers (kept-whole BatchNorm's): real, at their start
+        meta = [k for k, b in module._buffers.items() if b is not None and b.is_meta]
+        for k in meta:
+            module._buffers[k] = torch.zeros(module._buffers[k].shape,
+                                             dtype=module._buffers[k].dtype)
+        if meta and hasattr(module, "reset_running_stats"):
+            module.reset_running_stats()
+    return model
 
 
 def _profile(cfg, model, loss_fn, shard, device, dtype, worker: int):
@@ -181,6 +190,12 @@ def _profile(cfg, model, loss_fn, shard, device, dtype, worker: int):
     if cfg.balance != "speed":                       # fixed shares
         a, c = 0.0, 1.0 / float(cfg.balance[worker])
     return (a, c, int(cap)) if len(shard) else (0.0, 1.0, 1)
+
+
+def _buffers(model, spec, out: torch.Tensor | None) -> torch.Tensor | None:
+    """The model's buffers of ``spec`` in ``out`` for the server (None: none reported)."""
+    from spark_dl.transport.ps.buffers import read_buffers
+    return None if out is None else read_buffers(model, spec, out)
 
 
 def _gather_batch(comm, x: torch.Tensor, y: torch.Tensor | None):
@@ -204,6 +219,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     """One worker's training loop; ``partitioned``: None, or (replica Comm, steps per epoch)."""
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
+    from spark_dl.transport.ps.buffers import spec_numel
     from spark_dl.transport.rendezvous import task_device
 
     rank = ctx.partitionId()
@@ -275,6 +291,12 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     client.pull(wire, shards)
     landed()
     exchange = Exchange(client, numel, client.dtype, shards) if cfg.overlap else None
+    # the running statistics the server averages: partition 0 of a replica reports them
+    # (a split model's normalisation layers are kept whole: partition 0's are the trained)
+    buffers = None
+    if cfg.buffers and part == 0:
+        buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
+                              if dtype == torch.float64 else torch.float32)
     held = list(client.versions)                  # versions of the parameters in the model
     acc_samples = acc_steps = 0
     scaler = LossScaler(cfg.amp == "fp16")
@@ -342,14 +364,16 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                     wire.copy_(exchange.recv)
                     landed()
                     held = list(client.versions)
-                exchange.start(grad, acc_samples, acc_steps, computed_on)
+                exchange.start(grad, acc_samples, acc_steps, computed_on,
+                               _buffers(model, cfg.buffers, buffers))
                 pushes += 1
                 grad.zero_()
                 acc_samples = acc_steps = 0
             elif due:
                 out = grad if grad.device.type == "cpu" else grad.cpu()
                 for s in client.push(out, acc_samples, acc_steps,
-                                     pull_into=wire if fetch else None, shards=shards):
+                                     pull_into=wire if fetch else None, shards=shards,
+                                     buffers=_buffers(model, cfg.buffers, buffers)):
                     staleness[s] += 1
                 pushes += 1
                 grad.zero_()

@@ -112,19 +112,32 @@ class PSClient:
         self.versions[i] = version
         return count
 
+    def report_buffers(self, values: torch.Tensor) -> None:
+        """This worker's floating-point buffers (flat, NaN: not reported; see buffers.py) to
+        the server, which keeps the latest: one frame, no reply (an error comes back as the
+        reply to the next request). They travel in their own dtype, float32 or float64 (not
+        the gradients' bfloat16: a running variance needs its digits)."""
+        if values.dtype not in (torch.float32, torch.float64):
+            values = values.float()
+        self.conn.send(OPS["buffers"], values, worker=self.worker)
+
     def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
              pull_into: torch.Tensor | None = None, shards: list[int] | None = None,
-             versions: list[int] | None = None) -> list[int]:
+             versions: list[int] | None = None, buffers: torch.Tensor | None = None
+             ) -> list[int]:
         """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all) of
         the shards (default: all; ``grad_sum`` holds them one after the other); returns the
         staleness per shard. With ``pull_into`` (as ``grad_sum``, of the wire dtype) every
         shard's reply carries its values after the push: one round trip, not two.
         ``versions``: the shard versions the gradient was computed on (default: the last
-        ones pulled), for the staleness count."""
+        ones pulled), for the staleness count. ``buffers``: this worker's buffer values,
+        reported first (``report_buffers``)."""
         if pull_into is not None and pull_into.dtype != self.dtype:
             raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
         t0 = time.perf_counter()
         rows = self._layout(shards, grad_sum.numel())
+        if buffers is not None:
+            self.report_buffers(buffers)
         op = OPS["push"] if pull_into is None else OPS["pushpull"]
         stale, skipped = [], []
         for i, size, off in rows:

@@ -32,6 +32,12 @@ push is applied only when its worker still holds the key's lease (else it is dro
 went to another worker), and when it completes an epoch the server keeps its state of that
 moment (``epoch_states``) for the driver to validate and checkpoint.
 
+Buffers (``buffers``: the initial values of the model's floating-point buffers, flat, e.g.
+BatchNorm's running statistics; buffers.py): a worker reports its buffers' values with each
+push (op "buffers", no reply, sent just before the push on the same connection); the
+server's ``buffers()`` is the mean of every worker's latest report, the values the driver
+validates, checkpoints and returns with the parameters.
+
 One class, read best whole: its connections, its modes and the state it checkpoints share
 the shards' locks and the workers' registry, which a split would pass around.
 """
@@ -51,6 +57,7 @@ import numpy as np
 import torch
 
 from ..channel import accept_loop
+from .buffers import BufferMean
 from .shard import SERVER_OPTIMIZERS, Shard
 from .wire import DTYPES, OPS, Conn, Growing, PSError
 
@@ -68,7 +75,8 @@ class ParameterServer:
                  max_staleness: int | None = None, timeout_s: float = 300.0,
                  lr_decay: float = 1.0, bounds: list[int] | None = None,
                  staleness_lr: bool = False, average: float = 0.0, keys=None,
-                 schedule=None, push_scaling: str = "linear"):
+                 schedule=None, push_scaling: str = "linear",
+                 buffers: torch.Tensor | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -98,7 +106,10 @@ class ParameterServer:
         self.push_scaling = push_scaling          # a push of k mini-batches steps f(k) x mean
         self.shards = [Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average, schedule)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
-        self.max_payload = max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])) * 8
+        self.stats_of_buffers = BufferMean(torch.zeros(0, dtype=self.dtype) if buffers is None
+                                           else buffers.to(self.dtype))
+        self.max_payload = max(max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:])),
+                               self.stats_of_buffers.numel) * 8
         self.staleness: Counter = Counter()     # staleness -> pushes
         self.pushes = self.pulls = self.dropped = self.rejected = 0
         self.bytes_in = self.bytes_out = 0
@@ -133,6 +144,10 @@ class ParameterServer:
                 out.append(v.detach().clone())
         return torch.cat(out)
 
+    def buffers(self) -> torch.Tensor:
+        """The model's floating-point buffers: the mean of the workers' latest reports."""
+        return self.stats_of_buffers.mean()
+
     @property
     def versions(self) -> list[int]:
         return [s.version for s in self.shards]
@@ -157,7 +172,7 @@ class ParameterServer:
         """Everything a restarted server needs: each shard's values, optimizer state, version
         and steps applied (each shard's under its lock)."""
         out = {"bounds": list(self.bounds), "values": [], "optimizer": [], "versions": [],
-               "steps": [], "averages": []}
+               "steps": [], "averages": [], "buffers": self.buffers()}
         for s in self.shards:
             with s.lock:
                 out["values"].append(s.param.detach().clone())
@@ -174,6 +189,8 @@ class ParameterServer:
             raise ValueError(f"the saved server has shards {state['bounds']}, this one "
                              f"{self.bounds}: a different model or partitioning")
         averages = state.get("averages") or [None] * len(self.shards)  # older checkpoints
+        if state.get("buffers") is not None:
+            self.stats_of_buffers.load(state["buffers"])
         for s, values, opt, version, steps, saved in zip(
                 self.shards, state["values"], state["optimizer"], state["versions"],
                 state["steps"], averages):
@@ -266,6 +283,11 @@ class ParameterServer:
             return False
         if op == OPS["hello"]:
             return self._on_hello(conn, worker, payload)
+        if op == OPS["buffers"]:                  # a report, no reply (see the module doc)
+            if bound is None:
+                raise PSError("a buffers report needs a hello first")
+            self._on_buffers(worker, code, payload)
+            return True
         if op == OPS["key"]:
             if self.keys is None or bound is None:
                 raise PSError("a key request needs a fit with data keys and a hello first")
@@ -315,6 +337,17 @@ class ParameterServer:
                       shard=shard, version=new_version, count=staleness)
             return True
         raise PSError(f"unknown op {op}")
+
+    def _on_buffers(self, worker: int, code: int, payload) -> None:
+        if code not in (0, 1, 2):
+            raise PSError("buffer values must be float32, float64 or bfloat16")
+        itemsize = torch.empty((), dtype=DTYPES[code]).element_size()
+        n = self.stats_of_buffers.numel
+        if n == 0 or len(payload) != n * itemsize:
+            raise PSError(f"a buffers report of {len(payload)} bytes, expected {n * itemsize} "
+                          f"({n} values of the model's floating-point buffers)")
+        values = torch.frombuffer(payload, dtype=torch.uint8).view(DTYPES[code])
+        self.stats_of_buffers.report(worker, values)
 
     def _on_hello(self, conn, worker, payload) -> bool:
         if len(payload) not in (16, 40):

@@ -1,0 +1,168 @@
+"""Why the boosting parameter server falls behind one process: its arithmetic, taken apart.
+
+The ships job (conf/jobs/ships.toml: 1,600 scenes of 48x48, the U-Net, focal + Dice loss, SGD
+lr 0.01 momentum 0.9, batch 8, 4 epochs) replayed in one process without Spark, through the
+parameter server's own Shard (its optimizer, schedule and push scaling), so that each
+ingredient of the strategy can be switched on alone:
+
+  k            mini-batches per push (Boosting's n_push: a key of k x 8 scenes, one step)
+  R            workers; they push in turn (the arrival order of equally fast workers), each
+               computing its key on the values it fetched after its own previous push:
+               staleness R - 1 ("random": a random worker pushes next, staleness varies)
+  momentum     the server's
+  scaling      push_scaling: a push of k mini-batches steps f(k) x their mean gradient
+  cyclic       the seed's cyclic learning rate, 1e-2..1e-1 (triangular, one cycle an epoch)
+  "-local"     (a suffix) each mini-batch's gradient of a key is computed after the key's
+               earlier ones were stepped locally (plain SGD at the server's rate, on the
+               worker's copy): the push sums gradients taken where k sequential steps would
+  "-avg"       (a suffix to any name) the model scored is the server's moving average over
+               0.1 epoch of pushes (Downpour's ``average``), not its last values
+
+Keys are cut as the strategy cuts them (contiguous rows of the Parquet copy: the two
+partitions of 800 scenes, k x 8 rows a key), reshuffled every epoch (KeyScheduler's order),
+rows shuffled within a key. Reported: held-out IoU, Dice, F2 after the last epoch.
+
+    .venv/bin/python benchmarks/boosting_emulation.py --configs one,k4,k4r2,... [--seeds 0,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from spark_dl.data.ships import ship_batch  # noqa: E402
+from spark_dl.models.unet import FocalDiceLoss, UNet  # noqa: E402
+from spark_dl.optim.schedule import LRSchedule  # noqa: E402
+from spark_dl.recipes.ships import TEST_START, mask_scores  # noqa: E402
+from spark_dl.transport.ps.server import _push_factor  # noqa: E402
+from spark_dl.transport.ps.shard import Shard  # noqa: E402
+
+# name -> (k, R, server momentum, scaling, order, cyclic lr)
+CONFIGS = {
+    "one": (1, 1, 0.9, "linear", "turns", False),       # one process: 800 steps of 8
+    "k4": (4, 1, 0.9, "linear", "turns", False),        # a push of 4 as one step, no peers
+    "k4-none": (4, 1, 0.9, "none", "turns", False),     # ... stepping their mean (lr x 1)
+    "r2": (1, 2, 0.9, "linear", "turns", False),        # two workers, pushes of 1
+    "k4r2": (4, 2, 0.9, "linear", "turns", False),      # Boosting as shipped
+    "k4r2-rand": (4, 2, 0.9, "linear", "random", False),  # ... in a random order
+    "k4r2-m04": (4, 2, 0.4, "linear", "turns", False),  # ... momentum 0.9 - (1 - 1/2)
+    "k4r2-cyc": (4, 2, 0.9, "linear", "turns", True),   # ... the seed's cyclic lr
+    "k4r2-m04-rand": (4, 2, 0.4, "linear", "random", False),
+    "r2-m04": (1, 2, 0.4, "linear", "turns", False),
+}
+
+
+def cyclic(t: float, low: float = 1e-2, high: float = 1e-1) -> float:
+    """Triangular cyclic rate, one cycle per epoch (t in epochs)."""
+    f = t - math.floor(t)
+    return low + (high - low) * (1 - abs(2 * f - 1))
+
+
+def keys_of(n: int, key_rows: int, files: int = 2) -> list[tuple[int, int]]:
+    per = n // files
+    return [(a, min(a + key_rows, lo + per)) for lo in range(0, n, per)
+            for a in range(lo, lo + per, key_rows)]
+
+
+def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
+        widths: tuple) -> dict:
+    average = 0.1 if name.endswith("-avg") else 0.0
+    base = name.removesuffix("-avg")
+    local = base.endswith("-local")
+    k, R, momentum, scaling, order, cyc = CONFIGS[base.removesuffix("-local")]
+    torch.manual_seed(seed)
+    net = UNet(3, widths)
+    params = list(net.parameters())
+    flat = torch.nn.utils.parameters_to_vector(params).detach()
+    shard = Shard(flat, "momentum", lr, momentum, average=average,
+                  schedule=LRSchedule(lr, 1, "none", 0, 1.0, epochs))
+    loss_fn = FocalDiceLoss(10.0, 2.0)
+    keys = keys_of(len(x), k * batch)
+    held = [shard.param.detach().clone() for _ in range(R)]     # each worker's fetched values
+    rng = np.random.default_rng(seed + 7)
+    steps_per_epoch = sum(-(-(b - a) // batch) for a, b in keys)
+    t0, losses = time.perf_counter(), []
+    for epoch in range(epochs):
+        order_keys = np.random.default_rng([seed, epoch]).permutation(len(keys))
+        for i, key in enumerate(order_keys):
+            w = i % R if order == "turns" else int(rng.integers(R))
+            torch.nn.utils.vector_to_parameters(held[w], params)
+            a, b = keys[key]
+            rows = np.random.default_rng([seed, epoch, int(key)]).permutation(np.arange(a, b))
+            for p in params:
+                p.grad = None
+            samples, steps, before = 0, 0, None
+            for j in range(0, len(rows), batch):
+                idx = rows[j:j + batch]
+                out = net(x[idx])
+                loss = loss_fn(out, m[idx])
+                (loss * len(idx)).backward()
+                losses.append(float(loss.detach()))
+                if local:                   # x <- x - lr g of this mini-batch, on the copy
+                    with torch.no_grad():
+                        for p, g0 in zip(params, before or [None] * len(params)):
+                            new = p.grad if g0 is None else p.grad - g0
+                            p.sub_(shard.lr_now(steps_per_epoch) * new / len(idx))
+                    before = [p.grad.clone() for p in params]
+                samples += len(idx)
+                steps += 1
+            grad = torch.cat([p.grad.reshape(-1) for p in params])
+            if cyc:
+                shard.schedule = LRSchedule(cyclic(shard.steps / steps_per_epoch), 1, "none",
+                                            0, 1.0, epochs)
+            shard.apply(grad, _push_factor(scaling, steps) / samples, steps, steps_per_epoch,
+                        summed=steps)
+            held[w] = shard.param.detach().clone()          # the worker fetches after its push
+    torch.nn.utils.vector_to_parameters(shard.param.detach() if shard.avg is None
+                                        else shard.avg, params)
+    net.eval()
+    with torch.no_grad():
+        prob = torch.cat([net(vx[i:i + 64]) for i in range(0, len(vx), 64)])[:, 0].numpy()
+    scores = mask_scores(prob, vm)
+    return {"config": name, "seed": seed, "k": k, "R": R, "momentum": momentum,
+            "average": average, "widths": list(widths),
+            "scaling": scaling, "order": order, "cyclic": cyc, **scores,
+            "last_loss": float(np.mean(losses[-100:])), "seconds": time.perf_counter() - t0,
+            "server_steps": shard.version}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="one,k4,k4r2,k4r2-m04")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--n-train", type=int, default=1600)
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--widths", default="16,32,64,128", help="the U-Net's (the job's default)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    tx, tm, _ = ship_batch(0, args.n_train, 0, 48, 4)
+    x = torch.from_numpy(tx).float() / 255
+    m = torch.from_numpy(tm)[:, None]
+    vx_, vm, _ = ship_batch(TEST_START, TEST_START + 200, 0, 48, 4)
+    vx = torch.from_numpy(vx_).float() / 255
+    out = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for name in args.configs.split(","):
+            r = run(name, seed, x, m, vx, vm, args.epochs, 8, args.lr,
+                    tuple(int(w) for w in args.widths.split(",")))
+            print(json.dumps(r), flush=True)
+            out.append(r)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
