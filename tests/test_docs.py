@@ -84,13 +84,15 @@ def test_the_readme_is_a_front_door_whose_commands_exist():
 @pytest.mark.slow
 def test_the_readme_demo_command_runs(tmp_path):
     """``scripts/demo.sh`` as the README gives it (with a smaller data set): set-up (the .venv
-    scripts/test.sh made) and the job through spark-submit on local[*]."""
+    scripts/test.sh made) and the job through spark-submit on local[*]. Two passes over the
+    4,000 digits: one pass of 125 asynchronous steps ends near 50% (47.9% and 49.05% in two runs
+    here), too close to the bar to tell a working demo from a broken one."""
     if not (ROOT / ".venv" / "bin" / "python").exists():
         pytest.skip("no .venv in the checkout (scripts/test.sh makes it): the demo command "
                     "would install one")
     proc = subprocess.run(
         [str(ROOT / "scripts/demo.sh"), "--set", "data.extended_samples=4000",
-         "--set", f"data.shards_dir='{tmp_path / 'shards'}'"],
+         "--set", "train.epochs=2", "--set", f"data.shards_dir='{tmp_path / 'shards'}'"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
         env={k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
