@@ -69,6 +69,7 @@ def plain(data: Path, val, args) -> dict:
 
     from spark_dl.losses import evaluate
     from spark_dl.models import build_model
+    from spark_dl.runtime.stage import mid_epoch_steps
     torch.set_num_threads(1)
     table = pq.read_table(data)
     x = np.frombuffer(b"".join(table.column("features").to_pylist()), np.uint8)
@@ -81,7 +82,7 @@ def plain(data: Path, val, args) -> dict:
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, args.lr_decay)
     n, b = len(x), args.batch
     steps = -(-n // b)
-    marks = {min(int(steps * EVERY * j) - 1, steps - 1) for j in range(1, int(1 / EVERY) + 1)}
+    marks = mid_epoch_steps(steps, EVERY) | {steps - 1}       # fit's marks, and the end
     evals, clock, rates = [], 0.0, []
     for e in range(args.epochs):
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(e))

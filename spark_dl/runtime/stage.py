@@ -21,8 +21,8 @@ import torch.distributed as dist
 from .failures import at, report
 
 __all__ = ["RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "Validation", "barrier_task",
-           "broadcast_bytes", "peak_memory_mb", "read_shard", "set_lr", "stage_info",
-           "state_bytes", "write_task_info"]
+           "broadcast_bytes", "peak_memory_mb", "read_shard", "set_lr", "shared_memory_name",
+           "stage_info", "state_bytes", "write_task_info"]
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
@@ -298,6 +298,14 @@ class StepReports:
         """Leave ``seconds`` (a validation's) out of the epoch's clock."""
         self.t0 += seconds
         self.last += seconds
+
+
+def shared_memory_name(statuses: list[dict], rank: int, world: int, device) -> str | None:
+    """A fresh shared-memory segment's name, the same on every rank, when the replicas all
+    share this host and the CPU (transport/shm.py), else None. Collective when it names one."""
+    if world < 2 or device.type != "cpu" or len({s["machine"] for s in statuses}) != 1:
+        return None
+    return broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank, device).decode()
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

@@ -14,7 +14,6 @@ stage resumes from the last one.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 
@@ -30,10 +29,10 @@ from spark_dl.runtime.stage import (
     StepReports,
     Validation,
     barrier_task,
-    broadcast_bytes,
     most_batches,
     read_checkpoint,
     set_lr,
+    shared_memory_name,
     stage_info,
     state_bytes,
 )
@@ -169,11 +168,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     if scaler is not None:              # a rank whose first steps have no rows can step too
         scaler.scale(torch.zeros((), device=device))
-    same_host = len({s["machine"] for s in statuses}) == 1
-    shm_name = None
-    if cfg.transport == "auto" and same_host and world > 1 and device.type == "cpu":
-        shm_name = broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank,
-                                    device).decode()
+    shm_name = shared_memory_name(statuses, rank, world, device) \
+        if cfg.transport == "auto" else None
     sync = GradientSync(list(model.parameters()), cfg.bucket_mb, shm_name, cfg.timeout_s)
 
     # Resume from the run's checkpoint (rank 0 reads it, every rank gets its bytes).

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -29,10 +28,10 @@ from spark_dl.runtime.stage import (
     StepReports,
     Validation,
     barrier_task,
-    broadcast_bytes,
     most_batches,
     read_checkpoint,
     set_lr,
+    shared_memory_name,
     stage_info,
     state_bytes,
 )
@@ -105,10 +104,9 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
     schedule = cfg.schedule(world)      # the replicas' average moves by their mean gradient
-    shm = None
-    if world > 1 and device.type == "cpu" and len({s["machine"] for s in statuses}) == 1:
+    shm, name = None, shared_memory_name(statuses, rank, world, device)
+    if name is not None:                 # one host: the rounds go through shared memory
         from spark_dl.transport.shm import ShmAllReduce
-        name = broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank, device).decode()
         shm = ShmAllReduce(flat.numel(), flat.dtype, name, cfg.timeout_s)
     rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world, shm=shm)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
