@@ -114,27 +114,13 @@ def torchdist(spark, model_name, rows, batch, timeout_s=120):
     """One TorchDistributor fit; a run that fails or hangs (its torchrun agents sometimes
     abort or wait out their 300 s exit barrier here) is cancelled after ``timeout_s``,
     recorded in TD_FAILURES and counted as missing (None)."""
-    import threading
-
-    from pyspark.ml.torch.distributor import TorchDistributor
-    out, t0 = {}, time.perf_counter()
-
-    def run():
-        try:
-            out["r"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-                td_train, IMAGES, LABELS, model_name, rows, batch, EPOCHS, LR, MOMENTUM)
-        except Exception as e:
-            out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    wall = time.perf_counter() - t0
-    if t.is_alive() or "r" not in out:
-        spark.sparkContext.cancelAllJobs()
-        t.join(30)
-        TD_FAILURES.append(f"{model_name}:{batch}: " + out.get("error", f"hung > {timeout_s} s"))
+    from _torchdist import run_torchdistributor
+    r, wall, error = run_torchdistributor(spark, td_train, IMAGES, LABELS, model_name, rows,
+                                          batch, EPOCHS, LR, MOMENTUM, timeout_s=timeout_s)
+    if r is None:
+        TD_FAILURES.append(f"{model_name}:{batch}: " + error)
         return None, wall
-    return rows / statistics.median(out["r"]["epoch_seconds"][1:]), wall
+    return rows / statistics.median(r["epoch_seconds"][1:]), wall
 
 
 def mnist_frame(spark, rows, shards=2):

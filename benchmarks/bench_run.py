@@ -24,7 +24,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -43,25 +42,13 @@ def torchdist(spark, rows, batch, timeout_s=180):
     """One TorchDistributor run: (steady samples/s, wall s), or (None, wall) when it failed
     or hung (cancelled after ``timeout_s``)."""
     from _ddp_fn import ddp_train
-    from pyspark.ml.torch.distributor import TorchDistributor
-    out, t0 = {}, time.perf_counter()
-
-    def go():
-        try:
-            out["r"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-                ddp_train, IMAGES, LABELS, rows, EPOCHS, batch, LR, MOMENTUM)
-        except Exception as e:
-            out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    wall = time.perf_counter() - t0
-    if t.is_alive() or "r" not in out:
-        spark.sparkContext.cancelAllJobs()
-        t.join(30)
-        FAILURES.append("torchdist: " + out.get("error", f"hung > {timeout_s} s"))
+    from _torchdist import run_torchdistributor
+    r, wall, error = run_torchdistributor(spark, ddp_train, IMAGES, LABELS, rows, EPOCHS, batch,
+                                          LR, MOMENTUM, timeout_s=timeout_s)
+    if r is None:
+        FAILURES.append("torchdist: " + error)
         return None, wall
-    return _steady(rows, out["r"]), wall
+    return _steady(rows, r), wall
 
 
 def spark_dl_run(spark, rows, batch, hook, runs: Path):
