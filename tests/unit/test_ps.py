@@ -337,8 +337,10 @@ def test_bounded_staleness_holds_a_worker_that_runs_ahead(server):
 
 
 def test_the_server_averages_its_values_over_a_fraction_of_an_epoch(server):
-    """average=0.5 with 4 steps an epoch: x̄ <- x̄ + (x - x̄) / 2 after every step; parameters()
-    is x̄, the workers' values stay x, and a checkpoint brings x̄ back."""
+    """average=0.5 with 4 steps an epoch: after step t, x̄ <- x̄ + (x - x̄) / (0.5 min(4, t)),
+    x̄ = x while that span is <= 1 (the first epoch averages the last half of the steps so far,
+    not the initial values); parameters() is x̄, the workers' values stay x, and a checkpoint
+    brings x̄ back."""
     ps = server(n=4, optimizer="sgd", lr=0.5, average=0.5)
     x = ps.parameters()
     avg = x.clone()
@@ -349,7 +351,8 @@ def test_the_server_averages_its_values_over_a_fraction_of_an_epoch(server):
     for k, grad in enumerate(g):
         assert c.push(grad, samples=1, versions=[k]) == [0]
         x = x - 0.5 * grad
-        avg = avg + (x - avg) / 2
+        span = 0.5 * min(4, k + 1)
+        avg = avg + (x - avg) / span if span > 1 else x
     c.close()
     assert torch.allclose(ps.parameters(averaged=False), x, atol=1e-12)
     assert torch.allclose(ps.parameters(), avg, atol=1e-12)
