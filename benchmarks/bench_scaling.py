@@ -6,11 +6,16 @@ last 2,000 real digits every quarter epoch (fit's validate_every=0.25; validatio
 kept out of the clock). SGD lr --lr for one replica's batch of --batch rows, momentum 0.9,
 halved after every epoch (--lr-decay: the curves settle above the target instead of grazing
 it), fit's default lr_scaling="auto" (linear for SGD, with its warmup). For every strategy and
-replica count, interleaved (A B C ... A B C ...), medians of --repeats runs:
+replica count, interleaved (A B C ... A B C ...), medians of --repeats runs; repeat i runs every
+system with seed i (the model's initial weights and the order of the rows), so the medians are
+over real run-to-run variation, not over one trajectory timed again:
 
   plain-1t          single-process PyTorch, 1 thread, the same rows, lr and evaluation marks
                     (the calibration: the limit of R replicas is R x its samples/s)
   <strategy>-<R>    spark_dl.fit(strategy=..., replicas=R) on local[max R], 1 thread a replica
+                    ("downpour+lr": Downpour(staleness="lr"), a push tau >= 2 versions old
+                    steps lr / tau and the server keeps fit's momentum; its one-replica
+                    reference is Downpour's)
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
@@ -61,7 +66,7 @@ def first_at(evals: list[dict], target: float) -> float | None:
                 None)
 
 
-def plain(data: Path, val, args) -> dict:
+def plain(data: Path, val, args, seed: int) -> dict:
     """Single-process, one-thread PyTorch over the same rows, evaluated at the same marks."""
     import numpy as np
     import pyarrow.parquet as pq
@@ -76,7 +81,7 @@ def plain(data: Path, val, args) -> dict:
     x = torch.from_numpy(x.reshape(-1, 1, 28, 28).astype(np.float32) / 255)
     y = torch.from_numpy(table.column("label").to_numpy().astype(np.int64))
     vx, vy = torch.from_numpy(val[0]).reshape(-1, 1, 28, 28), torch.from_numpy(val[1])
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = build_model("cnn")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, args.lr_decay)
@@ -85,7 +90,7 @@ def plain(data: Path, val, args) -> dict:
     marks = mid_epoch_steps(steps, EVERY) | {steps - 1}       # fit's marks, and the end
     evals, clock, rates = [], 0.0, []
     for e in range(args.epochs):
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(e))
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + e))
         t0, epoch_s = time.perf_counter(), 0.0
         for s in range(steps):
             idx = perm[s * b:(s + 1) * b]
@@ -106,15 +111,18 @@ def plain(data: Path, val, args) -> dict:
             "final_accuracy": evals[-1]["val_accuracy"]}
 
 
-def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, runs: Path) -> dict:
+def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, runs: Path,
+                 seed: int) -> dict:
     from spark_dl import fit
     from spark_dl.strategies import make_strategy
     df = spark.read.parquet(data.as_uri())
     t0 = time.perf_counter()
-    res = fit(df, "cnn", strategy=make_strategy(strategy), shape=(1, 28, 28), num_classes=10,
+    name, _, rule = strategy.partition("+")             # "downpour+lr": staleness="lr"
+    spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
+    res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
               epochs=args.epochs,
-              batch_size=args.batch, replicas=replicas, threads=1, validation=val,
+              batch_size=args.batch, replicas=replicas, threads=1, validation=val, seed=seed,
               validate_every=EVERY, run_dir=runs / f"{strategy}-{replicas}-{time.time()}",
               log=None, progress=False)
     wall = time.perf_counter() - t0
@@ -147,17 +155,19 @@ def main(argv=None):
     data = tmp / "extended"
     val = make_data(spark, args.samples, data)
 
-    systems = {"plain-1t": lambda: plain(data, val, args)}
+    systems = {"plain-1t": lambda seed: plain(data, val, args, seed)}
     for strategy in args.strategies.split(","):
         for r in counts:
-            if strategy == "gossip" and r < 2:
+            if (strategy == "gossip" or "+" in strategy) and r < 2:
                 continue
             systems[f"{strategy}-{r}"] = (
-                lambda s=strategy, r=r: spark_dl_fit(spark, data, val, s, r, args, tmp))
+                lambda seed, s=strategy, r=r: spark_dl_fit(spark, data, val, s, r, args, tmp,
+                                                           seed))
     raw: dict[str, list[dict]] = {k: [] for k in systems}
     for i in range(args.repeats):                      # interleaved A B C ... A B C ...
         for name, run in systems.items():
-            out = run()
+            out = run(i)
+            out["seed"] = i
             out["time_to_target_s"] = first_at(out["evals"], args.target)
             raw[name].append(out)
             print(f"[{i + 1}/{args.repeats}] {name}: time to {args.target:.1%} "
@@ -182,17 +192,26 @@ def main(argv=None):
             "final_accuracy_spread": round(max(x["final_accuracy"] for x in runs) -
                                            min(x["final_accuracy"] for x in runs), 4)}
     for strategy in args.strategies.split(","):
-        one = summary.get(f"{strategy}-1") or summary.get("allreduce-1")
+        base = strategy.partition("+")[0]
+        one = summary.get(f"{base}-1") or summary.get("allreduce-1")
         for r in counts:
             row = summary.get(f"{strategy}-{r}")
             if r > 1 and row and one and row["time_to_target_s"] and one["time_to_target_s"]:
                 row["time_vs_one_replica"] = round(row["time_to_target_s"] /
                                                    one["time_to_target_s"], 3)
+            ref = f"{base}-1" if f"{base}-1" in raw else "allreduce-1"
+            if r > 1 and f"{strategy}-{r}" in raw and ref in raw:     # seed by seed
+                pairs = [a["time_to_target_s"] / b["time_to_target_s"]
+                         for a, b in zip(raw[f"{strategy}-{r}"], raw[ref])
+                         if a["time_to_target_s"] and b["time_to_target_s"]]
+                row["time_vs_one_replica_same_seed"] = (
+                    round(statistics.median(pairs), 3) if pairs else None)
     settings = {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
                 "batch_per_replica": args.batch, "lr_one_replica": args.lr,
                 "lr_decay": args.lr_decay,
                 "momentum": MOMENTUM, "lr_scaling": "auto", "target": args.target,
                 "validate_every": EVERY, "repeats": args.repeats,
+                "seeds": f"0..{args.repeats - 1}, one per repeat, shared by every system",
                 "spark_master": f"local[{max(counts)}]"}
     write_results(args.out, "bench_scaling.py", argv, settings, summary, raw)
     spark.stop()
