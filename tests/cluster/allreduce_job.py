@@ -5,6 +5,7 @@
         [--strategy allreduce|downpour|gossip|boosting]
         [--optimizer adam] [--lr 0.003] [--momentum 0] [--lr-decay 1] [--batch-size 32]
         [--model cnn|fc] [--partitions 1] [--replicas N] [--kill-at WORKER:FORWARD]
+        [--probe PROBE_OUT]
 
 Trains the thesis CNN on the first 8,000 shipped MNIST digits (two shards of 4,000, built in
 the executors from the file) and validates on the last 2,000; one fit per name in --fits,
@@ -15,6 +16,10 @@ each in RUNS/<name> (with --device by-name the fit's name is its device). Writes
 worker at its F-th training forward, in its first attempt only: a kill at a point fixed by
 the training itself (mid-step, e.g. while a Boosting worker holds a key's lease), not by
 when the test's poll happens to run.
+
+--probe PROBE_OUT: first run partition_probe.py's probe (which executor trained which
+partition) in this job's session and write its report to PROBE_OUT: one local-cluster
+start for both checks.
 """
 
 import argparse
@@ -86,12 +91,19 @@ def main():
     ap.add_argument("--staleness", default=None, help="downpour: the server's staleness rule")
     ap.add_argument("--data", default="auto", help="fit's data: auto, memory or stream")
     ap.add_argument("--kill-at", default=None, help="W:F, see the module's docstring")
+    ap.add_argument("--probe", default=None, help="partition_probe.py's report, written first")
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
     from spark_dl.data import load_mnist, mnist_file_dataframe
     from spark_dl.strategies import make_strategy
     spark = get_session()
+    if args.probe:
+        # run_path: a module outside sys.modules, so that its task is pickled by value
+        import runpy
+        probe = runpy.run_path(str(Path(__file__).with_name("partition_probe.py")),
+                               run_name="partition_probe")["probe"]
+        probe(spark, args.probe)
     x, y = load_mnist(IMAGES, LABELS)
     validation = (x[-2000:].reshape(2000, -1) / 255.0, y[-2000:])
     report = {"master": spark.sparkContext.master, "fits": {}}

@@ -51,6 +51,13 @@ def _probe_task(batches):
 
 def main(out_path, n=4000, partitions=4):
     spark = get_session()
+    probe(spark, out_path, n, partitions)
+    spark.stop()
+
+
+def probe(spark, out_path, n=4000, partitions=4):
+    """The probe on ``spark`` (a job of its own, or one that goes on to other work: the
+    cluster tests' allreduce_job.py runs it with --probe before its fits)."""
     (x, y), _ = mnist_split("data/mnist/t10k-images-idx3-ubyte.gz",
                             "data/mnist/t10k-labels-idx1-ubyte.gz")
     df = extended_mnist(spark, x, y, n=n, partitions=partitions, seed=0)
@@ -63,7 +70,6 @@ def main(out_path, n=4000, partitions=4):
     with open(out_path, "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps(report))
-    spark.stop()
 
 
 if __name__ == "__main__":

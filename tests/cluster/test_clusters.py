@@ -56,10 +56,10 @@ def _check_probe(report, n=4000, partitions=4):
         assert p["last_loss"] < p["first_loss"]
 
 
-def test_local_cluster_executors_train_on_their_own_partitions(venv_bin, tmp_path):
-    out = tmp_path / "probe.json"
-    _submit(venv_bin, "--properties-file", ROOT / "conf/spark/local-cluster.conf", PROBE, out)
-    report = json.loads(out.read_text())
+def test_local_cluster_executors_train_on_their_own_partitions(boosting_with_a_kill):
+    # the probe ran in the Boosting job's spark-submit, before its fits: one local-cluster
+    # start for both tests (the standalone test submits partition_probe.py on its own)
+    report = json.loads((boosting_with_a_kill[0] / "probe.json").read_text())
     assert report["master"] == "local-cluster[2,1,1024]"
     _check_probe(report)
 
@@ -361,17 +361,28 @@ def test_downpour_survives_three_worker_kills_and_an_executor_kill(venv_bin, tmp
     _nothing_left(tmp_path, report, seen)
 
 
-def test_boosting_keys_are_trained_once_per_epoch_when_a_worker_is_killed(venv_bin, tmp_path):
+@pytest.fixture(scope="module")
+def boosting_with_a_kill(venv_bin, tmp_path_factory):
+    """One spark-submit on local-cluster: partition_probe.py's probe, then the Boosting fits
+    of the test below (clean, and faulty with worker 1 killed). (its folder, log, report,
+    pids)"""
+    tmp = tmp_path_factory.mktemp("boosting")
+    log, report, seen = _fit_with_kills(
+        venv_bin, tmp, ["--epochs", "2", "--strategy", "boosting", "--model", "fc",
+                        "--optimizer", "adam", "--lr", "0.001", "--batch-size", "32",
+                        "--kill-at", "1:100", "--probe", str(tmp / "probe.json")], [],
+        timeout=300)
+    return tmp, log, report, seen
+
+
+def test_boosting_keys_are_trained_once_per_epoch_when_a_worker_is_killed(boosting_with_a_kill):
     """The boosting parameter server on local-cluster, 2 epochs of 64 keys over 2 workers:
     worker 1's Python process is SIGKILLed at its 100th training forward (its model does it,
     in the task's first attempt): mid-key, so it holds the key's lease, however fast or busy
     the machine is. Spark retries the task, whose worker asks again and gets back the key it
     held; every key is applied exactly once in every epoch, the killed attempt's key included,
     and the fit ends as accurate as an uninterrupted one."""
-    log, report, seen = _fit_with_kills(
-        venv_bin, tmp_path, ["--epochs", "2", "--strategy", "boosting", "--model", "fc",
-                             "--optimizer", "adam", "--lr", "0.001", "--batch-size", "32",
-                             "--kill-at", "1:100"], [], timeout=300)
+    tmp_path, log, report, seen = boosting_with_a_kill
     assert "Python worker exited unexpectedly" in log
     fits = report["fits"]
     for name in ("clean", "faulty"):

@@ -159,7 +159,7 @@ def _ml(spark, tmp: Path) -> dict:
     model = Pipeline(stages=[
         VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features"),
         TorchEstimator(model="fc", hiddenLayers=[16], inputShape=[4], numClasses=3,
-                       strategy="allreduce", replicas=2, epochs=20, batchSize=32, lr=0.2)]
+                       strategy="allreduce", replicas=2, epochs=10, batchSize=32, lr=0.2)]
     ).fit(df)
     out = model.transform(df).select("id", "label", "prediction").toPandas()
     model.write().save(str(tmp / "pipeline"))

@@ -33,15 +33,18 @@ def test_pipeline_fits_saves_and_loads_in_a_new_session(spark, tmp_path):
     pipe = Pipeline(stages=[
         VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features"),
         TorchEstimator(model="fc", hiddenLayers=[16], inputShape=[4], numClasses=3,
-                       strategy="allreduce", replicas=2, epochs=30, batchSize=32, lr=0.2)])
+                       strategy="allreduce", replicas=2, epochs=10, batchSize=32, lr=0.2)])
     model = pipe.fit(df)
     assert isinstance(model.stages[-1], TorchModel)
-    assert len(model.stages[-1].history) == 30
+    assert len(model.stages[-1].history) == 10
     out = model.transform(df).select("id", "label", "prediction").toPandas()
     assert (out.prediction == out.label).mean() > 0.85
     path = str(tmp_path / "pipeline")
     model.write().save(path)
-    # a fresh driver process, its own SparkSession: load and predict the same rows
+    # a fresh driver process, its own SparkSession: load and predict the same rows. A plain
+    # Python driver (no PYSPARK_PYTHON, the venv not on PATH): get_session gives the executors
+    # its interpreter, or they would start the system python3 without torch (this driver
+    # also stands for test_session's plain-driver check: one JVM start for both)
     script = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {str(ROOT)!r})
@@ -49,17 +52,25 @@ def test_pipeline_fits_saves_and_loads_in_a_new_session(spark, tmp_path):
         from spark_dl import get_session
         from tests.spark.test_ml import _frame
         spark = get_session("local", master="local[2]")
+        print(spark.sparkContext.parallelize([0], 1)
+              .map(lambda _: __import__("torch").__version__).collect())
         loaded = PipelineModel.load({path!r})
         rows = loaded.transform(_frame(spark)).select("id", "prediction").collect()
         print(json.dumps({{r.id: r.prediction for r in rows}}))
     """)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
-               SPARK_CONF_DIR=str(ROOT / "conf" / "logging"))
-    env.pop("PYSPARK_GATEWAY_PORT", None)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV",
+                        "PYSPARK_GATEWAY_PORT")}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                  if not p.startswith(sys.prefix))
+    env["SPARK_CONF_DIR"] = str(ROOT / "conf" / "logging")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    again = {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    import torch
+    *_, executors_torch, predictions = proc.stdout.strip().splitlines()
+    assert executors_torch == repr([torch.__version__])
+    again = {int(k): v for k, v in json.loads(predictions).items()}
     assert again == dict(zip(out.id, out.prediction))
     # and in this session, with the same class
     same = PipelineModel.load(path).transform(df).select("id", "prediction").toPandas()
