@@ -9,6 +9,8 @@ machine's Spark (local[2], 2 replicas), interleaved, medians of --repeats runs:
   spark_dl      spark_dl.run(ddp_train, ..., df=digits): the rows from the DataFrame's
                 partitions through spark_dl.context()
   spark_dl+hook the same with comm_hook="shm": DDP's gradients through shared memory
+  plain-1t      the calibration: the same loop in this process, no DDP, 1 thread, all rows
+                (the limit of 2 replicas on 2 cores is 2 x its samples/s)
 
 Steady = samples/s of epochs 2-3 (the loop's own time); wall = seconds from the call with a
 DataFrame (or, for the peers, the files) to rank 0's trained model on the driver.
@@ -49,6 +51,37 @@ def torchdist(spark, rows, batch, timeout_s=180):
         FAILURES.append("torchdist: " + error)
         return None, wall
     return _steady(rows, r), wall
+
+
+def plain(rows, batch):
+    """The loop of _ddp_fn without DDP, one thread, in this process: (steady samples/s, wall)."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from spark_dl.data import load_mnist
+    from spark_dl.models import build_model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    x, y = load_mnist(IMAGES, LABELS)
+    x = torch.from_numpy(x[:rows].reshape(rows, 1, 28, 28).astype(np.float32) / 255)
+    y = torch.from_numpy(y[:rows].astype(np.int64))
+    torch.manual_seed(0)
+    model = build_model("cnn")
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    secs = []
+    for epoch in range(EPOCHS):
+        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(epoch))
+        t = time.perf_counter()
+        for i in range(0, rows, batch):
+            idx = perm[i:i + batch]
+            opt.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        secs.append(time.perf_counter() - t)
+    torch.set_num_threads(threads)
+    return _steady(rows, {"epoch_seconds": secs}), time.perf_counter() - t0
 
 
 def spark_dl_run(spark, rows, batch, hook, runs: Path):
@@ -131,7 +164,8 @@ def main(argv=None):
     spark.range(2, numPartitions=2).count()
     startup = time.perf_counter() - t0
     rows, batch = args.rows, args.batch
-    systems = {"torchdist": lambda: torchdist(spark, rows, batch),
+    systems = {"plain-1t": lambda: plain(rows, batch),
+               "torchdist": lambda: torchdist(spark, rows, batch),
                "spark_dl": lambda: spark_dl_run(spark, rows, batch, False, runs),
                "spark_dl+hook": lambda: spark_dl_run(spark, rows, batch, True, runs)}
     ray_note, peer = None, None
@@ -141,8 +175,9 @@ def main(argv=None):
         else:
             try:
                 peer = RayPeer(rows, batch)
-                systems = {"torchdist": systems["torchdist"], "ray": peer,
-                           **{k: v for k, v in systems.items() if k != "torchdist"}}
+                systems = {"plain-1t": systems["plain-1t"], "torchdist": systems["torchdist"],
+                           "ray": peer, **{k: v for k, v in systems.items()
+                                           if k not in ("plain-1t", "torchdist")}}
                 ray_note = peer.ready
             except Exception as e:
                 ray_note = f"not run: {type(e).__name__}: {e}"
@@ -167,8 +202,8 @@ def main(argv=None):
     steady = {k: med(v) for k, v in rate.items()}
     walls = {k: med([w for i, w in enumerate(wall[k]) if i in ok[k]]) for k in systems}
 
-    def ratio(a, b, table):
-        pairs = [table[a][i] / table[b][i] for i in ok[a] if i in ok[b]]
+    def ratio(a, b, table, scale=1.0):
+        pairs = [scale * table[a][i] / table[b][i] for i in ok[a] if i in ok[b]]
         return round(statistics.median(pairs), 3) if pairs else None
     summary = {"steady_samples_per_s": {k: v and round(v) for k, v in steady.items()},
                "wall_s": {k: v and round(v, 2) for k, v in walls.items()},
@@ -177,6 +212,8 @@ def main(argv=None):
                "hook_vs_torchdist_wall": ratio("spark_dl+hook", "torchdist", wall),
                "plain_vs_torchdist_steady": ratio("spark_dl", "torchdist", rate),
                "hook_vs_plain_steady": ratio("spark_dl+hook", "spark_dl", rate),
+               "fraction_of_limit": {k: ratio(k, "plain-1t", rate, 0.5)
+                                     for k in systems if k != "plain-1t"},
                "ray": ray_note}
     if "ray" in systems:
         summary["hook_vs_ray_steady"] = ratio("spark_dl+hook", "ray", rate)

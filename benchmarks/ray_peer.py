@@ -58,7 +58,9 @@ def main(argv):
         out_file = config.pop("out_file")
         out = ddp_train(**config)
         if ray.train.get_context().get_world_rank() == 0:   # (Ray 2.60 keeps no metrics
-            Path(out_file).write_text(json.dumps(out))       # reported without a checkpoint)
+            Path(out_file).write_text(json.dumps(            # reported without a checkpoint)
+                {"epoch_seconds": out["epoch_seconds"],
+                 "samples_per_rank": out["samples_per_rank"]}))
         ray.train.report({"epoch_seconds": out["epoch_seconds"],
                           "samples_per_rank": out["samples_per_rank"]})
 
