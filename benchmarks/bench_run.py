@@ -54,34 +54,15 @@ def torchdist(spark, rows, batch, timeout_s=180):
 
 
 def plain(rows, batch):
-    """The loop of _ddp_fn without DDP, one thread, in this process: (steady samples/s, wall)."""
-    import numpy as np
+    """The loop of _ddp_fn without DDP, one thread, in this process (bench_allreduce's
+    calibration: the same rows, lr, momentum and epochs): (steady samples/s, wall)."""
     import torch
-    import torch.nn.functional as F
-
-    from spark_dl.data import load_mnist
-    from spark_dl.models import build_model
+    from bench_allreduce import plain as plain_loop
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    x, y = load_mnist(IMAGES, LABELS)
-    x = torch.from_numpy(x[:rows].reshape(rows, 1, 28, 28).astype(np.float32) / 255)
-    y = torch.from_numpy(y[:rows].astype(np.int64))
-    torch.manual_seed(0)
-    model = build_model("cnn")
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    secs = []
-    for epoch in range(EPOCHS):
-        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(epoch))
-        t = time.perf_counter()
-        for i in range(0, rows, batch):
-            idx = perm[i:i + batch]
-            opt.zero_grad()
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-        secs.append(time.perf_counter() - t)
-    torch.set_num_threads(threads)
-    return _steady(rows, {"epoch_seconds": secs}), time.perf_counter() - t0
+    try:
+        return plain_loop("cnn", rows, batch, 1)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def spark_dl_run(spark, rows, batch, hook, runs: Path):
