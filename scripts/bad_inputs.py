@@ -96,6 +96,34 @@ class _Explodes:
         return M()
 
 
+def _bn_fc(reshape_at=None):
+    """FC 12-9-3 with a BatchNorm (running statistics and an int64 num_batches_tracked);
+    ``reshape_at``: at that training step of task 1 the model replaces its running_var with
+    one of another shape (a buffer that changes shape mid-fit)."""
+    def make():
+        import torch
+
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Sequential(torch.nn.Linear(12, 9), torch.nn.BatchNorm1d(9),
+                                               torch.nn.ReLU(), torch.nn.Linear(9, 3))
+                self.calls = 0
+
+            def forward(self, x):
+                from pyspark import TaskContext
+                ctx = TaskContext.get()
+                if self.training and reshape_at and ctx is not None and ctx.partitionId() == 1:
+                    self.calls += 1
+                    if self.calls == reshape_at:
+                        bn = self.net[1]
+                        bn.track_running_stats = False
+                        bn.running_var = torch.ones(4)
+                return self.net(x)
+        return M()
+    return make
+
+
 def _bad_loss(out, y):
     raise ValueError("the user's loss refused this batch")
 
@@ -220,6 +248,12 @@ def cases(spark, tmp: Path):
                            ("gossip", Gossip(alpha=0.5))):
         yield f"model raises mid-fit ({name})", "ZeroDivisionError at step 3 of task 1", \
             f(model=_Explodes(ZeroDivisionError), strategy=strategy, epochs=2)
+    yield "buffers not floating point (parameter server)", \
+        "BatchNorm (int64 num_batches_tracked), strategy='downpour', 2 replicas", \
+        f(model=_bn_fc(), strategy="downpour", epochs=2)
+    yield "a buffer that changes shape mid-fit (parameter server)", \
+        "task 1 replaces running_var by 4 values at step 3, strategy='downpour'", \
+        f(model=_bn_fc(reshape_at=3), strategy="downpour", epochs=2)
     yield "user loss raises", "loss=function raising ValueError", f(loss=_bad_loss)
     yield "user transform raises", "transform=function raising KeyError", \
         f(transform=_bad_transform)

@@ -210,6 +210,16 @@ def _same_model(path: Path, config: dict) -> None:
                           f"over in this one (its checkpoint is then replaced)")
 
 
+def _same_strategy(path: Path, name: str, say) -> None:
+    """The run directory's checkpoint (``path``) must be readable, or its previous one (set in
+    its place, with a message), and of this strategy; else a ConfigError."""
+    ckpt = load_checkpoint(path, say)
+    found = None if ckpt is None else ckpt.get("strategy", "allreduce")
+    if found is not None and found != name:
+        raise ConfigError(f"{path} is a checkpoint of strategy {found!r}, not of this {name} "
+                          f"fit: give a new run_dir, or resume=False to start over in this one")
+
+
 class Run:
     """One fit's run directory, metrics, progress line, tracking and message channel."""
 
@@ -223,11 +233,15 @@ class Run:
                        getattr(job.model, "__name__", repr(job.model)),
                        "options": strategy.describe(), **config,
                        "parameters": job.signature.get("parameters")}
-        if job.stage["resume"]:
+        notes: list[str] = []
+        if job.stage["resume"]:          # refused before config.json is rewritten: it is kept
             _same_model(self.path, self.config)
+            _same_strategy(self.path / "checkpoint.pt", strategy.name, notes.append)
         write_json(self.path / "config.json", self.config)
         self.metrics = open(self.path / "metrics.jsonl", "a")  # noqa: SIM115 - open for the run
         self.live = ProgressLine(job.log)
+        for note in notes:
+            self.say(note)
         self.t_start = time.perf_counter()
         self.secret = secrets.token_hex(16)
         self.channel = None
@@ -351,21 +365,6 @@ def barrier_row(job: Job, run: Run, task, schema: str):
         raise cls("training did not start: " + "; ".join(
             f"task {e['task']}: {e['message']}" for e in errors))
     return row
-
-
-def check_checkpoint(run: Run, name: str) -> None:
-    """A checkpoint in the run directory that another strategy wrote is refused, before any
-    task starts (a fit resumes only its own kind of run)."""
-    path = run.path / "checkpoint.pt"
-    if not run.job.stage["resume"]:
-        return
-    ckpt = load_checkpoint(path, run.say)
-    if ckpt is None:
-        return
-    found = ckpt.get("strategy", "allreduce")
-    if found != name:
-        raise ConfigError(f"{path} is a checkpoint of strategy {found!r}, not of this {name} "
-                          f"fit: give a new run_dir, or resume=False to start over in this one")
 
 
 _ERRORS = {"DataError": DataError, "ResourceError": ResourceError, "ConfigError": ConfigError}

@@ -160,7 +160,9 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(spark, tmp_path):
     # no good previous one: a clear error, nothing deleted
     ckpt.write_bytes(b"garbage")
     prev.write_bytes(b"garbage too")
+    config = (tmp_path / "r" / "config.json").read_bytes()
     _fails(ConfigError, r"checkpoint .*checkpoint.pt cannot be read .* no good previous one "
                         r"\(checkpoint.prev.pt\): start over with resume=False",
            lambda: fit(df, small_fc, epochs=4, log=None, **kw))
     assert ckpt.read_bytes() == b"garbage"
+    assert (tmp_path / "r" / "config.json").read_bytes() == config      # the run's as it was

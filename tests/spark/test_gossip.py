@@ -131,6 +131,8 @@ def test_gossip_refuses_what_it_cannot_run(spark, tmp_path):
     with pytest.raises(ConfigError, match="optimizer 'lbfgs' takes several evaluations"):
         fit(df, small_fc, strategy="gossip", optimizer="lbfgs", log=None)
     fit(df, small_fc, strategy="allreduce", run_dir=tmp_path / "run", log=None)
+    config = (tmp_path / "run" / "config.json").read_bytes()
     with pytest.raises(ConfigError, match="checkpoint of strategy 'allreduce', not of this "
                                           "gossip fit"):
         fit(df, small_fc, strategy="gossip", run_dir=tmp_path / "run", log=None)
+    assert (tmp_path / "run" / "config.json").read_bytes() == config    # refused, kept

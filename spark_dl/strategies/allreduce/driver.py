@@ -12,7 +12,6 @@ from ..base import (
     Job,
     Run,
     Strategy,
-    check_checkpoint,
     check_choice,
     check_int,
     options,
@@ -82,7 +81,6 @@ class AllReduce(Strategy):
                                     max_batch=self.max_batch, profile_steps=self.profile_steps,
                                     balance_rows=self.balance_rows)
         run = Run(job, self, {**job.stage, **job.train})
-        check_checkpoint(run, self.name)
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,
                                str(run.path), job.validation)
         job.say(f"allreduce: {job.replicas} replica(s), run directory {run.path}")

@@ -13,7 +13,6 @@ from ..base import (
     Job,
     Run,
     Strategy,
-    check_checkpoint,
     check_choice,
     check_int,
     options,
@@ -76,7 +75,6 @@ class Gossip(Strategy):
         cfg = _task.GossipConfig(**job.stage, **job.train, alpha=float(self.alpha),
                                  sync_every=self.sync_every, amp=self.amp)
         run = Run(job, self, {**job.stage, **job.train})
-        check_checkpoint(run, self.name)
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,
                                str(run.path), job.validation)
         job.say(f"gossip (alpha={self.alpha}, {self.topology}, every {self.sync_every} "
