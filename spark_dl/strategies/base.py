@@ -210,14 +210,15 @@ def _same_model(path: Path, config: dict) -> None:
                           f"over in this one (its checkpoint is then replaced)")
 
 
-def _same_strategy(path: Path, name: str, say) -> None:
-    """The run directory's checkpoint (``path``) must be readable, or its previous one (set in
-    its place, with a message), and of this strategy; else a ConfigError."""
+def _same_strategy(path: Path, name: str, say) -> dict | None:
+    """The run directory's checkpoint (``path``; None without one): readable, or its previous
+    one (set in its place, with a message), and of this strategy; else a ConfigError."""
     ckpt = load_checkpoint(path, say)
     found = None if ckpt is None else ckpt.get("strategy", "allreduce")
     if found is not None and found != name:
         raise ConfigError(f"{path} is a checkpoint of strategy {found!r}, not of this {name} "
                           f"fit: give a new run_dir, or resume=False to start over in this one")
+    return ckpt
 
 
 class Run:
@@ -234,9 +235,13 @@ class Run:
                        "options": strategy.describe(), **config,
                        "parameters": job.signature.get("parameters")}
         notes: list[str] = []
-        if job.stage["resume"]:          # refused before config.json is rewritten: it is kept
+        # the checkpoint to resume (None without one, or with resume=False), read once here:
+        # refused before config.json is rewritten, so that a refused run directory is kept
+        self.checkpoint: dict | None = None
+        if job.stage["resume"]:
             _same_model(self.path, self.config)
-            _same_strategy(self.path / "checkpoint.pt", strategy.name, notes.append)
+            self.checkpoint = _same_strategy(self.path / "checkpoint.pt", strategy.name,
+                                             notes.append)
         write_json(self.path / "config.json", self.config)
         self.metrics = open(self.path / "metrics.jsonl", "a")  # noqa: SIM115 - open for the run
         self.live = ProgressLine(job.log)

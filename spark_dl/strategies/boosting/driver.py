@@ -126,7 +126,7 @@ class Boosting(Strategy):
         if not keys:
             raise DataError("the DataFrame's Parquet files hold no rows: nothing to train on")
         ckpt_path = run.path / "checkpoint.pt"
-        ckpt = _checkpoint_of(ckpt_path, run.say) if stage["resume"] else None
+        ckpt = run.checkpoint                 # read and checked to be Boosting's by Run
         start_epoch = int(ckpt["epoch"]) if ckpt is not None else 0
         history = list(ckpt["history"]) if ckpt is not None else []
         torch.manual_seed(stage["seed"])
@@ -309,12 +309,3 @@ def _checkpoint(path: Path, state: dict, history: list[dict], epoch: int) -> Non
                        "history": [h for h in history if h["epoch"] <= epoch]})
 
 
-def _checkpoint_of(path: Path, say) -> dict | None:
-    """The run directory's boosting checkpoint, or None without one."""
-    from ...runtime.checkpoint import load_checkpoint
-    ckpt = load_checkpoint(path, say)
-    if ckpt is not None and ckpt.get("strategy") != "boosting":
-        raise ConfigError(f"{path} is a checkpoint of strategy "
-                          f"{ckpt.get('strategy', 'allreduce')!r}, not of this boosting fit: "
-                          f"give a new run_dir, or resume=False to start over in this one")
-    return ckpt

@@ -249,8 +249,7 @@ class Downpour(Strategy):
         epochs_done: dict[int, dict[int, dict]] = {}       # epoch -> worker -> its report
         history: list[dict] = []
         ckpt_path = run_path / "checkpoint.pt"
-        resumed = _resume_downpour(ckpt_path, ps, replicas, partitions, log, run.say) \
-            if cfg.resume else None
+        resumed = _resume_downpour(run.checkpoint, ckpt_path, ps, replicas, log)
         if resumed is not None:
             history = resumed["history"]
         t_start = run.t_start
@@ -481,16 +480,11 @@ def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
                  "history": [h for h in history if h["epoch"] <= epoch]})
 
 
-def _resume_downpour(path: Path, ps, replicas: int, partitions: int, log, say) -> dict | None:
-    """Load a Downpour checkpoint of ``run_dir`` into the fresh server; None without one."""
-    from ...runtime.checkpoint import load_checkpoint
-    ckpt = load_checkpoint(path, say)
+def _resume_downpour(ckpt: dict | None, path: Path, ps, replicas: int, log) -> dict | None:
+    """The run's Downpour checkpoint (``Run.checkpoint``, read from ``path`` and checked to be
+    Downpour's) loaded into the fresh server; None without one."""
     if ckpt is None:
         return None
-    if ckpt.get("strategy") != "downpour":
-        raise ConfigError(f"{path} is a checkpoint of strategy {ckpt.get('strategy', 'allreduce')!r}"
-                          f", not of this downpour fit: give a new run_dir, or resume=False to "
-                          f"start over in this one")
     try:
         ps.load_state_dict(ckpt["server"], start_epoch=ckpt["epoch"])
     except ValueError as e:

@@ -6,9 +6,9 @@ Averaged parameters (``average`` = a > 0): besides its parameters x each shard k
 exponential moving average over about a x (an epoch's pushes), x̄ <- x̄ + (x - x̄) / (a E_t)
 after every step, where E_t = min(E, t) for the t mini-batch steps applied so far (x̄ = x while
 a E_t <= 1). So in the first epoch the average covers the last fraction a of the trajectory
-so far, not the initial values and the steep first steps (the model validated a quarter epoch
-in would otherwise mix them in: 29% accuracy against 95% for the last values, bench_scaling);
-from the first epoch on it is the last a E pushes. Workers always fetch x; the server's
+so far, not the initial values and the steep first steps (which a model validated a quarter
+epoch in would otherwise mix in; docs/guides/downpour.md, "Averaged server"); from the first
+epoch on it is the last a E pushes. Workers always fetch x; the server's
 ``parameters()`` (the model the driver validates and returns) is x̄: it damps the last
 iterates' noise, which asynchronous pushes add to (docs/benchmarks.md, "Downpour SGD").
 """
