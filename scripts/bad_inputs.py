@@ -68,6 +68,16 @@ def _fc(out=3):
     return lambda: FCNet((12, 9, out))
 
 
+def _task1_step_is(model, at: int) -> bool:
+    """Counts ``model``'s training forwards in task 1 (``model.calls``): True at the ``at``-th."""
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    if not (model.training and ctx is not None and ctx.partitionId() == 1):
+        return False
+    model.calls += 1
+    return model.calls == at
+
+
 class _Explodes:
     """A model factory whose model raises ``exc`` in training step ``at`` of task 1."""
 
@@ -86,12 +96,8 @@ class _Explodes:
                 self.net, self.calls = FCNet((12, 9, 3)), 0
 
             def forward(self, x):
-                from pyspark import TaskContext
-                ctx = TaskContext.get()
-                if self.training and ctx is not None and ctx.partitionId() == 1:
-                    self.calls += 1
-                    if self.calls == at:
-                        raise exc("raised by the user's model")
+                if _task1_step_is(self, at):
+                    raise exc("raised by the user's model")
                 return self.net(x)
         return M()
 
@@ -111,14 +117,10 @@ def _bn_fc(reshape_at=None):
                 self.calls = 0
 
             def forward(self, x):
-                from pyspark import TaskContext
-                ctx = TaskContext.get()
-                if self.training and reshape_at and ctx is not None and ctx.partitionId() == 1:
-                    self.calls += 1
-                    if self.calls == reshape_at:
-                        bn = self.net[1]
-                        bn.track_running_stats = False
-                        bn.running_var = torch.ones(4)
+                if reshape_at and _task1_step_is(self, reshape_at):
+                    bn = self.net[1]
+                    bn.track_running_stats = False
+                    bn.running_var = torch.ones(4)
                 return self.net(x)
         return M()
     return make
