@@ -123,6 +123,7 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
               epochs=args.epochs,
               batch_size=args.batch, replicas=replicas, threads=1, validation=val, seed=seed,
+              device="cpu",                     # CPU replicas, also on a machine with a GPU
               validate_every=EVERY, run_dir=runs / f"{strategy}-{replicas}-{time.time()}",
               log=None, progress=False)
     wall = time.perf_counter() - t0

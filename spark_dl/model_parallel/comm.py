@@ -15,6 +15,10 @@ model assumes, whatever gloo or NCCL does inside:
                                 (reduce-scatter, then all-gather)
 
 A group of one member communicates nothing and counts nothing.
+
+GPU tensors: NCCL takes them as they are. Gloo (the group of replicas that share a GPU, or of
+tasks on no GPU at all) broadcasts and all-reduces them too, but sends, receives and gathers
+host tensors only: those go through a host copy here (``_on_host``), counted the same.
 """
 
 from __future__ import annotations
@@ -120,13 +124,22 @@ class Comm:
             self._count(kind, self.size - 1, (self.size - 1) * _nbytes(t))
         return t
 
+    def _on_host(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` must travel through host memory (a GPU tensor over gloo)."""
+        return t.device.type != "cpu" and dist.get_backend(self.group) != "nccl"
+
     def send(self, t: torch.Tensor, dst: int, kind: str) -> None:
         """Point-to-point: one message to group rank ``dst`` (counted by the sender only)."""
-        dist.send(t.contiguous(), self._global(dst), group=self.group)
+        out = t.cpu() if self._on_host(t) else t
+        dist.send(out.contiguous(), self._global(dst), group=self.group)
         self._count(kind, 1, _nbytes(t))
 
     def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
         """Point-to-point: receive into ``t`` from group rank ``src``."""
+        if self._on_host(t):
+            buf = torch.empty(t.shape, dtype=t.dtype)
+            dist.recv(buf, self._global(src), group=self.group)
+            return t.copy_(buf)
         dist.recv(t, self._global(src), group=self.group)
         return t
 
@@ -138,7 +151,12 @@ class Comm:
         if self.size == 1:
             chunks[0].copy_(mine)
             return chunks
-        if len({c.shape for c in chunks}) == 1:
+        if len({c.shape for c in chunks}) == 1 and self._on_host(mine):
+            host = [torch.empty(c.shape, dtype=c.dtype) for c in chunks]
+            dist.all_gather(host, mine.cpu().contiguous(), group=self.group)
+            for c, h in zip(chunks, host):
+                c.copy_(h)
+        elif len({c.shape for c in chunks}) == 1:
             dist.all_gather(chunks, mine.contiguous(), group=self.group)
         else:                   # gloo's all_gather wants equal sizes: broadcast each slice
             for p, c in enumerate(chunks):

@@ -127,19 +127,19 @@ class ThesisFC(nn.Module):
         (None elsewhere). ``x`` (B, b_0) and ``y`` (B,) class ids are given on the master;
         other ranks pass None and the batch size. Collective: every rank calls it."""
         c, n_layers = self.comm, len(self.weight)
-        master, dtype = c.rank == 0, self.weight[0].dtype
+        master, dtype, dev = c.rank == 0, self.weight[0].dtype, self.weight[0].device
         B, b0, out_sizes = batch, self.widths[0], self.splits[-1]
         # init: x and this process's one-hot label columns, one message per process
         if master:
-            x = x.reshape(B, b0).to(dtype)
-            onehot = torch.zeros(B, self.widths[-1], dtype=dtype)
-            onehot[torch.arange(B), y] = 1
+            x = x.reshape(B, b0).to(device=dev, dtype=dtype)
+            onehot = torch.zeros(B, self.widths[-1], dtype=dtype, device=dev)
+            onehot[torch.arange(B, device=dev), y.to(dev)] = 1
             for p in range(1, c.size):
                 c.send(torch.cat([x.reshape(-1), onehot[:, self._cols(n_layers, p)].reshape(-1)]),
                        p, "init")
             y_p = onehot[:, self._cols(n_layers, 0)]
         else:
-            buf = c.recv(torch.empty(B * (b0 + out_sizes[c.rank]), dtype=dtype), 0)
+            buf = c.recv(torch.empty(B * (b0 + out_sizes[c.rank]), dtype=dtype, device=dev), 0)
             x, y_p = buf[:B * b0].view(B, b0), buf[B * b0:].view(B, out_sizes[c.rank])
         # forward: hidden layers, all-to-all broadcast of every layer's activations
         acts = [x]                                            # a^0 .. a^{n-2}, full
@@ -162,7 +162,7 @@ class ThesisFC(nn.Module):
                     c.send(log_z, p, "softmax")
             else:
                 c.send(stats, 0, "softmax")
-                log_z = c.recv(torch.empty(B, dtype=dtype), 0)
+                log_z = c.recv(torch.empty(B, dtype=dtype, device=dev), 0)
             delta = ((z_p - log_z[:, None]).exp() - y_p) / B                # (B, b_out/F)
             # backward, top down
             for i in range(n_layers - 1, -1, -1):
@@ -180,7 +180,8 @@ class ThesisFC(nn.Module):
                     delta = full[:, self._cols(i, 0)]
                 else:
                     c.send(contrib, 0, "backward_contribution")
-                    delta = c.recv(torch.empty(B, self.splits[i][c.rank], dtype=dtype), 0)
+                    delta = c.recv(torch.empty(B, self.splits[i][c.rank], dtype=dtype,
+                                               device=dev), 0)
         return loss
 
     def full_state(self) -> dict:

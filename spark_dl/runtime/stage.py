@@ -21,7 +21,7 @@ import torch.distributed as dist
 from .failures import at, report
 
 __all__ = ["RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "Validation", "barrier_task",
-           "broadcast_bytes", "peak_memory_mb", "read_shard", "set_lr", "shared_memory_name",
+           "broadcast_bytes", "collective_device", "peak_memory_mb", "read_shard", "set_lr", "shared_memory_name",
            "stage_info", "state_bytes", "write_task_info"]
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +178,7 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
 
         from spark_dl.errors import SparkDLError
         from spark_dl.transport.channel import MessageClient
-        from spark_dl.transport.rendezvous import process_group, task_device
+        from spark_dl.transport.rendezvous import choose_backend, process_group, task_device
 
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
@@ -191,6 +191,11 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
                 opened.append(shard)
             gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
             device, note = task_device(cfg.device, gpus, rank)
+            if shard is not None:         # on a GPU: the rows go there once, batched there
+                from spark_dl.data.device import on_device
+                shard = on_device(shard, device, cfg.transform)
+                if shard.__class__.__name__ == "DeviceShard":
+                    note += "; rows held on the GPU"
             status.update(rows=len(shard) if shard is not None else 0, device=str(device),
                           note=note, gpus=gpus, data=shard.kind if shard is not None else None,
                           host=os.uname().nodename, machine=_machine_id(), pid=os.getpid(),
@@ -203,9 +208,8 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
             write_task_info(run_dir, f"rank-{rank}",
                             {"rank": rank, "attempt": ctx.attemptNumber(),
                              "stage": ctx.stageId(), **status, "threads": threads})
-        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
         t_rdv = time.perf_counter()
-        with process_group(ctx, backend, secret, status, cfg.timeout_s) as (rank_, world,
+        with process_group(ctx, choose_backend, secret, status, cfg.timeout_s) as (rank_, world,
                                                                              statuses):
             status["rendezvous_s"] = time.perf_counter() - t_rdv
             if rank_ is None:
@@ -235,7 +239,8 @@ def stage_info(statuses: list[dict]) -> dict:
             "devices": [s["device"] for s in statuses], "data": [s["data"] for s in statuses],
             "notes": [s["note"] for s in statuses], "gpus": [s["gpus"] for s in statuses],
             "hosts": [s["host"] for s in statuses],
-            "total_rows": sum(s["rows"] for s in statuses)}
+            "total_rows": sum(s["rows"] for s in statuses),
+            "backend": statuses[0].get("backend"), "backend_why": statuses[0].get("backend_why")}
 
 
 def epoch_batches(cfg: StageConfig, shard, rank: int, epoch: int) -> Iterator:
@@ -302,10 +307,18 @@ class StepReports:
 
 def shared_memory_name(statuses: list[dict], rank: int, world: int, device) -> str | None:
     """A fresh shared-memory segment's name, the same on every rank, when the replicas all
-    share this host and the CPU (transport/shm.py), else None. Collective when it names one."""
-    if world < 2 or device.type != "cpu" or len({s["machine"] for s in statuses}) != 1:
+    share this host and talk over gloo (transport/shm.py: CPU tensors, or GPU tensors of
+    replicas that share a GPU, staged through host memory), else None (NCCL, or several
+    hosts). Collective when it names one."""
+    if world < 2 or dist.get_backend() != "gloo" or len({s["machine"] for s in statuses}) != 1:
         return None
     return broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank, device).decode()
+
+
+def collective_device(device) -> torch.device:
+    """Where small bookkeeping tensors of a collective go: the task's GPU under NCCL, the CPU
+    under gloo (whose gather and all_gather take CPU tensors only)."""
+    return device if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..errors import ResourceError
 
-__all__ = ["process_group", "task_device"]
+__all__ = ["choose_backend", "process_group", "task_device"]
 
 
 def task_device(requested: str, gpu_addresses: list[str], rank: int) -> tuple[torch.device, str]:
@@ -52,13 +52,37 @@ def task_device(requested: str, gpu_addresses: list[str], rank: int) -> tuple[to
     return torch.device("cuda", index), f"cuda:{index} (no GPU scheduling: rank modulo count)"
 
 
+def choose_backend(statuses: list[dict]) -> tuple[str, str]:
+    """(backend, why) for the tasks whose reports these are (each with "device" and "machine").
+
+    NCCL takes one rank per GPU: two ranks on the same CUDA device of one machine (more tasks
+    than GPUs, or a fractional ``spark.task.resource.gpu.amount``) stop it with "Duplicate GPU
+    detected". Such ranks get gloo, whose broadcast and all-reduce take CUDA tensors, and the
+    strategies move their per-step traffic through host shared memory (one machine) instead.
+    NCCL only when every task holds a CUDA device of its own; gloo for CPU tasks."""
+    devices = [(s.get("machine"), s.get("device", "cpu")) for s in statuses]
+    if not all(d.startswith("cuda") for _, d in devices):
+        if any(d.startswith("cuda") for _, d in devices):
+            return "gloo", "gloo: some tasks run on the CPU, others on a GPU"
+        return "gloo", "gloo: CPU tasks"
+    if len(set(devices)) == len(devices):
+        return "nccl", "nccl: one GPU per task"
+    shared = sorted({d for d in devices if devices.count(d) > 1}, key=str)
+    gpu = shared[0][1]
+    return "gloo", (f"gloo: {devices.count(shared[0])} tasks share {gpu} on one machine "
+                    f"(NCCL needs a GPU per rank); their tensors stay on the GPU, exchanged "
+                    f"through host memory")
+
+
 @contextlib.contextmanager
-def process_group(ctx, backend: str, secret: str, status: dict, timeout_s: float):
+def process_group(ctx, backend, secret: str, status: dict, timeout_s: float):
     """Yield (rank, world, statuses) with the default process group up; always torn down.
 
     ``status`` is this task's report (e.g. {"error": None, "rows": 123}); every task gets all
     reports. When any report carries an error no process group is made and ``None`` is
-    yielded as the rank, so that callers can stop together.
+    yielded as the rank, so that callers can stop together. ``backend``: a name, or a function
+    of the reports that returns (name, why) (choose_backend); the choice and its reason go
+    into every report as "backend" and "backend_why".
     """
     rank = ctx.partitionId()
     infos = ctx.getTaskInfos()
@@ -74,6 +98,10 @@ def process_group(ctx, backend: str, secret: str, status: dict, timeout_s: float
     if any(s.get("error") for s in statuses):
         yield None, world, statuses
         return
+    if callable(backend):
+        backend, why = backend(statuses)
+        for s in statuses:
+            s.update(backend=backend, backend_why=why)
     if store is None:
         store = dist.TCPStore(host, statuses[0]["port"], world, is_master=False,
                               timeout=timeout)

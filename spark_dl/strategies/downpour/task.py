@@ -228,9 +228,10 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     worker = rank // comm.size if comm is not None else rank        # the replica
     gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
     device, note = task_device(cfg.device, gpus, rank)
-    if comm is not None and device.type != "cpu":
-        device, note = torch.device("cpu"), "cpu: model-parallel tasks run on gloo"
     torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
+    if comm is None:                      # on a GPU: the rows go there once, batched there
+        from spark_dl.data.device import on_device
+        shard = on_device(shard, device, cfg.transform)
     if run_dir is not None:
         write_task_info(run_dir, f"worker-{rank}",
                         {"worker": rank, "device": str(device), "attempt": ctx.attemptNumber(),
@@ -276,6 +277,10 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     # when the wire carries the model's dtype on the CPU
     try:
         flat, grad = flat_parameters(model, expected, device, dtype)
+        for module in model.modules():            # a split model's buffers: to its device
+            for k, b in module._buffers.items():
+                if b is not None:
+                    module._buffers[k] = b.to(device)
     except (MemoryError, RuntimeError) as e:
         if not _is_out_of_memory(e):
             raise

@@ -99,8 +99,8 @@ class Rounds:
         idx = mask_indices(self.flat.numel(), self.alpha, self.seed, k).to(self.flat.device)
         mine = self.flat.index_select(0, idx)
         if self.peers and self.shm is not None:     # one host: every row in shared memory
-            rows = self.shm.gather(mine)
-            theirs = [rows[p] for p, _ in self.peers]
+            rows = self.shm.gather(mine)             # host memory: to this replica's device
+            theirs = [rows[p].to(mine.device) for p, _ in self.peers]
         elif self.peers:
             theirs = [torch.empty_like(mine) for _ in self.peers]
             reqs = [dist.irecv(buf, self._global(p), group=self.group)
@@ -137,6 +137,6 @@ def average_and_distance(flat: torch.Tensor, group=None) -> tuple[torch.Tensor, 
     """(x̄, mean over the replicas of ‖x_i − x̄‖²), the same on every replica: two
     all-reduces."""
     mean = average(flat, group)
-    d = torch.tensor([float(((flat.detach() - mean) ** 2).sum())], dtype=torch.float64)
+    d = ((flat.detach() - mean) ** 2).sum().to(torch.float64).reshape(1)
     dist.all_reduce(d, group=group)
     return mean, float(d) / dist.get_world_size(group)

@@ -28,6 +28,7 @@ from spark_dl.runtime.stage import (
     StepReports,
     Validation,
     barrier_task,
+    collective_device,
     most_batches,
     read_checkpoint,
     set_lr,
@@ -75,6 +76,7 @@ def flat_parameters(model: nn.Module) -> torch.Tensor:
 
 def gather_bytes(data: bytes, rank: int, world: int, device: torch.device) -> list[bytes]:
     """Every rank's bytes on rank 0 (as uint8 tensors: no pickling); [] elsewhere."""
+    device = collective_device(device)
     n = torch.tensor([len(data)], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(n) for _ in range(world)]
     dist.all_gather(sizes, n)
@@ -194,9 +196,10 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                                  for b in replicas]})
     mean, distance = average_and_distance(flat)
     flat.copy_(mean)                                     # the result: the replicas' average
-    sent = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+    where = collective_device(device)
+    sent = [torch.zeros(1, dtype=torch.float64, device=where) for _ in range(world)]
     dist.all_gather(sent, torch.tensor([float(rounds.bytes_sent)], dtype=torch.float64,
-                                       device=device))
+                                       device=where))
     numel, item = flat.numel(), flat.element_size()
     info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
             "alpha": cfg.alpha, "sync_every": cfg.sync_every, "rounds": rounds.rounds,

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU issue's checks on a GPU machine, into benchmarks/results/gpu.json (and the 16-core
+# scaling case into benchmarks/results/scaling-16.json). Run from the project root of a machine
+# with torch + CUDA and pyspark importable (a GPU machine without Java or pyspark: unpack
+# ../shared/tools/offline-bundle.sh's archive into /tmp first, and this script finds it).
+#
+#   bash benchmarks/gpu_check.sh [SECTIONS=one,amp,shared,lstm] [RESULTS=benchmarks/results]
+#   SCALING=1 bash benchmarks/gpu_check.sh ""     # only bench_scaling at 1 and 16 replicas
+set -uo pipefail
+SECTIONS=${1-one,amp,shared,lstm}
+RESULTS=${2:-benchmarks/results}
+if [ -d /tmp/bundle/jre17 ] && ! python3 -c 'import pyspark' 2>/dev/null; then
+  export JAVA_HOME=/tmp/bundle/jre17 PATH=/tmp/bundle/jre17/bin:$PATH \
+         PYTHONPATH=/tmp/bundle/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYSPARK_PYTHON=python3
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+rc=0
+if [ -n "$SECTIONS" ]; then
+  python3 benchmarks/gpu_check.py --sections "$SECTIONS" --master "local[${CORES:-16}]" \
+    --repeats "${REPEATS:-3}" --lstm-seconds "${LSTM_SECONDS:-120}" \
+    --out "$RESULTS/gpu.json" ${APPEND:+--append} || rc=$?
+fi
+if [ -n "${SCALING:-}" ]; then
+  python3 benchmarks/bench_scaling.py --replicas 1,16 --repeats 1 \
+    --strategies "${SCALING_STRATEGIES:-allreduce,downpour+lr,gossip}" \
+    --out "$RESULTS/scaling-16.json" || rc=$?
+fi
+exit $rc
