@@ -171,12 +171,14 @@ def section_one(spark, runs, repeats, out):
         df.unpersist()
 
 
-def section_amp(spark, runs, repeats, out):
+def section_amp(spark, runs, repeats, out, nets=("fc", "srcnn")):
     from spark_dl import AllReduce
     cases = [("fc-784-4096-4096-10", fc4096, mnist(8000 // SCALE, 4), 256, "cross_entropy",
               (1, 28, 28), ()),
              ("srcnn-9-5-5", srcnn, patches(8192 // SCALE), 256, "mse", (1, 33, 33), (1, 33, 33))]
     for name, fn, (x, y), batch, loss, shape, lshape in cases:
+        if name.split("-")[0] not in nets:
+            continue
         df = frame(spark, x, y, runs / f"amp-{name}").cache()
         df.count()
         row = {"net": name, "batch": batch, "rows": len(x), "epochs": 3,
@@ -239,7 +241,7 @@ def section_lstm(seconds, out):
     from spark_dl.recipes.charlm import CharConfig, train_char
     from spark_dl.recipes.common import RunConfig
     cfg = CharConfig(corpus=str(ROOT / "data/text/tinyshakespeare.txt"), hidden=512, layers=2,
-                     dropout=0.25, seq_len=1000, tbptt=100, batch_size=128, optimizer="adam",
+                     dropout=0.5, seq_len=1000, tbptt=100, batch_size=128, optimizer="adam",
                      lr=2e-3, lr_decay=0.9, updates=10**6, time_budget_s=seconds,
                      eval_every=500, run=RunConfig(device=DEVICE))
     res = train_char(cfg, log=lambda m: print(m, flush=True))
@@ -264,6 +266,7 @@ def main(argv=None):
     ap.add_argument("--sections", default="one,amp,shared,lstm")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--lstm-seconds", type=float, default=120.0)
+    ap.add_argument("--amp-nets", default="fc,srcnn")
     ap.add_argument("--master", default="local[4]")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu.json"))
     ap.add_argument("--append", action="store_true", help="add to --out's sections")
@@ -297,7 +300,7 @@ def main(argv=None):
             if section == "one":
                 section_one(spark, runs, args.repeats, out)
             elif section == "amp":
-                section_amp(spark, runs, args.repeats, out)
+                section_amp(spark, runs, args.repeats, out, args.amp_nets.split(","))
             elif section == "shared":
                 section_shared(spark, runs, out)
             else:

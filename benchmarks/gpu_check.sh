@@ -19,6 +19,7 @@ rc=0
 if [ -n "$SECTIONS" ]; then
   python3 benchmarks/gpu_check.py --sections "$SECTIONS" --master "local[${CORES:-16}]" \
     --repeats "${REPEATS:-3}" --lstm-seconds "${LSTM_SECONDS:-120}" \
+    --amp-nets "${AMP_NETS:-fc,srcnn}" \
     --out "$RESULTS/gpu.json" ${APPEND:+--append} || rc=$?
 fi
 if [ -n "${SCALING:-}" ]; then

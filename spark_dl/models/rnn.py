@@ -33,6 +33,7 @@ class CharRNN(nn.Module):
         self.vocab_size, self.kind = vocab_size, kind
         self.rnn = cells[kind](vocab_size, hidden, num_layers=layers, batch_first=True,
                                dropout=dropout if layers > 1 else 0.0)
+        self.drop = nn.Dropout(dropout)     # also on the top layer's output (as char-rnn)
         self.head = nn.Linear(hidden, vocab_size)
 
     def forward(self, ids: torch.Tensor, state=None):
@@ -43,7 +44,7 @@ class CharRNN(nn.Module):
                              f"{int(ids.min())}..{int(ids.max())}; encode with the model's vocabulary")
         x = F.one_hot(ids, self.vocab_size).to(self.head.weight.dtype)   # (B, T, V)
         out, state = self.rnn(x, state)                                  # (B, T, H)
-        return self.head(out), state
+        return self.head(self.drop(out)), state
 
 
 class CharLM(nn.Module):

@@ -142,6 +142,32 @@ def test_accumulation_equals_the_bigger_batch(spark, tmp_path):
     assert_same_weights(res.model, reference_epochs(x, y, [32, 32], 8, 1, 0.5, 0.0))
 
 
+@pytest.mark.parametrize("accumulate,batch", [(1, 8), (2, 4)])
+def test_one_replica_steps_as_the_plain_loop(spark, tmp_path, accumulate, batch):
+    """One replica has nothing to reduce: its own step (no buckets), the same weights and loss
+    as single-process SGD with the same batches, with or without accumulation (34 rows: the
+    last step is short)."""
+    x, y = data(34, seed=4)
+    res = fit(frame(spark, x, y, [34]), small_fc, strategy=AllReduce(accumulate=accumulate),
+              batch_size=batch, epochs=2, lr=0.3, momentum=0.9, shuffle=False,
+              dtype="float64", lr_scaling=None, replicas=1, run_dir=tmp_path / "run", log=None)
+    assert res.info["buckets"] == 0 and res.info["transport"] == "none"
+    ref = reference_epochs(x, y, [34], 8, 2, 0.3, 0.9)
+    assert_same_weights(res.model, ref)
+    assert [h["samples"] for h in res.history] == [34, 34]
+    torch.manual_seed(0)
+    start = small_fc().double()               # epoch 1's mean loss, recomputed
+    opt = torch.optim.SGD(start.parameters(), lr=0.3, momentum=0.9)
+    xt, yt, total = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y), 0.0
+    for i in range(0, 34, 8):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(start(xt[i:i + 8]), yt[i:i + 8])
+        total += float(loss) * len(yt[i:i + 8])
+        loss.backward()
+        opt.step()
+    assert res.history[0]["loss"] == pytest.approx(total / 34, rel=1e-9)
+
+
 def test_cnn_trains_on_mnist_and_writes_the_run(spark, mnist, tmp_path):
     images, labels = mnist
     x = images[:6000].reshape(6000, -1).astype(np.float32) / 255

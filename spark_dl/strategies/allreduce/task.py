@@ -168,9 +168,13 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     if scaler is not None:              # a rank whose first steps have no rows can step too
         scaler.scale(torch.zeros((), device=device))
+    # One replica without a balancer has nothing to reduce: its step is the plain loop's
+    # (gradients set to None and made afresh by backward, no buckets, no copies, no divisions)
+    local = world == 1 and cfg.balance is None
     shm_name = shared_memory_name(statuses, rank, world, device) \
-        if cfg.transport == "auto" else None
-    sync = GradientSync(list(model.parameters()), cfg.bucket_mb, shm_name, cfg.timeout_s)
+        if cfg.transport == "auto" and not local else None
+    sync = None if local else \
+        GradientSync(list(model.parameters()), cfg.bucket_mb, shm_name, cfg.timeout_s)
 
     # Resume from the run's checkpoint (rank 0 reads it, every rank gets its bytes).
     ckpt_path, ckpt = read_checkpoint(cfg, run_dir, rank, device)
@@ -201,7 +205,47 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
     val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn)
 
-    def run_step(micro):
+    def local_step(micro, totals) -> int:
+        """One replica's step: the mean loss over its micro-batches, as a plain loop does."""
+        count = sum(len(x) for x, _ in micro)
+        last = []
+
+        def closure():
+            opt.zero_grad(set_to_none=True)
+            loss_sum = None
+            for x, y in micro:
+                x = x.to(device=device, dtype=dtype, non_blocking=True)
+                y = y.to(device=device, non_blocking=True)
+                if y.is_floating_point():
+                    y = y.to(dtype)
+                with autocast(device, cfg.amp):
+                    loss = loss_fn(model(x), y)
+                scaled = loss if len(micro) == 1 else loss * (len(x) / count)
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                part = loss.detach() * len(x) if len(micro) > 1 else loss.detach()
+                loss_sum = part if loss_sum is None else loss_sum + part
+            if loss_sum is None:                     # no rows left this step
+                return torch.zeros((), dtype=dtype, device=device)
+            last[:] = [(loss_sum, 1.0) if len(micro) > 1 else (loss_sum, float(count))]
+            return loss_sum / count if len(micro) > 1 else loss_sum
+        if closure_opt:
+            opt.step(closure)
+        else:
+            closure()
+            if count:
+                if scaler is not None:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+        if last:                                     # on the device: no host synchronisation
+            totals[0].add_(last[0][0], alpha=last[0][1])
+        return count
+
+    def run_step(micro, totals) -> int:
+        if local:
+            return local_step(micro, totals)
+
         def closure():
             sync.zero_grad()
             loss_sum, count = torch.zeros((), dtype=dtype, device=device), 0
@@ -231,7 +275,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                 scaler.update()
             else:
                 opt.step()
-        return sync.flats[-1][-2:].to(torch.float64)     # (global loss sum, samples): a copy
+        totals += sync.flats[-1][-2:].to(torch.float64)  # (global loss sum, samples)
+        return 0
 
     t_fit = time.perf_counter()
     setup_s = t_fit - t_setup
@@ -242,13 +287,16 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             shard, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank, epoch=epoch,
             accumulate=cfg.accumulate, transform=cfg.transform))
         totals = torch.zeros(2, dtype=torch.float64, device=device)   # loss sum, samples
+        seen = 0                                     # samples (one replica: counted here)
         for step in range(steps):
             set_lr(opt, schedule.at(epoch + step / steps))
             micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
-            totals += run_step(micro)
-            reports.step(epoch, step, steps, totals[0], totals[1])
+            seen += run_step(micro, totals)
+            reports.step(epoch, step, steps, totals[0], seen if local else totals[1])
             val.maybe(model, epoch, step, reports)
         loss_sum, samples = totals.tolist()          # the epoch's one host synchronisation
+        if local:
+            samples = seen
         seconds = reports.seconds()
         row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
                "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps,
@@ -271,15 +319,18 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                                   "rng": states,
                                   "balance": balancer.state() if balancer else None})
     info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
-            "allreduce_calls": sync.calls, "allreduce_bytes": sync.bytes,
-            "buckets": len(sync.buckets), "transport": sync.transport,
+            "allreduce_calls": sync.calls if sync else 0,
+            "allreduce_bytes": sync.bytes if sync else 0,
+            "buckets": len(sync.buckets) if sync else 0,
+            "transport": sync.transport if sync else "none",
             "balance": balancer.info() if balancer is not None else None,
             "lr_schedule": schedule.describe(), "evals": val.evals,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": setup_s, "train_s": time.perf_counter() - t_fit,
-                        "allreduce_s": sync.seconds, "validation_s": val.seconds}}
-    if sync.shm is not None:
+                        "allreduce_s": sync.seconds if sync else 0.0,
+                        "validation_s": val.seconds}}
+    if sync is not None and sync.shm is not None:
         sync.shm.close()
     state = state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
     return {"state": state, "history": history, "info": info}

@@ -149,7 +149,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 continue
             at(epoch, key)
             shard = read_shard(mine, iter(read_key(files, keys[key], columns)), f"key {key}")
-            loss_sum = samples = 0.0
+            loss_acc, samples = None, 0.0
             steps = 0
             if local is not None:
                 seen.zero_()
@@ -163,7 +163,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 with autocast(device, cfg.amp):
                     loss = loss_fn(model(x), y)
                 scaler(loss * len(x)).backward()     # grad += the per-sample gradient sum
-                loss_sum += float(loss.detach()) * len(x)
+                lost = loss.detach().to(torch.float64)   # read once a report goes
+                loss_acc = lost * len(x) if loss_acc is None else loss_acc.add_(lost, alpha=len(x))
                 samples += len(x)
                 steps += 1
                 if local is not None:            # step the copy by this mini-batch's mean
@@ -186,7 +187,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             rows += int(samples)
             trained.append([epoch, key])
             progress.send({"type": "key", "worker": rank, "epoch": epoch + 1, "key": key,
-                           "done": done, "loss": loss_sum / max(samples, 1),
+                           "done": done, "loss": _value(loss_acc) / max(samples, 1),
                            "samples": int(samples)})
     finally:
         files.close()
@@ -199,3 +200,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             "bytes_sent": client.conn.bytes_sent, "bytes_received": client.conn.bytes_received,
             "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber(),
             **peak_memory_mb()}
+
+
+def _value(t) -> float:
+    """A running loss sum kept as a tensor (None: nothing yet) as a number."""
+    return 0.0 if t is None else float(t)
