@@ -119,8 +119,8 @@ def _torchrun_group(fn: Callable, my_rank: int, world: int, device: torch.device
             raise ConfigError(
                 f"the function initialises the process group with backend {backend!r}, but "
                 f"this task runs on {device}, where spark_dl.run set up {ours!r}: leave the "
-                f"backend out (dist.init_process_group()), or run with device='cuda' for "
-                f"'nccl'")
+                f"backend out (dist.init_process_group()); 'nccl' needs device='cuda' and a GPU "
+                f"of its own for every task (tasks that share a GPU get gloo)")
         for name, got, want in (("rank", rank, my_rank), ("world_size", world_size, world)):
             if got not in (-1, None) and int(got) != want:
                 raise ConfigError(f"the function initialises the process group with "

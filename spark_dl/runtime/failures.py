@@ -21,7 +21,8 @@ import traceback
 from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError, TaskError
 
-__all__ = ["WHERE", "TaskError", "TaskErrors", "at", "is_transient", "report", "task_error"]
+__all__ = ["WHERE", "TaskError", "TaskErrors", "at", "fix_for", "is_transient", "report",
+           "task_error"]
 
 # where this task is (set by the training loops): a failing task says which step failed
 WHERE: dict = {"epoch": None, "step": None}
@@ -33,12 +34,14 @@ def at(epoch: int | None, step: int | None) -> None:
 
 
 def is_transient(e: BaseException) -> bool:
-    """A fault Spark should retry (a peer or a connection lost), not the user's error."""
+    """A fault Spark should retry (a peer or a connection lost), not the user's error. What
+    would fail again the same way (NCCL's invalid usage such as two ranks on one GPU, CUDA
+    out of memory at the same batch) is not transient, whatever class torch gives it."""
     try:
         from torch.distributed import DistError
     except ImportError:                          # torch built without distributed
         DistError = ()
-    if isinstance(e, SparkDLError):
+    if isinstance(e, SparkDLError) or fix_for(e) is not None:
         return False
     if isinstance(e, (DistError, ConnectionError, TimeoutError, EOFError, KeyboardInterrupt,
                       SystemExit)):
@@ -52,6 +55,24 @@ def is_transient(e: BaseException) -> bool:
 _TRANSPORT_FAULTS = ("gloo/transport", "Connection reset by peer", "Connection closed by peer",
                      "Connection refused", "Broken pipe", "NCCL communicator was aborted",
                      "ProcessGroupNCCL", "Socket Timeout", "timed out")
+
+
+def fix_for(e: BaseException) -> str | None:
+    """What to change when ``e`` is a fault that a retry would meet again, or None."""
+    text = str(e)
+    if "Duplicate GPU detected" in text:
+        return ("several ranks of one NCCL group are on the same GPU (more tasks than GPUs, "
+                "or a fractional spark.task.resource.gpu.amount): give every task its own GPU "
+                "(spark.task.resource.gpu.amount=1), or let spark_dl choose the backend: its "
+                "fits and spark_dl.run's group use gloo for replicas that share a GPU")
+    if "invalid usage" in text and "NCCL" in text:
+        return ("NCCL rejected how it was called (its message says how); a retry would fail "
+                "the same way: fix the call or use the process group spark_dl set up")
+    if "out of memory" in text and ("CUDA" in text or "cuda" in text):
+        return ("the GPU ran out of memory at this batch: lower batch_size (AllReduce's "
+                "accumulate=k keeps the step's batch with batch_size/k rows a pass), use "
+                "amp='bf16', or put fewer replicas on each GPU")
+    return None
 
 
 def _summary(e: BaseException, frames: int = 8, limit: int = 4000) -> str:
@@ -72,11 +93,16 @@ def report(channel, secret: bytes, task: int, e: BaseException) -> bool:
     epoch, step = WHERE["epoch"], WHERE["step"]
     sent = client.send({"type": "task_error", "task": task, "error": type(e).__name__,
                         "spark_dl": isinstance(e, SparkDLError),
-                        "message": str(e)[:4000], "traceback": _summary(e),
+                        "message": _with_fix(e)[:4000], "traceback": _summary(e),
                         "epoch": None if epoch is None else epoch + 1,
                         "step": None if step is None else step + 1})
     client.close()
     return sent
+
+
+def _with_fix(e: BaseException) -> str:
+    fix = fix_for(e)
+    return str(e) if fix is None else f"{str(e)[:3000]}\n  what to do: {fix}"
 
 
 _SPARK_DL = {"ConfigError": ConfigError, "DataError": DataError, "ResourceError": ResourceError,

@@ -54,6 +54,9 @@ def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, tr
               lr_scaling=None,
               run_dir=tmp_path / "run", log=None)
     assert res.info["transport"] == used
+    # the backend follows the devices the tasks reported (CPU here: gloo; see test_device)
+    assert (res.info["backend"], res.info["backend_why"]) == ("gloo", "gloo: CPU tasks")
+    assert res.info["devices"] == ["cpu", "cpu"]
     # 2 epochs x 6 steps; the reference replays the same order each epoch.
     assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.9))
     assert res.info["world"] == 2 and res.info["rows_per_replica"] == [48, 48]

@@ -69,6 +69,40 @@ def test_a_model_with_fewer_outputs_than_classes(spark, tmp_path):
         assert "cross_entropy" in e.remote_traceback
 
 
+class Attempts(torch.nn.Module):
+    """FCNet((13, 9, 3)) on 12 features (a shape error on every attempt); each task attempt
+    that trains leaves a file ``task-<partition>-attempt-<n>`` in ``log``."""
+
+    def __init__(self, log: str):
+        super().__init__()
+        self.net, self.log = FCNet((13, 9, 3)), log
+
+    def forward(self, x):
+        import os
+
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        if ctx is not None:
+            open(os.path.join(self.log, f"task-{ctx.partitionId()}-attempt-"
+                                        f"{ctx.attemptNumber()}"), "a").close()
+        return self.net(x)
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "downpour"])
+def test_a_shape_error_fails_at_the_first_attempt(spark, tmp_path, strategy):
+    """A fault that would fail again is not retried: one attempt of each task, in seconds."""
+    x, y = data(48)
+    log = tmp_path / "attempts"
+    log.mkdir()
+    e = _fails(ValueError, r"FCNet expects 13 input features per sample, got 12",
+               lambda: fit(frame(spark, x, y, [24, 24]), lambda: Attempts(str(log)),
+                           strategy=strategy, batch_size=8, log=None,
+                           run_dir=tmp_path / "r"))
+    assert isinstance(e, TaskError) and e.epoch == 1
+    assert {p.name for p in log.iterdir()} <= {"task-0-attempt-0", "task-1-attempt-0"}
+    assert list(log.iterdir())
+
+
 class Explodes(torch.nn.Module):
     """Raises ZeroDivisionError in the forward of its ``at``-th training step on task 1."""
 

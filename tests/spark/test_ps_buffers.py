@@ -84,7 +84,10 @@ def test_boosting_returns_the_workers_running_statistics(spark, tmp_path):
         return torch.nn.Sequential(*net[:3], Probe(), net[3])
 
     x, y = data(256, seed=1)
-    res = fit(frame(spark, x, y, [128, 128]), probed_bn_net, strategy=Boosting(n_push=2),
+    # average=0: the returned parameters are the last values, as the statistics are (with the
+    # averaged server they are not: docs/guides/boosting.md, "Known gap")
+    res = fit(frame(spark, x, y, [128, 128]), probed_bn_net,
+              strategy=Boosting(n_push=2, average=0),
               replicas=2, batch_size=16, epochs=2, lr=0.05, run_dir=tmp_path / "run",
               validation=(x, y), log=None)
     assert res.model[3].seen.tolist() == [0.0]

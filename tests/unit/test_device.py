@@ -66,3 +66,20 @@ def test_backend_for_placements():
                                    _status("a", "cuda:0")])
     assert backend == "gloo" and "2 tasks share cuda:0" in why and "NCCL" in why
     assert choose_backend([_status("a", "cuda:0"), _status("a", "cpu")])[0] == "gloo"
+
+
+def test_faults_a_retry_would_meet_again_are_not_transient():
+    from spark_dl.runtime.failures import _with_fix, fix_for, is_transient
+    dup = torch.distributed.DistBackendError(
+        "NCCL error in: ProcessGroupNCCL.cpp:1883, invalid usage (run with NCCL_DEBUG=WARN "
+        "for details), NCCL version 2.27.3\nncclInvalidUsage: Duplicate GPU detected : rank 1 "
+        "and rank 0 both on CUDA device 1000")
+    assert not is_transient(dup) and "spark.task.resource.gpu.amount=1" in fix_for(dup)
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not is_transient(oom) and "batch_size" in _with_fix(oom)
+    assert _with_fix(oom).startswith("CUDA out of memory. Tried to allocate 2.00 GiB")
+    # what a retry can get past stays transient
+    lost = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                        "[127.0.0.1]:1234: Connection reset by peer")
+    assert is_transient(lost) and fix_for(lost) is None
+    assert is_transient(torch.distributed.DistBackendError("NCCL communicator was aborted"))

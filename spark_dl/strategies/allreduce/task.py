@@ -205,6 +205,15 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
     val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn)
 
+    def forward_loss(x, y):
+        """The mean loss of one micro-batch (moved to the device, autocast when amp)."""
+        x = x.to(device=device, dtype=dtype, non_blocking=True)
+        y = y.to(device=device, non_blocking=True)
+        if y.is_floating_point():
+            y = y.to(dtype)
+        with autocast(device, cfg.amp):
+            return loss_fn(model(x), y)
+
     def local_step(micro, totals) -> int:
         """One replica's step: the mean loss over its micro-batches, as a plain loop does."""
         count = sum(len(x) for x, _ in micro)
@@ -214,12 +223,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             opt.zero_grad(set_to_none=True)
             loss_sum = None
             for x, y in micro:
-                x = x.to(device=device, dtype=dtype, non_blocking=True)
-                y = y.to(device=device, non_blocking=True)
-                if y.is_floating_point():
-                    y = y.to(dtype)
-                with autocast(device, cfg.amp):
-                    loss = loss_fn(model(x), y)
+                loss = forward_loss(x, y)
                 scaled = loss if len(micro) == 1 else loss * (len(x) / count)
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 part = loss.detach() * len(x) if len(micro) > 1 else loss.detach()
@@ -250,12 +254,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             sync.zero_grad()
             loss_sum, count = torch.zeros((), dtype=dtype, device=device), 0
             for x, y in micro:
-                x = x.to(device=device, dtype=dtype, non_blocking=True)
-                y = y.to(device=device, non_blocking=True)
-                if y.is_floating_point():
-                    y = y.to(dtype)
-                with autocast(device, cfg.amp):
-                    loss = loss_fn(model(x), y)
+                loss = forward_loss(x, y)
                 scaled = loss * len(x)
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 loss_sum += loss.detach().to(dtype) * len(x)    # no host sync per step
