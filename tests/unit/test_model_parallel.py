@@ -241,3 +241,24 @@ def test_flat_views_keep_tied_weights_tied():
     meta[1].weight = meta[0].weight
     flat, _ = _flatten(meta, 15, "cpu", torch.float32)
     assert meta[0].weight is meta[1].weight and meta[0].weight.device.type == "cpu"
+
+
+@pytest.mark.parametrize("F", [1, 2])
+def test_a_partition_lives_on_the_requested_device(F):
+    # what a model-parallel Downpour task builds (its slice, kept-whole BatchNorm buffers made
+    # real) lands, parameters, gradients and buffers, on the task's device ("meta" stands in
+    # for a GPU here: nothing may stay behind on the CPU)
+    from spark_dl.model_parallel import Comm
+    from spark_dl.strategies.downpour.exchange import flat_parameters as _flatten
+    from spark_dl.strategies.downpour.task import _partitioned_model
+
+    def bn_fc():
+        return torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.BatchNorm1d(8),
+                                   torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    part = _partitioned_model(bn_fc, Comm.layout(0, F), torch.float32)
+    numel = sum(p.numel() for p in part.parameters() if p.requires_grad)
+    assert any(b.device.type == "cpu" for b in part.buffers())      # made real on the CPU
+    flat, grad = _flatten(part, numel, torch.device("meta"), torch.float32)
+    assert flat.is_meta and grad.is_meta
+    assert all(p.is_meta and p.grad.is_meta for p in part.parameters())
+    assert all(b.is_meta for b in part.buffers())

@@ -67,8 +67,8 @@ class Exchange:
 def flat_parameters(model: torch.nn.Module, numel: int, device, dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Make every trainable parameter and its gradient a view into one flat vector each, in
-    ``model.parameters()`` order. Parameters on the meta device are replaced by views (no
-    other memory is allocated); others are copied in."""
+    ``model.parameters()`` order, on ``device``. Parameters on the meta device are replaced by
+    views (no other memory is allocated); others are copied in. Buffers go to ``device``."""
     entries = [(m, name, p) for m in model.modules() for name, p in m._parameters.items()
                if p is not None and p.requires_grad]
     unique = {id(p): p for _, _, p in entries}        # a tied parameter counts once
@@ -95,6 +95,10 @@ def flat_parameters(model: torch.nn.Module, numel: int, device, dtype
         p.grad = grad[off:off + n].view(p.shape)
         done[original] = p
         off += n
+    for module in model.modules():            # buffers (a split model's kept-whole ones too)
+        for key, b in module._buffers.items():
+            if b is not None and b.device != flat.device:
+                module._buffers[key] = b.to(flat.device)
     return flat, grad
 
 

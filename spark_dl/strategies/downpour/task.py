@@ -277,10 +277,6 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     # when the wire carries the model's dtype on the CPU
     try:
         flat, grad = flat_parameters(model, expected, device, dtype)
-        for module in model.modules():            # a split model's buffers: to its device
-            for k, b in module._buffers.items():
-                if b is not None:
-                    module._buffers[k] = b.to(device)
     except (MemoryError, RuntimeError) as e:
         if not _is_out_of_memory(e):
             raise
