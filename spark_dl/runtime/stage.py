@@ -21,8 +21,8 @@ import torch.distributed as dist
 from .failures import at, report
 
 __all__ = ["RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "Validation", "barrier_task",
-           "broadcast_bytes", "collective_device", "peak_memory_mb", "read_shard", "set_lr", "shared_memory_name",
-           "stage_info", "state_bytes", "write_task_info"]
+           "broadcast_bytes", "collective_device", "peak_memory_mb", "read_shard", "set_lr",
+           "shared_memory_name", "stage_info", "state_bytes", "write_task_info"]
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
@@ -192,9 +192,9 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
             gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
             device, note = task_device(cfg.device, gpus, rank)
             if shard is not None:         # on a GPU: the rows go there once, batched there
-                from spark_dl.data.device import on_device
+                from spark_dl.data.device import DeviceShard, on_device
                 shard = on_device(shard, device, cfg.transform)
-                if shard.__class__.__name__ == "DeviceShard":
+                if isinstance(shard, DeviceShard):
                     note += "; rows held on the GPU"
             status.update(rows=len(shard) if shard is not None else 0, device=str(device),
                           note=note, gpus=gpus, data=shard.kind if shard is not None else None,
