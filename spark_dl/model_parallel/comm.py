@@ -151,12 +151,13 @@ class Comm:
         if self.size == 1:
             chunks[0].copy_(mine)
             return chunks
-        if len({c.shape for c in chunks}) == 1 and self._on_host(mine):
+        same = len({c.shape for c in chunks}) == 1
+        if same and self._on_host(mine):
             host = [torch.empty(c.shape, dtype=c.dtype) for c in chunks]
             dist.all_gather(host, mine.cpu().contiguous(), group=self.group)
             for c, h in zip(chunks, host):
                 c.copy_(h)
-        elif len({c.shape for c in chunks}) == 1:
+        elif same:
             dist.all_gather(chunks, mine.contiguous(), group=self.group)
         else:                   # gloo's all_gather wants equal sizes: broadcast each slice
             for p, c in enumerate(chunks):

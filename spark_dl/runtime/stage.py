@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from .failures import at, report
 
-__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "StageConfig", "Validation", "barrier_task",
+__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "Validation",
+           "barrier_task",
            "broadcast_bytes", "collective_device", "peak_memory_mb", "read_shard", "set_lr",
            "shared_memory_name", "stage_info", "state_bytes", "write_task_info"]
 
@@ -319,6 +320,22 @@ def collective_device(device) -> torch.device:
     """Where small bookkeeping tensors of a collective go: the task's GPU under NCCL, the CPU
     under gloo (whose gather and all_gather take CPU tensors only)."""
     return device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+class LossSum:
+    """A running sum of mini-batch losses x rows, kept on the loss's device: read (a host
+    synchronisation) only when a report goes, not every step."""
+
+    def __init__(self):
+        self.total = None
+
+    def add(self, loss: torch.Tensor, rows: int) -> None:
+        """Add a mini-batch's mean ``loss`` over ``rows`` rows."""
+        lost = loss.detach().to(torch.float64)
+        self.total = lost * rows if self.total is None else self.total.add_(lost, alpha=rows)
+
+    def value(self) -> float:
+        return 0.0 if self.total is None else float(self.total)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import json
 import os
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -65,13 +66,11 @@ def choose_backend(statuses: list[dict]) -> tuple[str, str]:
         if any(d.startswith("cuda") for _, d in devices):
             return "gloo", "gloo: some tasks run on the CPU, others on a GPU"
         return "gloo", "gloo: CPU tasks"
-    if len(set(devices)) == len(devices):
+    (_machine, gpu), n = Counter(devices).most_common(1)[0]
+    if n == 1:
         return "nccl", "nccl: one GPU per task"
-    shared = sorted({d for d in devices if devices.count(d) > 1}, key=str)
-    gpu = shared[0][1]
-    return "gloo", (f"gloo: {devices.count(shared[0])} tasks share {gpu} on one machine "
-                    f"(NCCL needs a GPU per rank); their tensors stay on the GPU, exchanged "
-                    f"through host memory")
+    return "gloo", (f"gloo: {n} tasks share {gpu} on one machine (NCCL needs a GPU per rank); "
+                    f"their tensors stay on the GPU, exchanged through host memory")
 
 
 @contextlib.contextmanager

@@ -217,21 +217,21 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     def local_step(micro, totals) -> int:
         """One replica's step: the mean loss over its micro-batches, as a plain loop does."""
         count = sum(len(x) for x, _ in micro)
-        last = []
+        losses = []                                  # (mean loss, rows) of each micro-batch
 
         def closure():
             opt.zero_grad(set_to_none=True)
-            loss_sum = None
+            losses.clear()
             for x, y in micro:
                 loss = forward_loss(x, y)
-                scaled = loss if len(micro) == 1 else loss * (len(x) / count)
+                scaled = loss if len(x) == count else loss * (len(x) / count)
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                part = loss.detach() * len(x) if len(micro) > 1 else loss.detach()
-                loss_sum = part if loss_sum is None else loss_sum + part
-            if loss_sum is None:                     # no rows left this step
+                losses.append((loss.detach(), len(x)))
+            if not closure_opt:                      # SGD & co. read no loss: no extra kernels
+                return None
+            if not losses:                           # no rows left this step
                 return torch.zeros((), dtype=dtype, device=device)
-            last[:] = [(loss_sum, 1.0) if len(micro) > 1 else (loss_sum, float(count))]
-            return loss_sum / count if len(micro) > 1 else loss_sum
+            return sum(loss * n for loss, n in losses) / count
         if closure_opt:
             opt.step(closure)
         else:
@@ -242,8 +242,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                     scaler.update()
                 else:
                     opt.step()
-        if last:                                     # on the device: no host synchronisation
-            totals[0].add_(last[0][0], alpha=last[0][1])
+        for loss, n in losses:                       # on the device: no host synchronisation
+            totals[0].add_(loss, alpha=n)
         return count
 
     def run_step(micro, totals) -> int:

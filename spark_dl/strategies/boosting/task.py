@@ -19,7 +19,13 @@ import torch
 from spark_dl.runtime.amp import LossScaler, autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
-from spark_dl.runtime.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
+from spark_dl.runtime.stage import (
+    LossSum,
+    StageConfig,
+    peak_memory_mb,
+    read_shard,
+    write_task_info,
+)
 
 __all__ = ["RESULT_SCHEMA", "BoostingConfig", "make_task", "read_key"]
 
@@ -149,7 +155,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 continue
             at(epoch, key)
             shard = read_shard(mine, iter(read_key(files, keys[key], columns)), f"key {key}")
-            loss_acc, samples = None, 0.0
+            loss_sum, samples = LossSum(), 0.0
             steps = 0
             if local is not None:
                 seen.zero_()
@@ -163,8 +169,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 with autocast(device, cfg.amp):
                     loss = loss_fn(model(x), y)
                 scaler(loss * len(x)).backward()     # grad += the per-sample gradient sum
-                lost = loss.detach().to(torch.float64)   # read once a report goes
-                loss_acc = lost * len(x) if loss_acc is None else loss_acc.add_(lost, alpha=len(x))
+                loss_sum.add(loss, len(x))                # read once a report goes
                 samples += len(x)
                 steps += 1
                 if local is not None:            # step the copy by this mini-batch's mean
@@ -187,7 +192,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             rows += int(samples)
             trained.append([epoch, key])
             progress.send({"type": "key", "worker": rank, "epoch": epoch + 1, "key": key,
-                           "done": done, "loss": _value(loss_acc) / max(samples, 1),
+                           "done": done, "loss": loss_sum.value() / max(samples, 1),
                            "samples": int(samples)})
     finally:
         files.close()
@@ -200,8 +205,3 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             "bytes_sent": client.conn.bytes_sent, "bytes_received": client.conn.bytes_received,
             "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber(),
             **peak_memory_mb()}
-
-
-def _value(t) -> float:
-    """A running loss sum kept as a tensor (None: nothing yet) as a number."""
-    return 0.0 if t is None else float(t)

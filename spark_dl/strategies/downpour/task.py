@@ -25,7 +25,13 @@ from spark_dl.balance import balanced_batches
 from spark_dl.runtime.amp import LossScaler, autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
-from spark_dl.runtime.stage import StageConfig, peak_memory_mb, read_shard, write_task_info
+from spark_dl.runtime.stage import (
+    LossSum,
+    StageConfig,
+    peak_memory_mb,
+    read_shard,
+    write_task_info,
+)
 
 from .exchange import Exchange, flat_parameters
 
@@ -318,7 +324,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 shard, batch_size, steps, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank,
                 epoch=epoch, transform=cfg.transform), first, None)
         t0 = last = time.perf_counter()
-        loss_acc, samples = None, 0.0
+        loss_sum, samples = LossSum(), 0.0
         for step in range(first, steps):
             at(epoch, step)
             batch = next(it, None)
@@ -345,8 +351,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                         loss = loss_fn(model(x), y)
                     scaler(loss * len(x)).backward()  # grad += the per-sample gradient sum
                 acc_samples += len(x)
-                lost = loss.detach().to(torch.float64)   # read once a report goes
-                loss_acc = lost * len(x) if loss_acc is None else loss_acc.add_(lost, alpha=len(x))
+                loss_sum.add(loss, len(x))                # read once a report goes
                 samples += len(x)
             acc_steps += 1
             last_step = step == steps - 1 or (rows_total is not None and cfg.mode != "sync"
@@ -391,12 +396,12 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 n_stale = sum(staleness.values())
                 progress.send({"type": "step", "worker": worker, "epoch": epoch + 1,
                                "epochs": cfg.epochs, "step": step + 1, "steps": steps,
-                               "loss": _value(loss_acc) / max(samples, 1),
+                               "loss": loss_sum.value() / max(samples, 1),
                                "samples_per_s": samples / (now - t0),
                                "staleness": sum(k * v for k, v in staleness.items())
                                / max(n_stale, 1)})
         seconds = time.perf_counter() - t0
-        row = {"epoch": epoch + 1, "worker": worker, "loss": _value(loss_acc) / max(samples, 1),
+        row = {"epoch": epoch + 1, "worker": worker, "loss": loss_sum.value() / max(samples, 1),
                "samples": int(samples), "seconds": seconds,
                "samples_per_s": samples / max(seconds, 1e-9)}
         if first:                                 # a retry's part of the epoch only
@@ -424,8 +429,3 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         report["model_parallel"] = {"partitions": comm.size, "parameter_bytes": numel *
                                     flat.element_size(), "communication": comm.counts()}
     return report
-
-
-def _value(t) -> float:
-    """A running loss sum kept as a tensor (None: nothing yet) as a number."""
-    return 0.0 if t is None else float(t)
