@@ -7,7 +7,9 @@
 # text-2cores (the char LSTM for 20 minutes on 2 CPU cores),
 # model-parallel (2 replicas x 2 column partitions on local-cluster against one process: the
 # thesis CNN, the FC net with the thesis's algorithm, the char LSTM; the SSDA split in two;
-# the thesis's Fig. 4.3 drawn from the split runs).
+# the thesis's Fig. 4.3 drawn from the split runs),
+# split (the split runs of hybrid and model-parallel again, their one-process references
+# not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,14 +76,14 @@ if [ "$group" = downpour ]; then
       jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.strategy=downpour \
       --set train.momentum=0.8 --set train.strategy.staleness=none
 fi
-if [ "$group" = hybrid ]; then
+if [ "$group" = hybrid ] || [ "$group" = split ]; then
   # The widened FC net in one process (2 threads), then Downpour over 2 replicas, each split
   # by columns over 2 tasks (micro-batches of 16: a replica's step is 32 samples, as the
   # single run's), on local[4] and on local-cluster (2 executors x 2 cores). Momentum 0.8 on
   # the server: with 0.9 the asynchronous sigmoid net sat on its initial plateau for an
   # epoch (local[4]) or for good (local-cluster, 6 epochs at chance); lr 0.15: at 0.1 with
   # momentum 0.8 (half the single run's effective step) it ended 0.8 points behind.
-  [ -f "$DEST/fc-wide-single.json" ] && [ -z "${RERUN:-}" ] || \
+  [ "$group" = split ] || [ -f "$DEST/fc-wide-single.json" ] && [ -z "${RERUN:-}" ] || \
     run_named fc-wide-single jobs/train_mnist.py --config conf/jobs/fc_hybrid.toml \
       --set run.threads=2
   BIN="$(cd "$(dirname "$PY")" && pwd)"
@@ -94,7 +96,7 @@ if [ "$group" = hybrid ]; then
       run_named fc-wide-hybrid-local-cluster --properties-file conf/spark/local-cluster.conf \
       --master "local-cluster[2,2,1024]" "${HYBRID[@]}"
 fi
-if [ "$group" = model-parallel ]; then
+if [ "$group" = model-parallel ] || [ "$group" = split ]; then
   # Every replica split over F = 2 tasks, 2 replicas, on local-cluster[2,2,1024] (two executor
   # JVMs of 2 cores: the 4 tasks of one barrier stage), against one process with 1 thread on
   # the same data. A replica's step is the single run's batch (each task draws half), each
@@ -104,34 +106,36 @@ if [ "$group" = model-parallel ]; then
   BIN="$(cd "$(dirname "$PY")" && pwd)"
   SUBMIT=(--properties-file conf/spark/local-cluster.conf --master "local-cluster[2,2,1024]")
   MP=(--set train.strategy=downpour --set train.strategy.partitions=2 --set train.replicas=2)
-  run_named cnn-mp-single jobs/train_mnist.py --config conf/jobs/cnn.toml \
-      --set data.extended_samples=100000 --set run.threads=1
+  [ "$group" = split ] || run_named cnn-mp-single jobs/train_mnist.py \
+      --config conf/jobs/cnn.toml --set data.extended_samples=100000 --set run.threads=1
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named cnn-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/cnn.toml \
       --set data.extended_samples=100000 "${MP[@]}" --set train.batch_size=8
   FC=(--set data.extended_samples=100000 --set train.optimizer=sgd --set train.lr=0.1)
-  run_named fc-mp-single jobs/train_mnist.py --config conf/jobs/fc.toml "${FC[@]}" \
-      --set train.batch_size=32 --set run.threads=1
+  [ "$group" = split ] || run_named fc-mp-single jobs/train_mnist.py \
+      --config conf/jobs/fc.toml "${FC[@]}" --set train.batch_size=32 --set run.threads=1
   PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
       run_named fc-thesis-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/fc.toml \
       "${FC[@]}" "${MP[@]}" --set train.strategy.model_parallel=thesis --set train.batch_size=16
-  # char LSTM: 900 server updates each (single: 900 steps of 32 sequences; 2 x 2: each
-  # replica 450 steps of 2 tasks x 16 streams, 150 steps an epoch, 3 epochs; a split step
-  # takes about a second on 2 cores: every time step of both layers gathers the hidden units)
-  run_named char-mp-single jobs/train_char.py --config conf/jobs/char_lstm.toml \
-      --set updates=900 --set eval_every=300 --set run.threads=1
-  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-      run_named char-lstm-2x2 "${SUBMIT[@]}" jobs/train_char.py \
-      --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=2 \
-      --set replicas=2 --set updates=450
-  # ... and one task on Spark reading the same stream-ordered windows (the single job draws
-  # random 1,000-character windows, each from a zero state): the reference for the split
-  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-      run_named char-lstm-1x1 "${SUBMIT[@]}" jobs/train_char.py \
-      --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=1 \
-      --set replicas=1 --set updates=900
-  SPARK_LOCAL_IP=127.0.0.1 "$PY" benchmarks/quality_ssda_partitions.py \
-      --out "$DEST/ssda-partitions.json" 2>&1 | tee "$DEST/ssda-partitions.log"
+  if [ "$group" = model-parallel ]; then
+    # char LSTM: 900 server updates each (single: 900 steps of 32 sequences; 2 x 2: each
+    # replica 450 steps of 2 tasks x 16 streams, 150 steps an epoch, 3 epochs; a split step
+    # takes about a second on 2 cores: every time step of both layers gathers the hidden units)
+    run_named char-mp-single jobs/train_char.py --config conf/jobs/char_lstm.toml \
+        --set updates=900 --set eval_every=300 --set run.threads=1
+    PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+        run_named char-lstm-2x2 "${SUBMIT[@]}" jobs/train_char.py \
+        --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=2 \
+        --set replicas=2 --set updates=450
+    # ... and one task on Spark reading the same stream-ordered windows (the single job draws
+    # random 1,000-character windows, each from a zero state): the reference for the split
+    PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
+        run_named char-lstm-1x1 "${SUBMIT[@]}" jobs/train_char.py \
+        --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=1 \
+        --set replicas=1 --set updates=900
+    SPARK_LOCAL_IP=127.0.0.1 "$PY" benchmarks/quality_ssda_partitions.py \
+        --out "$DEST/ssda-partitions.json" 2>&1 | tee "$DEST/ssda-partitions.log"
+  fi
   "$PY" - "$DEST" <<'PLOT'
 import json, sys
 from pathlib import Path

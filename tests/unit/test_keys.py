@@ -89,3 +89,27 @@ def test_boosting_options_name_the_value_and_the_choices():
         Boosting(local=1)
     with pytest.raises(ConfigError, match=r"average must be a number >= 0 .* got -1"):
         Boosting(average=-1)
+
+
+def test_a_key_reads_its_rows_and_each_row_group_is_decoded_once(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dl.strategies.boosting.task import _Files, read_key
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"x": list(range(35)), "y": [i * 2 for i in range(35)]}), path,
+                   row_group_size=10)                     # groups of rows 0-9, ..., 30-34
+    uri = path.as_uri()
+    files = _Files(budget=1 << 20)
+    for first, end in ((0, 4), (8, 23), (30, 35), (8, 23), (4, 8)):
+        rows = pa.Table.from_batches(read_key(files, (uri, first, end), ["x", "y"]))
+        assert rows.column("x").to_pylist() == list(range(first, end))
+        assert rows.column("y").to_pylist() == [2 * i for i in range(first, end)]
+    assert files.decoded == 4                            # every group once, then from memory
+    small = _Files(budget=files.groups[(uri, 0, ("x", "y"))].nbytes)   # room for one group
+    for first, end in ((0, 4), (12, 14), (0, 4)):
+        read_key(small, (uri, first, end), ["x", "y"])
+    assert small.decoded == 3 and len(small.groups) == 1   # group 0 was dropped for group 1
+    assert small.held <= small.budget
+    files.close()
+    small.close()

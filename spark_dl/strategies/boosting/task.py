@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import torch
@@ -71,10 +72,17 @@ def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret
 
 
 class _Files:
-    """The Parquet files a task has opened (kept open: keys come from the same few files)."""
+    """The Parquet files a task has opened (kept open: keys come from the same few files), and
+    the row groups it has decoded, kept while they fit ``budget`` bytes (least recently used
+    dropped first). A key is a few mini-batches, a row group holds many keys (Spark writes
+    one per 128 MB), so without them every key decoded its whole row group again: the
+    worker's time went to Parquet, not to training."""
 
-    def __init__(self):
+    def __init__(self, budget: int):
         self.open: dict = {}
+        self.groups: OrderedDict = OrderedDict()      # (uri, group, columns) -> pa.Table
+        self.budget, self.held = budget, 0
+        self.decoded = 0                              # row groups read from the files
 
     def get(self, uri: str):
         import pyarrow.fs as pafs
@@ -84,30 +92,49 @@ class _Files:
             self.open[uri] = pq.ParquetFile(fs.open_input_file(path))
         return self.open[uri]
 
+    def row_group(self, uri: str, g: int, columns: list[str]):
+        """Row group ``g`` of ``uri`` (``columns``), decoded once while the budget holds it."""
+        name = (uri, g, tuple(columns))
+        table = self.groups.get(name)
+        if table is not None:
+            self.groups.move_to_end(name)
+            return table
+        table = self.get(uri).read_row_groups([g], columns=columns)
+        self.decoded += 1
+        if table.nbytes <= self.budget:
+            self.groups[name] = table
+            self.held += table.nbytes
+            while self.held > self.budget:
+                self.held -= self.groups.popitem(last=False)[1].nbytes
+        return table
+
     def close(self) -> None:
         for f in self.open.values():
             f.close()
         self.open.clear()
+        self.groups.clear()
+        self.held = 0
 
 
 def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
-    """The rows [first, end) of a Parquet file as record batches, reading only the row groups
-    that hold them."""
+    """The rows [first, end) of a Parquet file as record batches, from the row groups that
+    hold them (decoded once, see _Files)."""
+    import pyarrow as pa
     uri, first, end = key
-    f = files.get(uri)
-    meta = f.metadata
-    groups, start, offset = [], 0, None
+    meta = files.get(uri).metadata
+    parts, start = [], 0
     for g in range(meta.num_row_groups):
         n = meta.row_group(g).num_rows
-        if start < end and start + n > first:
-            groups.append(g)
-            offset = start if offset is None else offset
+        lo, hi = max(first, start), min(end, start + n)
+        if lo < hi:
+            parts.append(files.row_group(uri, g, columns).slice(lo - start, hi - lo))
         start += n
-    table = f.read_row_groups(groups, columns=columns)
-    return table.slice(first - (offset or 0), end - first).to_batches()
+    return pa.concat_tables(parts).to_batches() if len(parts) > 1 else \
+        (parts[0].to_batches() if parts else [])
 
 
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
+    from spark_dl.data.memory import memory_headroom
     from spark_dl.strategies.downpour.exchange import flat_parameters
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
@@ -140,7 +167,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
         local, seen = torch.empty_like(grad), torch.empty_like(grad)
     buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
                           if dtype == torch.float64 else torch.float32) if cfg.buffers else None
-    files = _Files()
+    files = _Files(memory_headroom() // 4)       # decoded row groups kept in a quarter of it
     columns = [c for c in (cfg.features, cfg.label) if c]
     mine = dataclasses.replace(cfg, data="memory")
     trained, rows, waited, pushes, done = [], 0, 0.0, 0, 0
@@ -200,7 +227,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     progress.close()
     return {"worker": rank, "device": str(device), "note": note, "keys": trained,
             "rows": rows, "pushes": pushes, "waited_s": waited,
-            "amp_skipped_pushes": scaler.skipped,
+            "amp_skipped_pushes": scaler.skipped, "row_groups_decoded": files.decoded,
             "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
             "bytes_sent": client.conn.bytes_sent, "bytes_received": client.conn.bytes_received,
             "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber(),
