@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["broadcast", "default_parallelism", "is_connect", "master", "num_partitions"]
+__all__ = ["broadcast", "default_parallelism", "gpu_request_error", "is_connect", "master",
+           "num_partitions", "task_slots"]
 
 
 def is_connect(spark) -> bool:
@@ -41,6 +42,27 @@ def default_parallelism(spark) -> int:
     # Elsewhere: a range without numPartitions gets the default parallelism (a tiny job)
     from pyspark.sql import functions as F
     return spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).distinct().count()
+
+
+def task_slots(spark) -> int:
+    """Tasks the application runs at once: its default parallelism over spark.task.cpus."""
+    task_cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
+    return max(1, default_parallelism(spark) // task_cpus)
+
+
+def gpu_request_error(where: str, task_gpus: str | None, device: str) -> str | None:
+    """Why ``device`` cannot be honoured on master ``where`` with
+    ``spark.task.resource.gpu.amount`` = ``task_gpus``, or None. Local mode needs no GPU
+    scheduling (one machine: the tasks take the GPUs rank modulo count); a cluster does, or
+    tasks would pile onto the same devices."""
+    if device != "cuda" or (where.startswith("local") and not where.startswith("local-cluster")):
+        return None
+    if task_gpus and float(task_gpus) > 0:
+        return None
+    return (f"device='cuda' but no GPU resources are configured for tasks on {where}: set "
+            f"spark.executor.resource.gpu.amount=1, spark.task.resource.gpu.amount=1 and "
+            f"spark.executor.resource.gpu.discoveryScript (conf/spark/gpu.conf is a template), "
+            f"or use device='auto' (the CPU when no GPU is assigned)")
 
 
 def num_partitions(df) -> int | None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 from torch import nn
 
-from .compat import default_parallelism, master, num_partitions
+from .compat import default_parallelism, gpu_request_error, master, num_partitions, task_slots
 from .errors import ConfigError, DataError, ResourceError
 from .losses import loss_function
 from .optim.factory import OPTIMIZERS
@@ -43,25 +43,6 @@ def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Modu
         raise TypeError(f"model must be a model name ('fc', 'cnn') or a function returning an "
                         f"nn.Module, got {type(model).__name__}")
     return model
-
-
-def _slots(spark) -> int:
-    task_cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
-    return max(1, default_parallelism(spark) // task_cpus)
-
-
-def _gpu_request_error(master: str, task_gpus: str | None, device: str) -> str | None:
-    """Why ``device`` cannot be honoured on ``master`` with ``spark.task.resource.gpu.amount``
-    = ``task_gpus``, or None. Local mode needs no GPU scheduling (one machine: the tasks take
-    the GPUs rank modulo count); a cluster does, or tasks would pile onto the same devices."""
-    if device != "cuda" or (master.startswith("local") and not master.startswith("local-cluster")):
-        return None
-    if task_gpus and float(task_gpus) > 0:
-        return None
-    return (f"device='cuda' but no GPU resources are configured for tasks on {master}: set "
-            f"spark.executor.resource.gpu.amount=1, spark.task.resource.gpu.amount=1 and "
-            f"spark.executor.resource.gpu.discoveryScript (conf/spark/gpu.conf is a template), "
-            f"or use device='auto' (the CPU when no GPU is assigned)")
 
 
 def _check(name: str, ok: bool, value, must: str) -> None:
@@ -178,8 +159,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         _check("replicas", isinstance(replicas, int) and replicas >= 1, replicas,
                "an integer >= 1")
     spark = df.sparkSession
-    why = _gpu_request_error(master(spark),
-                             spark.conf.get("spark.task.resource.gpu.amount", None), device)
+    why = gpu_request_error(master(spark),
+                            spark.conf.get("spark.task.resource.gpu.amount", None), device)
     if why:
         raise ConfigError(why)
     validation = _validation(validation, shape, dtype)
@@ -203,7 +184,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
                          warmup_epochs=warmup_epochs),
               replicas=replicas, validation=validation,
               run_dir=run_dir, progress=progress, log=log, tracker=Tracker(track),
-              slots=_slots(spark), partitions=num_partitions(df))
+              slots=task_slots(spark), partitions=num_partitions(df))
     strategy.check_job(job)
     strategy.tasks(job)
     if strategy.barrier(job) and \

@@ -10,9 +10,8 @@ import json
 from collections.abc import Callable
 from typing import ClassVar
 
-from ..compat import default_parallelism, master, num_partitions
+from ..compat import default_parallelism, gpu_request_error, master, num_partitions, task_slots
 from ..errors import ConfigError, DataError, ResourceError
-from ..fit import _gpu_request_error, _slots
 from ..runs import write_history, write_json
 from ..runtime.stage import RESULT_SCHEMA
 from ..strategies.base import Job, Run, Strategy, barrier_row
@@ -78,7 +77,7 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
     _check_choice("data", data, DATA_MODES)
     parse_buffer(shuffle_buffer)
     spark = _session(df)
-    slots = _slots(spark)
+    slots = task_slots(spark)
     if df is not None:
         for col in (features, label):
             if col and col not in df.columns:
@@ -192,8 +191,8 @@ def _check_resources(spark, replicas: int, slots: int, device: str) -> None:
         raise ConfigError("spark_dl.run runs a barrier stage, which Spark does not run with "
                           "dynamic allocation: set spark.dynamicAllocation.enabled=false for "
                           "this application")
-    why = _gpu_request_error(master(spark),
-                             spark.conf.get("spark.task.resource.gpu.amount", None), device)
+    why = gpu_request_error(master(spark),
+                            spark.conf.get("spark.task.resource.gpu.amount", None), device)
     if why:
         raise ConfigError(why)
 

@@ -53,8 +53,8 @@ def test_missing_file(tmp_path):
     ("spark://10.0.0.5:7077", None, "auto", False),       # auto falls back to the CPU
 ])
 def test_gpu_requested_without_gpu_scheduling_is_refused(master, task_gpus, device, refused):
-    from spark_dl.fit import _gpu_request_error
-    why = _gpu_request_error(master, task_gpus, device)
+    from spark_dl.compat import gpu_request_error
+    why = gpu_request_error(master, task_gpus, device)
     assert (why is not None) == refused
     if refused:
         assert why.startswith(f"device='cuda' but no GPU resources are configured for tasks on "
