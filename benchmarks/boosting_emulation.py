@@ -15,7 +15,20 @@ ingredient of the strategy can be switched on alone:
   "-local"     (a suffix) each mini-batch's gradient of a key is computed after the key's
                earlier ones were stepped locally (plain SGD at the server's rate, on the
                worker's copy): the push sums gradients taken where k sequential steps would
-  "-avg"       (a suffix to any name) the model scored is the server's moving average over
+  "-lmom"      (a suffix) local steps with the job's momentum on the worker (its momentum
+               buffer kept across its keys), the push is the worker's displacement over
+               the key, and the server (momentum 0) adds it: momentum SGD on the workers
+  "-own"       (a suffix, before "-avg") each worker trains the keys of its own partition
+               only (Downpour's shards: partition w = the w-th part of the rows), in its own
+               order; when one runs out first the other takes the rest of the epoch
+  "-slr"       (a suffix, before "-avg") a push computed tau >= 2 versions ago steps
+               lr / tau (Downpour's staleness "lr" rule; with a lowered momentum: "lr+momentum")
+  "-dc"        (a suffix, before "-avg") delay compensation (DC-ASGD-a, Zheng et al., 2017):
+               the server adds lambda g * g * (x_now - x_worker) to a push's mean gradient g,
+               lambda = 2 / sqrt(a running mean of g^2): the first-order correction of a
+               gradient taken at the worker's older values
+  "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -slr, -own, -avg,
+               e.g. k4r2-m04-local-avg or r2-m04-rand-own-avg) the model scored is the server's moving average over
                0.1 epoch of pushes (Downpour's ``average``), not its last values
 
 Keys are cut as the strategy cuts them (contiguous rows of the Parquet copy: the two
@@ -59,6 +72,10 @@ CONFIGS = {
     "k4r2-cyc": (4, 2, 0.9, "linear", "turns", True),   # ... the seed's cyclic lr
     "k4r2-m04-rand": (4, 2, 0.4, "linear", "random", False),
     "r2-m04": (1, 2, 0.4, "linear", "turns", False),
+    "r2-m04-rand": (1, 2, 0.4, "linear", "random", False),  # Downpour, pushes in any order
+    "k4r2-m06": (4, 2, 0.6, "linear", "turns", False),  # between the rule's 0.4 and 0.9
+    "k4r2-m04-cyc": (4, 2, 0.4, "linear", "turns", True),   # the defaults' momentum, cyclic
+    "k4r2-m04-none": (4, 2, 0.4, "none", "turns", False),   # ... a push steps the mean
 }
 
 
@@ -78,8 +95,17 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
         widths: tuple) -> dict:
     average = 0.1 if name.endswith("-avg") else 0.0
     base = name.removesuffix("-avg")
+    own = base.endswith("-own")
+    base = base.removesuffix("-own")
+    slr = base.endswith("-slr")
+    base = base.removesuffix("-slr")
+    dc = base.endswith("-dc")
+    base = base.removesuffix("-dc")
+    lmom = base.endswith("-lmom")
+    base = base.removesuffix("-lmom")
     local = base.endswith("-local")
     k, R, momentum, scaling, order, cyc = CONFIGS[base.removesuffix("-local")]
+    worker_momentum, momentum = (momentum, 0.0) if lmom else (0.0, momentum)
     torch.manual_seed(seed)
     net = UNet(3, widths)
     params = list(net.parameters())
@@ -89,13 +115,22 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     loss_fn = FocalDiceLoss(10.0, 2.0)
     keys = keys_of(len(x), k * batch)
     held = [shard.param.detach().clone() for _ in range(R)]     # each worker's fetched values
+    bufs = [torch.zeros_like(flat) for _ in range(R)]           # "-lmom": each worker's momentum
+    meansq = torch.zeros_like(flat)                             # "-dc": running mean of g^2
+    fetched = [0] * R                                           # the version each worker holds
     rng = np.random.default_rng(seed + 7)
     steps_per_epoch = sum(-(-(b - a) // batch) for a, b in keys)
     t0, losses = time.perf_counter(), []
     for epoch in range(epochs):
         order_keys = np.random.default_rng([seed, epoch]).permutation(len(keys))
+        if own:                             # worker w: the keys of partition w, own order
+            mine = [[int(q) for q in order_keys if int(q) * R // len(keys) == w]
+                    for w in range(R)]
         for i, key in enumerate(order_keys):
             w = i % R if order == "turns" else int(rng.integers(R))
+            if own:
+                w = w if mine[w] else 1 - w if R == 2 else next(v for v in range(R) if mine[v])
+                key = mine[w].pop()
             torch.nn.utils.vector_to_parameters(held[w], params)
             a, b = keys[key]
             rows = np.random.default_rng([seed, epoch, int(key)]).permutation(np.arange(a, b))
@@ -108,7 +143,16 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
                 loss = loss_fn(out, m[idx])
                 (loss * len(idx)).backward()
                 losses.append(float(loss.detach()))
-                if local:                   # x <- x - lr g of this mini-batch, on the copy
+                if lmom:                    # momentum SGD on the worker's copy
+                    with torch.no_grad():
+                        g = torch.cat([p.grad.reshape(-1) for p in params])
+                        new = (g if before is None else g - before) / len(idx)
+                        before = g
+                        bufs[w].mul_(worker_momentum).add_(new)
+                        cur = torch.nn.utils.parameters_to_vector(params)
+                        cur.sub_(shard.lr_now(steps_per_epoch) * bufs[w])
+                        torch.nn.utils.vector_to_parameters(cur, params)
+                elif local:                 # x <- x - lr g of this mini-batch, on the copy
                     with torch.no_grad():
                         for p, g0 in zip(params, before or [None] * len(params)):
                             new = p.grad if g0 is None else p.grad - g0
@@ -117,12 +161,29 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
                 samples += len(idx)
                 steps += 1
             grad = torch.cat([p.grad.reshape(-1) for p in params])
+            if lmom:                        # the displacement, as a gradient the server's
+                rate = shard.lr_now(steps_per_epoch)            # momentum-free step adds
+                grad = (held[w] - torch.nn.utils.parameters_to_vector(params).detach()) / rate
+                shard.apply(grad, 1.0, steps, steps_per_epoch, summed=steps)
+                held[w] = shard.param.detach().clone()
+                fetched[w] = shard.version
+                continue
+            if dc:                          # g + lambda g*g*(x_now - x_worker), on the mean
+                g = grad * (_push_factor(scaling, steps) / samples)
+                meansq.mul_(0.95).add_(g * g, alpha=0.05)
+                lam = 2.0 / (meansq.sqrt() + 1e-7)
+                g.add_(lam * g * g * (shard.param.detach() - held[w]))
+                grad = g * (samples / _push_factor(scaling, steps))
+            tau = shard.version - fetched[w]
+            if slr and tau > 1:
+                grad = grad / tau
             if cyc:
                 shard.schedule = LRSchedule(cyclic(shard.steps / steps_per_epoch), 1, "none",
                                             0, 1.0, epochs)
             shard.apply(grad, _push_factor(scaling, steps) / samples, steps, steps_per_epoch,
                         summed=steps)
             held[w] = shard.param.detach().clone()          # the worker fetches after its push
+            fetched[w] = shard.version
     torch.nn.utils.vector_to_parameters(shard.param.detach() if shard.avg is None
                                         else shard.avg, params)
     net.eval()

@@ -8,6 +8,7 @@
 # model-parallel (2 replicas x 2 column partitions on local-cluster against one process: the
 # thesis CNN, the FC net with the thesis's algorithm, the char LSTM; the SSDA split in two;
 # the thesis's Fig. 4.3 drawn from the split runs),
+# ships-seeds (the ships group's systems at train.seed 1..4),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
@@ -163,6 +164,27 @@ if [ "$group" = ships ]; then
     reps=2; [ "$s" = allreduce ] && reps=1
     run_named "ships-bn-$s" "${SHIPS[@]}" --set train.strategy=$s --set train.replicas=$reps \
         --set train.norm=batch
+  done
+fi
+if [ "$group" = ships-seeds ]; then
+  # The ships group's three systems again at train.seed 1..4 (the model's initial weights and
+  # the order of the rows; the ships group runs seed 0), so that each is compared over seeds;
+  # then Downpour with its server's momentum at 0 (fit's momentum 0.5, less the rule's 1 - 1/2)
+  # at seeds 0..2.
+  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml)
+  for s in 1 2 3 4; do
+    run_named "ships-single-seed$s" "${SHIPS[@]}" --set train.strategy=allreduce \
+        --set train.replicas=1 --set train.seed=$s
+  done
+  for s in 1 2 3 4; do
+    for st in boosting downpour; do
+      run_named "ships-$st-seed$s" "${SHIPS[@]}" --set train.strategy=$st --set train.replicas=2 \
+          --set train.seed=$s
+    done
+  done
+  for s in 0 1 2; do
+    run_named "ships-downpour-m0-seed$s" "${SHIPS[@]}" --set train.strategy=downpour \
+        --set train.replicas=2 --set train.seed=$s --set train.momentum=0.5
   done
 fi
 if [ "$group" = cnn-bn ]; then
