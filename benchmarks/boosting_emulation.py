@@ -73,6 +73,7 @@ CONFIGS = {
     "k4r2-m04-rand": (4, 2, 0.4, "linear", "random", False),
     "r2-m04": (1, 2, 0.4, "linear", "turns", False),
     "r2-m04-rand": (1, 2, 0.4, "linear", "random", False),  # Downpour, pushes in any order
+    "r2-m0-rand": (1, 2, 0.0, "linear", "random", False),   # ... the server's momentum 0
     "k4r2-m06": (4, 2, 0.6, "linear", "turns", False),  # between the rule's 0.4 and 0.9
     "k4r2-m04-cyc": (4, 2, 0.4, "linear", "turns", True),   # the defaults' momentum, cyclic
     "k4r2-m04-none": (4, 2, 0.4, "none", "turns", False),   # ... a push steps the mean
