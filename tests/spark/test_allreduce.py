@@ -165,7 +165,7 @@ def test_one_replica_steps_as_the_plain_loop(spark, tmp_path, accumulate, batch)
     for i in range(0, 34, 8):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(start(xt[i:i + 8]), yt[i:i + 8])
-        total += float(loss) * len(yt[i:i + 8])
+        total += float(loss.detach()) * len(yt[i:i + 8])
         loss.backward()
         opt.step()
     assert res.history[0]["loss"] == pytest.approx(total / 34, rel=1e-9)
