@@ -17,7 +17,7 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9,
     closure-based L-BFGS and CG (iterations per step)."""
     if name == "sgd":
         params = list(params)
-        if params and params[0].is_cuda:     # one kernel, and GradScaler's fp16 steps need
+        if _on_cuda(params):                 # one kernel, and GradScaler's fp16 steps need
             return _fused_if_possible(torch.optim.SGD, params, lr=lr, momentum=momentum,
                                       weight_decay=weight_decay)   # no host sync (below)
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -33,6 +33,14 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9,
     if name == "cg":
         return NonlinearCG(params, lr=lr, max_iter=max_iter)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def _on_cuda(params: list) -> bool:
+    """Whether the first parameter (of a list of tensors or of param groups) is on CUDA."""
+    first = params[0] if params else None
+    if isinstance(first, dict):
+        first = next(iter(first["params"]), None)
+    return first is not None and first.is_cuda
 
 
 def _fused_if_possible(cls, params: list, **kw) -> torch.optim.Optimizer:

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from .failures import at, report
 
 __all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "Validation",
-           "barrier_task",
-           "broadcast_bytes", "collective_device", "peak_memory_mb", "read_shard", "set_lr",
-           "shared_memory_name", "stage_info", "state_bytes", "write_task_info"]
+           "barrier_task", "broadcast_bytes", "collective_device", "peak_memory_mb",
+           "read_shard", "set_lr", "shared_memory_name", "stage_info", "state_bytes",
+           "write_task_info"]
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:

@@ -119,7 +119,6 @@ class _Files:
 def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
     """The rows [first, end) of a Parquet file as record batches, from the row groups that
     hold them (decoded once, see _Files)."""
-    import pyarrow as pa
     uri, first, end = key
     meta = files.get(uri).metadata
     parts, start = [], 0
@@ -129,8 +128,7 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
         if lo < hi:
             parts.append(files.row_group(uri, g, columns).slice(lo - start, hi - lo))
         start += n
-    return pa.concat_tables(parts).to_batches() if len(parts) > 1 else \
-        (parts[0].to_batches() if parts else [])
+    return [batch for part in parts for batch in part.to_batches()]
 
 
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
