@@ -210,8 +210,9 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
                             {"rank": rank, "attempt": ctx.attemptNumber(),
                              "stage": ctx.stageId(), **status, "threads": threads})
         t_rdv = time.perf_counter()
-        with process_group(ctx, choose_backend, secret, status, cfg.timeout_s) as (rank_, world,
-                                                                             statuses):
+        via = None if channel is None else (channel, secret.encode())
+        with process_group(ctx, choose_backend, secret, status, cfg.timeout_s, via) as (
+                rank_, world, statuses):
             status["rendezvous_s"] = time.perf_counter() - t_rdv
             if rank_ is None:
                 if rank == 0:
@@ -241,7 +242,8 @@ def stage_info(statuses: list[dict]) -> dict:
             "notes": [s["note"] for s in statuses], "gpus": [s["gpus"] for s in statuses],
             "hosts": [s["host"] for s in statuses],
             "total_rows": sum(s["rows"] for s in statuses),
-            "backend": statuses[0].get("backend"), "backend_why": statuses[0].get("backend_why")}
+            "backend": statuses[0].get("backend"), "backend_why": statuses[0].get("backend_why"),
+            "rendezvous": statuses[0].get("rendezvous")}
 
 
 def epoch_batches(cfg: StageConfig, shard, rank: int, epoch: int) -> Iterator:

@@ -1,10 +1,18 @@
-"""Authenticated one-way messages from Spark tasks to the driver (progress and metrics).
+"""Authenticated messages from Spark tasks to the driver (progress and metrics), and the
+driver's one reply: the statuses of a barrier stage's tasks, gathered (``gather_statuses``).
 
 A frame is ``b"SDL1" | length (4 bytes) | HMAC-SHA256(secret, body) | body``, the body a
 JSON object of at most 1 MiB. The secret is made per fit on the driver and reaches the tasks
 inside the task closure (Spark's own channel), never over this socket. The server binds to
 the driver's address, drops any connection whose frame is malformed, too big or carries a
 wrong MAC, and never unpickles anything.
+
+Why the driver gathers: ``BarrierTaskContext.allGather`` answers no sooner than a second after
+it is called (Spark's JVM side polls its reply once a second), a second added to every fit.
+Through the driver the same exchange takes milliseconds. When the driver cannot be reached, or
+not every task has joined within ``StatusGather.patience_s`` of the first, the driver answers
+"fall back" to every task of that stage, and they all take allGather: one verdict per round,
+so that no task waits in allGather for tasks that went the other way.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["MAX_BODY", "MessageClient", "MessageServer", "accept_loop", "pack"]
+__all__ = ["MAX_BODY", "BadFrame", "MessageClient", "MessageServer", "StatusGather",
+           "accept_loop", "gather_statuses", "pack", "read_frame"]
 
 MAGIC = b"SDL1"
 MAX_BODY = 1 << 20
@@ -40,6 +49,32 @@ def _read_exact(conn: socket.socket, n: int) -> bytes | None:
             return None
         buf += chunk
     return bytes(buf)
+
+
+class BadFrame(ValueError):
+    """A frame that is malformed, too big, cut short or carries a wrong MAC."""
+
+
+def read_frame(conn: socket.socket, secret: bytes) -> dict | None:
+    """The next frame's message (a JSON object); None when the peer closed the connection
+    between frames; BadFrame for anything else that is not a whole, authentic frame."""
+    head = _read_exact(conn, _HEAD.size)
+    if head is None:
+        return None
+    magic, length, mac = _HEAD.unpack(head)
+    if magic != MAGIC or length > MAX_BODY:
+        raise BadFrame("not a spark_dl frame, or too big")
+    body = _read_exact(conn, length)
+    if body is None or not hmac.compare_digest(mac, hmac.new(secret, body,
+                                                             hashlib.sha256).digest()):
+        raise BadFrame("cut short, or a wrong MAC")
+    try:
+        message = json.loads(body)
+    except ValueError:
+        raise BadFrame("not JSON") from None
+    if not isinstance(message, dict):
+        raise BadFrame("not a JSON object")
+    return message
 
 
 def accept_loop(sock: socket.socket, stop: threading.Event,
@@ -68,6 +103,7 @@ class MessageServer:
         self.address = (host, self._sock.getsockname()[1])
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self.gather = StatusGather()
         self._thread = threading.Thread(target=self._serve, name="spark_dl-messages", daemon=True)
         self._thread.start()
 
@@ -78,23 +114,22 @@ class MessageServer:
         with conn:
             conn.settimeout(None)
             while not self._stop.is_set():
-                head = _read_exact(conn, _HEAD.size)
-                if head is None:
-                    return
-                magic, length, mac = _HEAD.unpack(head)
-                if magic != MAGIC or length > MAX_BODY:
-                    self.rejected += 1
-                    return
-                body = _read_exact(conn, length)
-                if body is None or not hmac.compare_digest(
-                        mac, hmac.new(self.secret, body, hashlib.sha256).digest()):
-                    self.rejected += 1
-                    return
                 try:
-                    message = json.loads(body)
-                except ValueError:
+                    message = read_frame(conn, self.secret)
+                except BadFrame:
                     self.rejected += 1
                     return
+                except OSError:
+                    return
+                if message is None:                       # the task closed: the normal end
+                    return
+                if message.get("type") == "gather":       # a task waits for the answer
+                    reply = self.gather.join(message, self._stop)
+                    try:
+                        conn.sendall(pack(self.secret, reply))
+                    except OSError:
+                        return
+                    continue
                 with self._lock:
                     if self._stop.is_set():       # closed: the owner has moved on
                         return
@@ -133,3 +168,87 @@ class MessageClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+class StatusGather:
+    """The driver's side of ``gather_statuses``: per barrier stage (the message's "key"),
+    every task's status, answered to all of them at once when the last one joins.
+
+    A round gets one verdict, for every task that asks: the statuses in rank order, or None
+    (fall back to Spark's allGather) when not every task has joined ``patience_s`` after the
+    first did (one cannot reach the driver, or is still reading a much larger partition), when
+    a message does not fit the round (a rank twice, out of range, another world size), or
+    when the server closes. A round whose statuses every task has received is over: a task
+    that asks again under its key (Spark retrying the stage) starts a new one. A round that
+    fell back stays so: a retried stage takes allGather too."""
+
+    def __init__(self, patience_s: float = 30.0):
+        self.patience_s = patience_s
+        self._cond = threading.Condition()
+        self._rounds: dict[str, dict] = {}
+        self.answered = self.fell_back = 0          # tasks answered, rounds given up
+
+    def join(self, message: dict, stop: threading.Event) -> dict:
+        key, rank, world = str(message.get("key")), message.get("rank"), message.get("world")
+        with self._cond:
+            rnd = self._rounds.get(key)
+            if rnd is None or (rnd["verdict"] not in ("open", None) and rank in rnd["answered"]):
+                rnd = self._rounds[key] = {"world": world, "statuses": {}, "verdict": "open",
+                                           "answered": set(),
+                                           "deadline": time.monotonic() + self.patience_s}
+            if rnd["verdict"] == "open":
+                fits = (isinstance(rank, int) and isinstance(world, int) and world == rnd["world"]
+                        and 0 <= rank < world and rank not in rnd["statuses"])
+                if not fits:
+                    self._decide(rnd, None)
+                else:
+                    rnd["statuses"][rank] = message.get("status")
+                    if len(rnd["statuses"]) == world:
+                        self._decide(rnd, [rnd["statuses"][r] for r in range(world)])
+            while rnd["verdict"] == "open":
+                left = rnd["deadline"] - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    self._decide(rnd, None)
+                    break
+                self._cond.wait(min(left, 0.25))
+            rnd["answered"].add(rank)
+            self.answered += 1
+            return {"type": "gathered", "key": key, "rank": rank, "statuses": rnd["verdict"]}
+
+    def _decide(self, rnd: dict, verdict: list | None) -> None:
+        rnd["verdict"] = verdict
+        rnd["statuses"] = {}
+        self.fell_back += verdict is None
+        self._cond.notify_all()
+
+
+def gather_statuses(address: tuple[str, int], secret: bytes, key: str, rank: int, world: int,
+                    status: dict, connect_s: float = 5.0, patience_s: float = 30.0
+                    ) -> list[dict] | None:
+    """Every task's ``status`` in rank order, through the driver at ``address`` (a task of a
+    barrier stage; ``key`` names the stage). None: the driver could not be reached
+    (nothing was sent) or it answered "fall back": take Spark's allGather, as every task of the
+    stage then does. Raises ConnectionError when the question went out but no answer
+    came back: the other tasks may have gone either way, so the attempt must fail (Spark
+    retries it)."""
+    try:
+        conn = socket.create_connection(tuple(address), timeout=connect_s)
+    except OSError:
+        return None
+    with conn:
+        try:
+            conn.sendall(pack(secret, {"type": "gather", "key": key, "rank": rank,
+                                       "world": world, "status": status}))
+        except OSError:
+            return None                      # the driver drops a frame cut short: not counted
+        conn.settimeout(patience_s + 30.0)
+        try:
+            reply = read_frame(conn, secret)
+        except (OSError, BadFrame) as e:
+            raise ConnectionError(f"task {rank}: no answer from the driver to the rendezvous of "
+                                  f"stage {key} ({e})") from e
+    if reply is None or reply.get("type") != "gathered" or reply.get("key") != key \
+            or reply.get("rank") != rank:
+        raise ConnectionError(f"task {rank}: the driver closed the rendezvous of stage "
+                              f"{key} without an answer")
+    return reply["statuses"]

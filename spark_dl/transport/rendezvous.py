@@ -1,8 +1,10 @@
 """Process groups inside a Spark barrier stage, and the device a task trains on.
 
 Task 0 starts torch's TCPStore on a free port of its own host; the port travels to the other
-tasks through ``BarrierTaskContext.allGather`` (Spark's channel), together with every task's
-status so that one bad partition stops all tasks cleanly instead of leaving them waiting.
+tasks together with every task's status, so that one bad partition stops all tasks cleanly
+instead of leaving them waiting. The statuses are gathered by the driver over the fit's
+authenticated channel (milliseconds) when the tasks can reach it, else through
+``BarrierTaskContext.allGather`` (Spark's channel, a second or more: transport/channel.py).
 Keys live under a per-fit random prefix, so a peer that does not know the fit's secret cannot
 take part in the rendezvous.
 """
@@ -20,7 +22,7 @@ import torch.distributed as dist
 
 from ..errors import ResourceError
 
-__all__ = ["choose_backend", "process_group", "task_device"]
+__all__ = ["choose_backend", "gather", "process_group", "task_device"]
 
 
 def task_device(requested: str, gpu_addresses: list[str], rank: int) -> tuple[torch.device, str]:
@@ -74,14 +76,16 @@ def choose_backend(statuses: list[dict]) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def process_group(ctx, backend, secret: str, status: dict, timeout_s: float):
+def process_group(ctx, backend, secret: str, status: dict, timeout_s: float,
+                  via: tuple[tuple[str, int], bytes] | None = None):
     """Yield (rank, world, statuses) with the default process group up; always torn down.
 
     ``status`` is this task's report (e.g. {"error": None, "rows": 123}); every task gets all
     reports. When any report carries an error no process group is made and ``None`` is
     yielded as the rank, so that callers can stop together. ``backend``: a name, or a function
     of the reports that returns (name, why) (choose_backend); the choice and its reason go
-    into every report as "backend" and "backend_why".
+    into every report as "backend" and "backend_why". ``via``: the driver's channel (its
+    address, the fit's channel key) that gathers the reports; None: Spark's allGather.
     """
     rank = ctx.partitionId()
     infos = ctx.getTaskInfos()
@@ -93,7 +97,7 @@ def process_group(ctx, backend, secret: str, status: dict, timeout_s: float):
         store = dist.TCPStore(host, 0, world, is_master=True, timeout=timeout,
                               wait_for_workers=False)
         status = {**status, "port": store.port}
-    statuses = [json.loads(m) for m in ctx.allGather(json.dumps(status))]
+    statuses = gather(ctx, status, via)
     if any(s.get("error") for s in statuses):
         yield None, world, statuses
         return
@@ -113,3 +117,17 @@ def process_group(ctx, backend, secret: str, status: dict, timeout_s: float):
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
         del store
+
+
+def gather(ctx, status: dict, via: tuple[tuple[str, int], bytes] | None) -> list[dict]:
+    """Every task's ``status`` (JSON values), in rank order: through the driver when ``via``
+    names its channel and it answers, else (every task of the stage alike) through Spark's
+    allGather; each status then says which ("rendezvous": "driver" or "spark")."""
+    if via is not None:
+        from .channel import gather_statuses
+        address, key = via
+        statuses = gather_statuses(address, key, f"stage {ctx.stageId()}", ctx.partitionId(),
+                                   len(ctx.getTaskInfos()), status)
+        if statuses is not None:
+            return [{**s, "rendezvous": "driver"} for s in statuses]
+    return [{**json.loads(m), "rendezvous": "spark"} for m in ctx.allGather(json.dumps(status))]

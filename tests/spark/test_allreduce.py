@@ -56,6 +56,8 @@ def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, tr
     assert res.info["transport"] == used
     # the backend follows the devices the tasks reported (CPU here: gloo; see test_device)
     assert (res.info["backend"], res.info["backend_why"]) == ("gloo", "gloo: CPU tasks")
+    # the tasks' statuses were gathered by the driver (Spark's allGather answers in >= 1 s)
+    assert res.info["rendezvous"] == "driver"
     assert res.info["devices"] == ["cpu", "cpu"]
     # 2 epochs x 6 steps; the reference replays the same order each epoch.
     assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.9))

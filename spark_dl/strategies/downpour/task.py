@@ -119,8 +119,9 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
                             None if lab is None else [list(lab[0]), str(lab[1])]]
     except errors.SparkDLError as e:             # every task stops, with the reason
         status["error"] = {"type": type(e).__name__, "message": str(e)}
-    with process_group(ctx, "gloo", secret.hex(), status, cfg.timeout_s) as (me, world,
-                                                                            statuses):
+    via = None if channel is None else (channel, secret)
+    with process_group(ctx, "gloo", secret.hex(), status, cfg.timeout_s, via) as (
+            me, world, statuses):
         if me is None:
             bad = [s["error"] for s in statuses if s.get("error")]
             raise getattr(errors, bad[0]["type"], errors.SparkDLError)(
