@@ -17,6 +17,7 @@ so that no task waits in allGather for tasks that went the other way.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable
 
 __all__ = ["MAX_BODY", "BadFrame", "MessageClient", "MessageServer", "StatusGather",
-           "accept_loop", "gather_statuses", "pack", "read_frame"]
+           "accept_loop", "gather_statuses", "pack", "read_frame", "stop_listening"]
 
 MAGIC = b"SDL1"
 MAX_BODY = 1 << 20
@@ -75,6 +76,14 @@ def read_frame(conn: socket.socket, secret: bytes) -> dict | None:
     if not isinstance(message, dict):
         raise BadFrame("not a JSON object")
     return message
+
+
+def stop_listening(sock: socket.socket) -> None:
+    """Close a listening socket so that a thread blocked in its ``accept`` returns at once
+    (closing alone leaves it there until the socket's timeout)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 def accept_loop(sock: socket.socket, stop: threading.Event,
@@ -139,7 +148,7 @@ class MessageServer:
         """Stop serving; when it returns, no ``on_message`` call is running or will run."""
         with self._lock:
             self._stop.set()
-        self._sock.close()
+        stop_listening(self._sock)
         self._thread.join(timeout=2)
 
 

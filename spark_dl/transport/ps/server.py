@@ -56,7 +56,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..channel import accept_loop
+from ..channel import accept_loop, stop_listening
 from .buffers import BufferMean
 from .shard import SERVER_OPTIMIZERS, Shard
 from .wire import DTYPES, OPS, Conn, Growing, PSError
@@ -226,7 +226,7 @@ class ParameterServer:
 
     def close(self) -> None:
         self._stop.set()
-        self._sock.close()
+        stop_listening(self._sock)
         for s in self.shards:
             with s.lock:
                 s.lock.notify_all()
