@@ -29,7 +29,8 @@ ingredient of the strategy can be switched on alone:
                gradient taken at the worker's older values
   "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -slr, -own, -avg,
                e.g. k4r2-m04-local-avg or r2-m04-rand-own-avg) the model scored is the server's moving average over
-               0.1 epoch of pushes (Downpour's ``average``), not its last values
+               0.1 epoch of pushes (Downpour's ``average``), not its last values; "-avg25",
+               "-avg50", "-avg100": over 0.25, 0.5, 1 epoch
 
 Keys are cut as the strategy cuts them (contiguous rows of the Parquet copy: the two
 partitions of 800 scenes, k x 8 rows a key), reshuffled every epoch (KeyScheduler's order),
@@ -94,7 +95,10 @@ def keys_of(n: int, key_rows: int, files: int = 2) -> list[tuple[int, int]]:
 
 def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
         widths: tuple) -> dict:
-    average = 0.1 if name.endswith("-avg") else 0.0
+    label, average = name, 0.1 if name.endswith("-avg") else 0.0
+    for span in ("-avg25", "-avg50", "-avg100"):           # a longer window: 0.25 .. 1 epoch
+        if name.endswith(span):
+            average, name = int(span[4:]) / 100, name.removesuffix(span) + "-avg"
     base = name.removesuffix("-avg")
     own = base.endswith("-own")
     base = base.removesuffix("-own")
@@ -191,7 +195,7 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     with torch.no_grad():
         prob = torch.cat([net(vx[i:i + 64]) for i in range(0, len(vx), 64)])[:, 0].numpy()
     scores = mask_scores(prob, vm)
-    return {"config": name, "seed": seed, "k": k, "R": R, "momentum": momentum,
+    return {"config": label, "seed": seed, "k": k, "R": R, "momentum": momentum,
             "average": average, "widths": list(widths),
             "scaling": scaling, "order": order, "cyclic": cyc, **scores,
             "last_loss": float(np.mean(losses[-100:])), "seconds": time.perf_counter() - t0,
