@@ -11,7 +11,8 @@ from torch import nn
 
 from .errors import DataError
 
-__all__ = ["LOSSES", "cross_entropy", "evaluate", "loss_function", "sequence_cross_entropy"]
+__all__ = ["LOSSES", "cross_entropy", "evaluate", "evaluation_row", "evaluation_sums",
+           "loss_function", "sequence_cross_entropy"]
 
 LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
 
@@ -51,19 +52,34 @@ def loss_function(name: str) -> Callable:
                      f"or pass a callable loss(output, target) -> mean loss")
 
 
-@torch.no_grad()
 def evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
+    """``model``'s mean loss (and accuracy when ``classify``) on the held-out rows ``val``."""
+    return evaluation_row(evaluation_sums(model, val, loss_fn, classify, batch), classify)
+
+
+@torch.no_grad()
+def evaluation_sums(model, val, loss_fn, classify: bool, batch: int = 1000) -> torch.Tensor:
+    """(loss x rows, correct rows, rows) summed over ``val``'s chunks of ``batch`` rows, as
+    float64 on the rows' device: sums of disjoint parts of the rows add up to the whole's
+    (the named losses are means over rows), so replicas can each take a part."""
     model.eval()
     x, y = val
-    loss, correct = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(x), batch):
-            out = model(x[i:i + batch])
-            loss += float(loss_fn(out, y[i:i + batch])) * len(out)
-            if classify:
-                correct += int((out.argmax(1) == y[i:i + batch]).sum())
+    sums = torch.zeros(3, dtype=torch.float64, device=x.device)
+    for i in range(0, len(x), batch):
+        out = model(x[i:i + batch])
+        sums[0] += loss_fn(out, y[i:i + batch]).double() * len(out)
+        if classify:
+            sums[1] += (out.argmax(1) == y[i:i + batch]).sum()
+    sums[2] = len(x)
     model.train()
-    row = {"val_loss": loss / max(len(x), 1)}
+    return sums
+
+
+def evaluation_row(sums: torch.Tensor, classify: bool) -> dict:
+    """{"val_loss", "val_accuracy" when ``classify``} from ``evaluation_sums`` (one host
+    synchronisation)."""
+    loss, correct, rows = sums.tolist()
+    row = {"val_loss": loss / max(rows, 1)}
     if classify:
-        row["val_accuracy"] = correct / max(len(x), 1)
+        row["val_accuracy"] = correct / max(rows, 1)
     return row

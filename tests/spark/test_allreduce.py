@@ -198,6 +198,12 @@ def test_cnn_trains_on_mnist_and_writes_the_run(spark, mnist, tmp_path):
         acc = (res.model(torch.from_numpy(vx).reshape(-1, 1, 28, 28)).argmax(1).numpy()
                == vy).mean()
     assert abs(acc - res.history[-1]["val_accuracy"]) < 1e-9
+    # each replica validated half of the rows; their sums are the whole's
+    assert res.info["validated_by"] == "2 replicas, a part each"
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(
+            res.model(torch.from_numpy(vx).reshape(-1, 1, 28, 28)), torch.from_numpy(vy))
+    assert abs(float(loss) - res.history[-1]["val_loss"]) < 1e-5
 
 
 def test_resume_from_checkpoint_continues_training(spark, tmp_path):

@@ -203,7 +203,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         steps = balancer.steps
     else:
         steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
-    val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn)
+    val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
+                     shared=True)                     # every replica holds the same model
 
     def forward_loss(x, y):
         """The mean loss of one micro-batch (moved to the device, autocast when amp)."""
@@ -324,6 +325,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             "transport": sync.transport if sync else "none",
             "balance": balancer.info() if balancer is not None else None,
             "lr_schedule": schedule.describe(), "evals": val.evals,
+            "validated_by": (f"{world} replicas, a part each" if val.shared else "replica 0")
+            if validation is not None else None,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": setup_s, "train_s": time.perf_counter() - t_fit,
