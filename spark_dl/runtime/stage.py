@@ -390,6 +390,10 @@ class Validation:
     def due(self, step: int) -> bool:
         return step in self.marks
 
+    def by(self, world: int) -> str:
+        """Who validates (info["validated_by"] of a fit with validation rows)."""
+        return f"{world} replicas, a part each" if self.shared else "replica 0"
+
     def maybe(self, model, epoch: int, step: int, reports: StepReports) -> None:
         if self.due(step):
             self.run(model, epoch + (step + 1) / self.steps, reports)

@@ -79,9 +79,16 @@ def test_gossip_fit_is_rd_psgd_computed_by_hand(spark, tmp_path, alpha):
     returns the replicas' average, reports their consensus distance per epoch, and counts the
     bytes each replica sent exactly (one neighbour on a ring of 2)."""
     x, y = data(40, seed=21)
-    res = _fit(spark, x, y, alpha, 2, tmp_path / "run")
+    res = _fit(spark, x, y, alpha, 2, tmp_path / "run", validation=(x[:11], y[:11]))
     ref, sent = reference_gossip(x, y, SPLITS, 2, alpha)
     assert_same_weights(res.model, ref)
+    # the average is validated by both replicas, 5 and 6 of the 11 rows each
+    assert res.info["validated_by"] == "2 replicas, a part each"
+    with torch.no_grad():
+        out = ref(torch.from_numpy(x[:11].astype(np.float64)))
+        want = torch.nn.functional.cross_entropy(out, torch.from_numpy(y[:11]))
+    assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-9)
+    assert res.history[-1]["val_accuracy"] == float((out.argmax(1).numpy() == y[:11]).mean())
     assert res.info["transport"] == "shm"        # both replicas on this host: shared memory
     assert res.info["bytes_sent"] == sent
     numel = sum(p.numel() for p in ref.parameters())

@@ -128,11 +128,13 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         client.send({"type": "resume", "epoch": start})
 
     steps = most_batches(shard, cfg.batch_size, device)   # every replica, every round
-    val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn)
-    probe = model_fn().to(device=device, dtype=dtype) if val.on else None
+    # every replica gets the average: each validates its part of the rows (Validation)
+    val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
+                     shared=True)
+    probe = model_fn().to(device=device, dtype=dtype) if val.on or val.shared else None
 
     def validate(t: float) -> dict:
-        """Replica 0 validates the replicas' average (a collective: every rank calls it)."""
+        """The replicas' average, validated (a collective: every rank calls it)."""
         mean, distance = average_and_distance(flat)
         if probe is not None:
             torch.nn.utils.vector_to_parameters(
@@ -141,7 +143,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     t_fit = time.perf_counter()
     round_s = 0.0
     reports = StepReports(cfg, client, rank)
-    model.train()                        # (replica 0 validates the average on a probe copy)
+    model.train()                        # (the average is validated on a probe copy)
     for epoch in range(start, cfg.epochs):
         it = reports.epoch(shard, epoch)
         loss_sum = samples = 0.0
@@ -209,6 +211,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             "bytes_per_round_expected": cfg.alpha * numel * item * len(rounds.peers),
             "final_consensus_distance": distance,
             "lr_schedule": schedule.describe(), "evals": val.evals,
+            "validated_by": val.by(world) if validation is not None else None,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
             "timings": {"setup_s": t_fit - t_setup, "train_s": time.perf_counter() - t_fit,
