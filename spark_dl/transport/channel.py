@@ -191,8 +191,10 @@ class StatusGather:
     that asks again under its key (Spark retrying the stage) starts a new one. A round that
     fell back stays so: a retried stage takes allGather too."""
 
-    def __init__(self, patience_s: float = 30.0):
-        self.patience_s = patience_s
+    PATIENCE_S = 30.0
+
+    def __init__(self, patience_s: float | None = None):
+        self.patience_s = self.PATIENCE_S if patience_s is None else patience_s
         self._cond = threading.Condition()
         self._rounds: dict[str, dict] = {}
         self.answered = self.fell_back = 0          # tasks answered, rounds given up

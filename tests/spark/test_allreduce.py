@@ -90,6 +90,20 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, mo
     return model
 
 
+def test_tasks_that_cannot_gather_through_the_driver_all_take_sparks_allgather(
+        spark, tmp_path, monkeypatch):
+    """The driver gives up on a round at once (as when a task cannot reach it): every task of
+    the stage falls back to BarrierTaskContext.allGather, and the fit is the same."""
+    from spark_dl.transport.channel import StatusGather
+    x, y = data(48, seed=5)
+    kw = dict(batch_size=8, epochs=1, lr=0.1, shuffle=False, dtype="float64", log=None)
+    fast = fit(frame(spark, x, y, [24, 24]), small_fc, run_dir=tmp_path / "a", **kw)
+    monkeypatch.setattr(StatusGather, "PATIENCE_S", 0.0)
+    slow = fit(frame(spark, x, y, [24, 24]), small_fc, run_dir=tmp_path / "b", **kw)
+    assert (fast.info["rendezvous"], slow.info["rendezvous"]) == ("driver", "spark")
+    assert_same_weights(fast.model, slow.model)
+
+
 def test_linear_scaling_with_warmup_is_the_scheduled_big_batch(spark, tmp_path):
     """Two replicas under the linear rule: the one-process big batch at k = 2 times the rate,
     reached by a warmup over the first epoch, step by step; the history records each epoch's
