@@ -19,12 +19,19 @@ from .test_allreduce import assert_same_weights, data, frame, small_fc
 SPLITS, BATCH, LR, MOMENTUM, DECAY = [24, 16], 8, 0.5, 0.9, 0.8
 
 
-def reference_gossip(x, y, splits, epochs, alpha, seed=0):
+def small_bn():
+    """small_fc's sizes with a BatchNorm: running statistics each replica keeps apart."""
+    return torch.nn.Sequential(torch.nn.Linear(12, 9), torch.nn.BatchNorm1d(9),
+                               torch.nn.Sigmoid(), torch.nn.Linear(9, 3))
+
+
+def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc):
     """RD-PSGD by hand: every replica's gradient at x_k on its batch k, the masked coordinates
     mixed with the ring's W, then each replica's own SGD step (momentum, lr decay per epoch);
-    returns (the replicas' average as a model, [bytes each replica sent])."""
+    returns (the replicas' average as a model, its floating-point buffers their mean and the
+    others replica 0's, [bytes each replica sent])."""
     torch.manual_seed(0)
-    base = small_fc().double()
+    base = make().double()
     models = [copy.deepcopy(base) for _ in splits]
     opts = [torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM) for m in models]
     scheds = [torch.optim.lr_scheduler.ExponentialLR(o, DECAY) for o in opts]
@@ -60,9 +67,12 @@ def reference_gossip(x, y, splits, epochs, alpha, seed=0):
                     o.step()
         for sc in scheds:
             sc.step()
-    avg = copy.deepcopy(base)
+    avg = copy.deepcopy(models[0])
     torch.nn.utils.vector_to_parameters(
         torch.stack([vec(m.parameters()) for m in models]).mean(0), avg.parameters())
+    for name, b in avg.named_buffers():
+        if b.is_floating_point():
+            b.copy_(torch.stack([dict(m.named_buffers())[name] for m in models]).mean(0))
     return avg, sent
 
 
@@ -103,6 +113,28 @@ def test_gossip_fit_is_rd_psgd_computed_by_hand(spark, tmp_path, alpha):
         assert sent[0] == numel * 8 * rounds
     else:       # replicas that mix a part of their coordinates do not agree after a round
         assert res.history[-1]["consensus_distance"] > 0
+
+
+def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp_path):
+    """A model with BatchNorm: the fit returns the mean of the replicas' running statistics
+    with the average of their parameters, validates with them, and a resumed fit carries
+    every replica's own statistics on (2 + 1 epochs equal 3)."""
+    x, y = data(40, seed=23)
+    kw = dict(strategy=Gossip(alpha=1.0), batch_size=BATCH, lr=LR, lr_decay=DECAY,
+              momentum=MOMENTUM, shuffle=False, dtype="float64", lr_scaling=None, log=None,
+              validation=(x[:11], y[:11]))
+    res = fit(frame(spark, x, y, SPLITS), small_bn, epochs=3, run_dir=tmp_path / "w", **kw)
+    ref, _ = reference_gossip(x, y, SPLITS, 3, 1.0, make=small_bn)
+    assert_same_weights(res.model, ref)                 # running_mean / running_var included
+    ref.eval()
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(ref(torch.from_numpy(x[:11]).double()),
+                                                 torch.from_numpy(y[:11]))
+    assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-9)
+    fit(frame(spark, x, y, SPLITS), small_bn, epochs=2, run_dir=tmp_path / "r", **kw)
+    again = fit(frame(spark, x, y, SPLITS), small_bn, epochs=3, run_dir=tmp_path / "r", **kw)
+    assert again.info["resumed_from_epoch"] == 2
+    assert_same_weights(again.model, res.model)
 
 
 def test_gossip_resumes_every_replica_exactly(spark, tmp_path):

@@ -5,9 +5,11 @@ neighbours (rounds.py) between computing its gradient and taking its step.
 A replica's parameters live in one flat buffer (each parameter a view of it), so a round is
 one index_select, the point-to-point exchange and one index_copy_. After every epoch the
 replicas agree on their average (one all-reduce), measure how far they are from it (the
-consensus distance, mean ‖x_i − x̄‖²), replica 0 validates the average, and every replica's
-model and optimizer state go into the run's checkpoint (gathered on replica 0), since they
-differ. The fit's result is the average.
+consensus distance, mean ‖x_i − x̄‖²), the replicas validate the average (each a part of the
+held-out rows), and every replica's model, buffers and optimizer state go into the run's
+checkpoint (gathered on replica 0), since they differ. The fit's result is the average, with
+the mean of the replicas' floating-point buffers (BatchNorm's running statistics; the others,
+e.g. ``num_batches_tracked``, are replica 0's): the model validates as the replicas trained.
 """
 
 from __future__ import annotations
@@ -61,6 +63,29 @@ def make_task(cfg: GossipConfig, model_fn: Callable[[], nn.Module], loss_fn: Cal
                       run_dir, validation, ctx)
 
     return barrier_task(cfg, train, secret, channel, run_dir)
+
+
+def mean_buffers(model: nn.Module, world: int, device) -> dict[str, torch.Tensor]:
+    """The model's buffers by name, each floating-point one averaged over the replicas (one
+    all-reduce; BatchNorm's running statistics), the others this replica's own (their integer
+    counts, e.g. ``num_batches_tracked``, agree when the replicas take the same steps).
+    Collective: every rank calls it."""
+    named = dict(model.named_buffers())
+    floats = [k for k, b in named.items() if b.is_floating_point()]
+    out = {k: b.detach().clone() for k, b in named.items()}
+    if floats:
+        where = collective_device(device)
+        packed = torch.cat([named[k].detach().reshape(-1).to(where, torch.float64)
+                            for k in floats])
+        dist.all_reduce(packed)
+        packed /= world
+        off = 0
+        for k in floats:
+            n = named[k].numel()
+            out[k] = packed[off:off + n].reshape(named[k].shape).to(named[k].device,
+                                                                    named[k].dtype)
+            off += n
+    return out
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
@@ -121,6 +146,9 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             raise ValueError(f"{ckpt_path} is not a checkpoint of a gossip fit")
         mine = ckpt["replicas"][rank % len(ckpt["replicas"])]
         flat.copy_(mine["flat"])
+        for name, b in model.named_buffers():
+            if name in mine.get("buffers", {}):
+                b.copy_(mine["buffers"][name])
         opt.load_state_dict(mine["optimizer"])
         torch.set_rng_state(mine["rng"].cpu())
         rounds.bytes_sent, rounds.rounds = mine["bytes_sent"], mine["rounds"]
@@ -136,9 +164,12 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     def validate(t: float) -> dict:
         """The replicas' average, validated (a collective: every rank calls it)."""
         mean, distance = average_and_distance(flat)
+        buffers = mean_buffers(model, world, device)
         if probe is not None:
             torch.nn.utils.vector_to_parameters(
                 mean, [p for p in probe.parameters() if p.requires_grad])
+            for name, b in probe.named_buffers():
+                b.copy_(buffers[name])
         return {**val.run(probe, t, reports), "consensus_distance": distance}
     t_fit = time.perf_counter()
     round_s = 0.0
@@ -186,6 +217,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                "bytes_sent_per_replica": float(sent) / world, **validate(epoch + 1)}
         history.append(row)
         state = state_bytes({"flat": flat.cpu(), "optimizer": opt.state_dict(),
+                             "buffers": {k: b.cpu() for k, b in model.named_buffers()},
                              "rng": torch.get_rng_state(), "bytes_sent": rounds.bytes_sent,
                              "rounds": rounds.rounds})
         replicas = gather_bytes(state, rank, world, device)
@@ -198,6 +230,9 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                                  for b in replicas]})
     mean, distance = average_and_distance(flat)
     flat.copy_(mean)                                     # the result: the replicas' average
+    with torch.no_grad():
+        for name, b in mean_buffers(model, world, device).items():
+            dict(model.named_buffers())[name].copy_(b)
     where = collective_device(device)
     sent = [torch.zeros(1, dtype=torch.float64, device=where) for _ in range(world)]
     dist.all_gather(sent, torch.tensor([float(rounds.bytes_sent)], dtype=torch.float64,
