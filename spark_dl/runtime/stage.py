@@ -21,9 +21,9 @@ import torch.distributed as dist
 from .failures import at, report
 
 __all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "Validation",
-           "barrier_task", "broadcast_bytes", "collective_device", "peak_memory_mb",
-           "read_shard", "set_lr", "shared_memory_name", "stage_info", "state_bytes",
-           "write_task_info"]
+           "barrier_task", "broadcast_bytes", "collective_device", "mean_buffers",
+           "peak_memory_mb", "read_shard", "set_lr", "shared_memory_name", "stage_info",
+           "state_bytes", "sync_buffers", "write_task_info"]
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
@@ -324,6 +324,40 @@ def collective_device(device) -> torch.device:
     return device if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
+def mean_buffers(model: torch.nn.Module, world: int, device) -> dict[str, torch.Tensor]:
+    """The model's buffers by name, each floating-point one averaged over the replicas (one
+    all-reduce; BatchNorm's running statistics), the others this replica's own (their integer
+    counts, e.g. ``num_batches_tracked``, agree when the replicas take the same steps).
+    Collective: every rank calls it."""
+    named = dict(model.named_buffers())
+    floats = [k for k, b in named.items() if b.is_floating_point()]
+    out = {k: b.detach().clone() for k, b in named.items()}
+    if floats:
+        where = collective_device(device)
+        packed = torch.cat([named[k].detach().reshape(-1).to(where, torch.float64)
+                            for k in floats])
+        dist.all_reduce(packed)
+        packed /= world
+        off = 0
+        for k in floats:
+            n = named[k].numel()
+            out[k] = packed[off:off + n].reshape(named[k].shape).to(named[k].device,
+                                                                    named[k].dtype)
+            off += n
+    return out
+
+
+def sync_buffers(model, world: int, device) -> None:
+    """Every replica's floating-point buffers become their mean over the replicas (BatchNorm's
+    running statistics, which each replica keeps from its own shard's batches; they steer
+    evaluation only, never a training step). Collective: every rank calls it."""
+    if world > 1 and any(b.is_floating_point() for b in model.buffers()):
+        named = dict(model.named_buffers())
+        with torch.no_grad():
+            for name, b in mean_buffers(model, world, device).items():
+                named[name].copy_(b)
+
+
 class LossSum:
     """A running sum of mini-batch losses x rows, kept on the loss's device: read (a host
     synchronisation) only when a report goes, not every step."""
@@ -384,6 +418,7 @@ class Validation:
             self.val = (torch.as_tensor(validation[0][lo:hi], dtype=dtype, device=device),
                         torch.as_tensor(validation[1][lo:hi], device=device))
         self.classify = cfg.loss == "cross_entropy"
+        self.world, self.device = world, device
         self.client, self.steps, self.loss_fn = client, steps, loss_fn
         self.t0, self.seconds, self.evals = time.perf_counter(), 0.0, []
 
@@ -408,6 +443,8 @@ class Validation:
             return {}
         from ..losses import evaluation_row, evaluation_sums
         start = time.perf_counter()
+        if self.shared:                  # one model on every replica, running statistics too
+            sync_buffers(model, self.world, self.device)
         sums = evaluation_sums(model, self.val, self.loss_fn, self.classify)
         if self.shared:
             where = collective_device(sums.device)

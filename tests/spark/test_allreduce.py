@@ -90,6 +90,45 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, mo
     return model
 
 
+def test_batchnorm_replicas_return_and_validate_with_their_mean_statistics(spark, tmp_path):
+    """Each replica's BatchNorm keeps running statistics of its own shard's batches; the model
+    validated (each replica a part of the rows) and returned holds their mean. By hand: two
+    copies stepped by the mean of their gradients, each normalising its own batches."""
+    import copy
+
+    from .test_gossip import small_bn
+    x, y = data(48, seed=8)
+    res = fit(frame(spark, x, y, [24, 24]), small_bn, batch_size=8, epochs=2, lr=0.3,
+              momentum=0.9, shuffle=False, dtype="float64", lr_scaling=None,
+              validation=(x[:13], y[:13]), run_dir=tmp_path / "run", log=None)
+    torch.manual_seed(0)
+    copies = [small_bn().double()]
+    copies.append(copy.deepcopy(copies[0]))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.3, momentum=0.9) for m in copies]
+    xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
+    for _epoch in range(2):
+        for s in range(3):
+            grads = []
+            for r, m in enumerate(copies):
+                m.zero_grad()
+                idx = np.arange(24 * r, 24 * r + 24)[s * 8:(s + 1) * 8]
+                torch.nn.functional.cross_entropy(m(xt[idx]), yt[idx]).backward()
+                grads.append([p.grad.clone() for p in m.parameters()])
+            for m, o in zip(copies, opts):
+                for p, g0, g1 in zip(m.parameters(), *grads):
+                    p.grad = (g0 + g1) / 2
+                o.step()
+    ref = copies[0]
+    for name, b in ref.named_buffers():
+        if b.is_floating_point():
+            b.copy_((b + dict(copies[1].named_buffers())[name]) / 2)
+    assert_same_weights(res.model, ref)                  # running_mean and running_var too
+    ref.eval()
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(ref(xt[:13]), yt[:13])
+    assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-9)
+
+
 def test_tasks_that_cannot_gather_through_the_driver_all_take_sparks_allgather(
         spark, tmp_path, monkeypatch):
     """The driver gives up on a round at once (as when a task cannot reach it): every task of

@@ -35,6 +35,7 @@ from spark_dl.runtime.stage import (
     shared_memory_name,
     stage_info,
     state_bytes,
+    sync_buffers,
 )
 
 __all__ = ["AllReduceConfig", "GradientSync", "make_task"]
@@ -318,6 +319,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                                   "epoch": epoch + 1, "history": history,
                                   "rng": states,
                                   "balance": balancer.state() if balancer else None})
+    sync_buffers(model, world, device)    # the result: the replicas' mean running statistics
     info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
             "allreduce_calls": sync.calls if sync else 0,
             "allreduce_bytes": sync.bytes if sync else 0,

@@ -31,12 +31,14 @@ from spark_dl.runtime.stage import (
     Validation,
     barrier_task,
     collective_device,
+    mean_buffers,
     most_batches,
     read_checkpoint,
     set_lr,
     shared_memory_name,
     stage_info,
     state_bytes,
+    sync_buffers,
 )
 
 from .rounds import Rounds, average_and_distance
@@ -63,29 +65,6 @@ def make_task(cfg: GossipConfig, model_fn: Callable[[], nn.Module], loss_fn: Cal
                       run_dir, validation, ctx)
 
     return barrier_task(cfg, train, secret, channel, run_dir)
-
-
-def mean_buffers(model: nn.Module, world: int, device) -> dict[str, torch.Tensor]:
-    """The model's buffers by name, each floating-point one averaged over the replicas (one
-    all-reduce; BatchNorm's running statistics), the others this replica's own (their integer
-    counts, e.g. ``num_batches_tracked``, agree when the replicas take the same steps).
-    Collective: every rank calls it."""
-    named = dict(model.named_buffers())
-    floats = [k for k, b in named.items() if b.is_floating_point()]
-    out = {k: b.detach().clone() for k, b in named.items()}
-    if floats:
-        where = collective_device(device)
-        packed = torch.cat([named[k].detach().reshape(-1).to(where, torch.float64)
-                            for k in floats])
-        dist.all_reduce(packed)
-        packed /= world
-        off = 0
-        for k in floats:
-            n = named[k].numel()
-            out[k] = packed[off:off + n].reshape(named[k].shape).to(named[k].device,
-                                                                    named[k].dtype)
-            off += n
-    return out
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
@@ -230,9 +209,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                                  for b in replicas]})
     mean, distance = average_and_distance(flat)
     flat.copy_(mean)                                     # the result: the replicas' average
-    with torch.no_grad():
-        for name, b in mean_buffers(model, world, device).items():
-            dict(model.named_buffers())[name].copy_(b)
+    sync_buffers(model, world, device)                   # ... with the mean of their buffers
     where = collective_device(device)
     sent = [torch.zeros(1, dtype=torch.float64, device=where) for _ in range(world)]
     dist.all_gather(sent, torch.tensor([float(rounds.bytes_sent)], dtype=torch.float64,
