@@ -425,9 +425,10 @@ class Validation:
     def due(self, step: int) -> bool:
         return step in self.marks
 
-    def by(self, world: int) -> str:
+    @property
+    def by(self) -> str:
         """Who validates (info["validated_by"] of a fit with validation rows)."""
-        return f"{world} replicas, a part each" if self.shared else "replica 0"
+        return f"{self.world} replicas, a part each" if self.shared else "replica 0"
 
     def maybe(self, model, epoch: int, step: int, reports: StepReports) -> None:
         if self.due(step):
