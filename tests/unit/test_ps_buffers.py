@@ -53,12 +53,15 @@ def test_the_server_returns_the_mean_of_the_workers_latest_buffers():
         a.push(g, 1, buffers=torch.tensor([9.0, 9.0, 9.0, 9.0]))
         a.push(g, 1, buffers=torch.tensor([1.0, 2.0, 3.0, 4.0]))    # the latest counts
         assert ps.buffers().tolist() == [1.0, 2.0, 3.0, 4.0]
-        # worker 1 reports its last value as not its own (NaN): the mean is worker 0's there
-        b.push(g, 1, buffers=torch.tensor([3.0, 4.0, 5.0, float("nan")], dtype=torch.float64))
-        assert ps.buffers().tolist() == [2.0, 3.0, 4.0, 4.0]
+        # worker 1 reports its last value as not its own (NaN): the mean is worker 0's there;
+        # elsewhere each report weighs the mini-batches its worker trained: 2 (a) and 3 (b)
+        b.push(g, 1, 3, buffers=torch.tensor([3.0, 4.0, 5.0, float("nan")],
+                                             dtype=torch.float64))
+        mean = [(2 * 1.0 + 3 * 3.0) / 5, (2 * 2.0 + 3 * 4.0) / 5, (2 * 3.0 + 3 * 5.0) / 5, 4.0]
+        assert ps.buffers().tolist() == pytest.approx(mean, rel=1e-12)
         assert ps.stats_of_buffers.reports == 3 and ps.versions == [3]
         state = ps.state_dict()
-        assert state["buffers"].tolist() == [2.0, 3.0, 4.0, 4.0]
+        assert state["buffers"].tolist() == pytest.approx(mean, rel=1e-12)
         a.close()
         b.close()
     finally:
@@ -66,12 +69,12 @@ def test_the_server_returns_the_mean_of_the_workers_latest_buffers():
     again = ParameterServer(torch.zeros(3, dtype=torch.float64), SECRET, buffers=initial)
     try:                                                # a resumed fit starts from the mean
         again.load_state_dict(state)
-        assert again.buffers().tolist() == [2.0, 3.0, 4.0, 4.0]
+        assert again.buffers().tolist() == pytest.approx(mean, rel=1e-12)
         c = PSClient(again.address, SECRET, 0, dtype=torch.float64)
         c.hello(rows=1, batch_size=1)
         c.report_buffers(torch.full((4,), float("nan")))
         c.pull(torch.empty(3, dtype=torch.float64))     # the report is in before the reply
-        assert again.buffers().tolist() == [2.0, 3.0, 4.0, 4.0]
+        assert again.buffers().tolist() == pytest.approx(mean, rel=1e-12)
         c.close()
     finally:
         again.close()

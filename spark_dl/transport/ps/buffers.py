@@ -3,14 +3,20 @@ other registered buffer, which no gradient moves.
 
 The parameters travel as gradients; a buffer is the workers' own state (each worker's
 running mean and variance follow the batches it trains on), so every worker reports its
-buffers' current values with each push and the server keeps the latest report of each
-worker. The model the driver validates, checkpoints and returns takes their mean:
+buffers' current values with each push, with the number n_w of mini-batches its model has
+trained so far (in this task), and the server keeps the latest report of each worker. The
+model the driver validates, checkpoints and returns takes their mean weighted by n_w:
 
-    b = mean over the workers w that reported of b_w     (per value; none: model_fn()'s)
+    b = sum_w n_w b_w / sum_w n_w     (over the workers w that reported; none: model_fn()'s)
 
 which for BatchNorm is the statistics of the whole data set's recent batches, as one
 process training on all of it would keep them (its momentum, 0.1 by default, spans the
-last ~10 mini-batches of each worker).
+last ~10 mini-batches of each worker). The weights matter when the workers have trained
+unequally: a worker that joined late (the data-key scheduler gave the first keys to the
+other), or a retried task that started again from ``model_fn()``'s buffers, still holds
+much of the initial values (BatchNorm: (1 - momentum)^n of them after n batches); with
+equal weights its report pulled the mean towards zeros and ones (a running variance 1.9x
+the data's was measured that way, 2026-11-27).
 
 The rule for the buffers that cannot be averaged: only floating-point buffers travel, in
 the shapes ``model_fn()`` gives them on the driver (``buffer_spec``). A buffer that is not
@@ -85,6 +91,7 @@ class BufferMean:
     def __init__(self, initial: torch.Tensor):
         self.initial = initial.detach().reshape(-1).clone()
         self.latest: dict[int, torch.Tensor] = {}
+        self.trained: dict[int, int] = {}       # worker -> the mini-batches its report holds
         self.reports = 0
         self._lock = threading.Lock()
 
@@ -92,8 +99,11 @@ class BufferMean:
     def numel(self) -> int:
         return self.initial.numel()
 
-    def report(self, worker: int, values: torch.Tensor) -> None:
+    def report(self, worker: int, values: torch.Tensor, trained: int = 1) -> None:
+        """``worker``'s buffers after ``trained`` mini-batches of training (its weight; a
+        report of 0 counts as 1)."""
         with self._lock:
+            self.trained[worker] = max(int(trained), 1)
             mine = self.latest.get(worker)
             if mine is None:
                 self.latest[worker] = values.to(self.initial.dtype).clone()
@@ -102,16 +112,19 @@ class BufferMean:
             self.reports += 1
 
     def mean(self) -> torch.Tensor:
-        """The mean of the workers' latest values (NaN: not reported); model_fn()'s values
-        where no worker reported."""
+        """The mean of the workers' latest values weighted by the mini-batches each has
+        trained (NaN: not reported); model_fn()'s values where no worker reported."""
         with self._lock:
             if not self.latest:
                 return self.initial.clone()
-            stacked = torch.stack(list(self.latest.values()))        # (workers, n)
+            workers = list(self.latest)
+            stacked = torch.stack([self.latest[w] for w in workers])       # (workers, n)
+            weight = torch.tensor([float(self.trained[w]) for w in workers],
+                                  dtype=stacked.dtype)[:, None]
         have = ~torch.isnan(stacked)
-        count = have.sum(0)
-        total = torch.where(have, stacked, torch.zeros_like(stacked)).sum(0)
-        return torch.where(count > 0, total / count.clamp(min=1), self.initial)
+        mass = torch.where(have, weight, torch.zeros_like(stacked)).sum(0)
+        total = torch.where(have, stacked * weight, torch.zeros_like(stacked)).sum(0)
+        return torch.where(mass > 0, total / mass.clamp(min=1e-30), self.initial)
 
     def load(self, values: torch.Tensor) -> None:
         """A restored checkpoint's mean becomes the starting value; the reports start over."""
@@ -121,3 +134,4 @@ class BufferMean:
         with self._lock:
             self.initial.copy_(values.reshape(-1))
             self.latest.clear()
+            self.trained.clear()

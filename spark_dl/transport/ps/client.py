@@ -26,6 +26,7 @@ class PSClient:
         self.conn = Conn(sock, secret, nonce)
         self.bounds: list[int] = []
         self.versions: list[int] = []
+        self.trained = 0                 # mini-batches pushed by this client (buffers' weight)
         self.done_steps = 0                       # set by hello
         self.shard_done: list[int] = []           # set by hello: per shard
         self._skip: list[int] = []                # steps whose push a shard already has
@@ -112,14 +113,16 @@ class PSClient:
         self.versions[i] = version
         return count
 
-    def report_buffers(self, values: torch.Tensor) -> None:
-        """This worker's floating-point buffers (flat, NaN: not reported; see buffers.py) to
-        the server, which keeps the latest: one frame, no reply (an error comes back as the
-        reply to the next request). They travel in their own dtype, float32 or float64 (not
-        the gradients' bfloat16: a running variance needs its digits)."""
+    def report_buffers(self, values: torch.Tensor, trained: int | None = None) -> None:
+        """This worker's floating-point buffers (flat, NaN: not reported; see buffers.py)
+        after ``trained`` mini-batches (default: those pushed so far) to the server, which
+        keeps the latest and weights it by them: one frame, no reply (an error comes back as
+        the reply to the next request). They travel in their own dtype, float32 or float64
+        (not the gradients' bfloat16: a running variance needs its digits)."""
         if values.dtype not in (torch.float32, torch.float64):
             values = values.float()
-        self.conn.send(OPS["buffers"], values, worker=self.worker)
+        self.conn.send(OPS["buffers"], values, worker=self.worker,
+                       count=self.trained if trained is None else trained)
 
     def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
              pull_into: torch.Tensor | None = None, shards: list[int] | None = None,
@@ -136,6 +139,7 @@ class PSClient:
             raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
         t0 = time.perf_counter()
         rows = self._layout(shards, grad_sum.numel())
+        self.trained += steps                # the buffers reported below have seen them
         if buffers is not None:
             self.report_buffers(buffers)
         op = OPS["push"] if pull_into is None else OPS["pushpull"]

@@ -35,7 +35,8 @@ moment (``epoch_states``) for the driver to validate and checkpoint.
 Buffers (``buffers``: the initial values of the model's floating-point buffers, flat, e.g.
 BatchNorm's running statistics; buffers.py): a worker reports its buffers' values with each
 push (op "buffers", no reply, sent just before the push on the same connection); the
-server's ``buffers()`` is the mean of every worker's latest report, the values the driver
+server's ``buffers()`` is the mean of every worker's latest report (weighted by the
+mini-batches the worker trained, buffers.py), the values the driver
 validates, checkpoints and returns with the parameters.
 
 One class, read best whole: its connections, its modes and the state it checkpoints share
@@ -145,7 +146,7 @@ class ParameterServer:
         return torch.cat(out)
 
     def buffers(self) -> torch.Tensor:
-        """The model's floating-point buffers: the mean of the workers' latest reports."""
+        """The model's floating-point buffers: the weighted mean of the workers' latest reports."""
         return self.stats_of_buffers.mean()
 
     @property
@@ -286,7 +287,7 @@ class ParameterServer:
         if op == OPS["buffers"]:                  # a report, no reply (see the module doc)
             if bound is None:
                 raise PSError("a buffers report needs a hello first")
-            self._on_buffers(worker, code, payload)
+            self._on_buffers(worker, code, payload, count)
             return True
         if op == OPS["key"]:
             if self.keys is None or bound is None:
@@ -338,7 +339,7 @@ class ParameterServer:
             return True
         raise PSError(f"unknown op {op}")
 
-    def _on_buffers(self, worker: int, code: int, payload) -> None:
+    def _on_buffers(self, worker: int, code: int, payload, trained: int) -> None:
         if code not in (0, 1, 2):
             raise PSError("buffer values must be float32, float64 or bfloat16")
         itemsize = torch.empty((), dtype=DTYPES[code]).element_size()
@@ -347,7 +348,7 @@ class ParameterServer:
             raise PSError(f"a buffers report of {len(payload)} bytes, expected {n * itemsize} "
                           f"({n} values of the model's floating-point buffers)")
         values = torch.frombuffer(payload, dtype=torch.uint8).view(DTYPES[code])
-        self.stats_of_buffers.report(worker, values)
+        self.stats_of_buffers.report(worker, values, trained)
 
     def _on_hello(self, conn, worker, payload) -> bool:
         if len(payload) not in (16, 40):
