@@ -75,6 +75,7 @@ CONFIGS = {
     "r2-m04": (1, 2, 0.4, "linear", "turns", False),
     "r2-m04-rand": (1, 2, 0.4, "linear", "random", False),  # Downpour, pushes in any order
     "r2-m0-rand": (1, 2, 0.0, "linear", "random", False),   # ... the server's momentum 0
+    "r2-rand": (1, 2, 0.9, "linear", "random", False),      # ... the job's momentum 0.9
     "k4r2-m06": (4, 2, 0.6, "linear", "turns", False),  # between the rule's 0.4 and 0.9
     "k4r2-m04-cyc": (4, 2, 0.4, "linear", "turns", True),   # the defaults' momentum, cyclic
     "k4r2-m04-none": (4, 2, 0.4, "none", "turns", False),   # ... a push steps the mean
@@ -104,6 +105,8 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     base = base.removesuffix("-own")
     slr = base.endswith("-slr")
     base = base.removesuffix("-slr")
+    look = base.endswith("-look")
+    base = base.removesuffix("-look")
     dc = base.endswith("-dc")
     base = base.removesuffix("-dc")
     lmom = base.endswith("-lmom")
@@ -188,6 +191,10 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
             shard.apply(grad, _push_factor(scaling, steps) / samples, steps, steps_per_epoch,
                         summed=steps)
             held[w] = shard.param.detach().clone()          # the worker fetches after its push
+            if look:                        # where the server will be when this push lands:
+                buf = shard.opt.state[shard.param].get("momentum_buffer")   # R - 1 steps on
+                if buf is not None:
+                    held[w].sub_(buf, alpha=(R - 1) * shard.lr_now(steps_per_epoch))
             fetched[w] = shard.version
     torch.nn.utils.vector_to_parameters(shard.param.detach() if shard.avg is None
                                         else shard.avg, params)
