@@ -27,7 +27,11 @@ ingredient of the strategy can be switched on alone:
                the server adds lambda g * g * (x_now - x_worker) to a push's mean gradient g,
                lambda = 2 / sqrt(a running mean of g^2): the first-order correction of a
                gradient taken at the worker's older values
-  "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -slr, -own, -avg,
+  "-look"      (a suffix, after -dc) lookahead: after its push a worker is sent the server's
+               values moved on by R - 1 momentum steps, x - (R - 1) lr v, where the server is
+               expected to be when its next push lands (weight prediction; measured harmful
+               with pushes in turns: docs/quality.md, "Lookahead")
+  "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -look, -slr, -own, -avg,
                e.g. k4r2-m04-local-avg or r2-m04-rand-own-avg) the model scored is the server's moving average over
                0.1 epoch of pushes (Downpour's ``average``), not its last values; "-avg25",
                "-avg50", "-avg100": over 0.25, 0.5, 1 epoch

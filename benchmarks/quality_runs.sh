@@ -8,8 +8,7 @@
 # model-parallel (2 replicas x 2 column partitions on local-cluster against one process: the
 # thesis CNN, the FC net with the thesis's algorithm, the char LSTM; the SSDA split in two;
 # the thesis's Fig. 4.3 drawn from the split runs),
-# ships-seeds (the ships group's systems at train.seed 1..4), ships-lookahead (the two
-# parameter-server systems with and without lookahead, interleaved, then over seeds),
+# ships-seeds (the ships group's systems at train.seed 1..4),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
@@ -186,25 +185,6 @@ if [ "$group" = ships-seeds ]; then
   for s in 0 1 2; do
     run_named "ships-downpour-m0-seed$s" "${SHIPS[@]}" --set train.strategy=downpour \
         --set train.replicas=2 --set train.seed=$s --set train.momentum=0.5
-  done
-fi
-if [ "$group" = ships-lookahead ]; then
-  # The two parameter-server systems of the ships group with and without lookahead (the
-  # workers fetch where the server is expected to be when their push lands), interleaved,
-  # RUNS runs of seed 0 each; then SEEDS (default "1 2 3 4") with lookahead, the default.
-  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml --set train.replicas=2)
-  for i in $(seq 1 "${RUNS:-5}"); do
-    for st in downpour boosting; do
-      run_named "ships-$st-look-$i" "${SHIPS[@]}" --set train.strategy=$st
-      run_named "ships-$st-nolook-$i" "${SHIPS[@]}" \
-          --set "train.strategy={'name': '$st', 'lookahead': False}"
-    done
-  done
-  for s in ${SEEDS-1 2 3 4}; do
-    for st in downpour boosting; do
-      run_named "ships-$st-look-seed$s" "${SHIPS[@]}" --set train.strategy=$st \
-          --set train.seed=$s
-    done
   done
 fi
 if [ "$group" = cnn-bn ]; then

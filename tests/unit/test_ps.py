@@ -241,43 +241,6 @@ def test_staleness_aware_server_steps_lr_over_tau(server, staleness_lr):
     assert dict(ps.staleness) == {0: 2, 1: 1, 3: 1}
 
 
-
-@pytest.mark.parametrize("lookahead", [True, False])
-def test_lookahead_sends_a_worker_where_its_next_push_is_expected_to_land(server, lookahead):
-    """Momentum server (lr 0.1, momentum 0.5): worker 0's push lands on the values it
-    fetched (staleness 0), worker 1's one version late (staleness 1). With lookahead each is
-    then sent x - tau lr v, tau its running mean staleness (the first push sets it, then 0.1
-    of each next one), v the momentum buffer; without, the last values x."""
-    ps = server(n=3, optimizer="momentum", lr=0.1, momentum=0.5, lookahead=lookahead)
-    x = ps.parameters()
-    a, b = (PSClient(ps.address, SECRET, w, dtype=torch.float64) for w in (0, 1))
-    for c in (a, b):
-        c.hello(rows=4, batch_size=1)
-    g = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
-    assert a.push(g, samples=1, versions=[0]) == [0]
-    assert b.push(2 * g, samples=1, versions=[0]) == [1]
-    v = 0.5 * g + 2 * g                                   # torch SGD: v <- m v + g
-    x = x - 0.1 * g - 0.1 * v                             # x <- x - lr v, twice
-    assert torch.allclose(ps.parameters(), x, atol=1e-12)  # the server's own values
-    got = torch.empty(3, dtype=torch.float64)
-    a.pull(got)
-    assert torch.allclose(got, x, atol=1e-12)             # tau 0: nothing ahead
-    b.pull(got)
-    assert torch.allclose(got, x - 1.0 * 0.1 * v if lookahead else x, atol=1e-12)
-    assert b.versions == [2]                              # the version of the values behind it
-    assert a.push(g, samples=1, versions=[0]) == [2]      # worker 0: tau 0 + 0.1 (2 - 0)
-    v = 0.5 * v + g
-    x = x - 0.1 * v
-    a.pull(got)
-    assert torch.allclose(got, x - 0.2 * 0.1 * v if lookahead else x, atol=1e-12)
-    assert ps.lookahead is lookahead
-    a.close()
-    b.close()
-    plain = server(n=3, optimizer="sgd", lr=0.1, lookahead=True)       # no momentum buffer
-    assert plain.lookahead is False
-    assert server(n=3, optimizer="momentum", mode="sync", lookahead=True).lookahead is False
-
-
 def _raw(ps):
     s = socket.create_connection(ps.address, timeout=5)
     nonce = s.recv(16)

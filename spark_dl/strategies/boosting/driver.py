@@ -54,9 +54,7 @@ class Boosting(Strategy):
     average: the model validated, checkpointed and returned is the server's moving average
     over its last average x E pushes, E an epoch's mini-batch steps (Downpour's ``average``;
     with n_push=4 the default 0.1 spans 0.4 of an epoch's pushes; default 0.1 with several
-    workers, 0 with one); the workers fetch the last values. lookahead (momentum servers,
-    default True): a worker fetches the values where the server is expected to be when its
-    push lands (Downpour's ``lookahead``: x - tau lr v, tau its mean staleness)."""
+    workers, 0 with one); the workers fetch the last values."""
 
     name = "boosting"
     n_push: int = 4
@@ -67,7 +65,6 @@ class Boosting(Strategy):
     staleness: str = "momentum"
     local: bool = True
     average: float | None = None
-    lookahead: bool = True
 
     def check(self) -> None:
         from ..downpour.driver import STALENESS_RULES
@@ -75,8 +72,6 @@ class Boosting(Strategy):
         check_choice("staleness", self.staleness, STALENESS_RULES)
         if not isinstance(self.local, bool):
             raise ConfigError(f"local must be True or False, got {self.local!r}")
-        if not isinstance(self.lookahead, bool):
-            raise ConfigError(f"lookahead must be True or False, got {self.lookahead!r}")
         if self.average is not None and not (isinstance(self.average, (int, float))
                                              and self.average >= 0):
             raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch the "
@@ -147,7 +142,7 @@ class Boosting(Strategy):
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
                              lr_decay=job.train["lr_decay"], keys=scheduler,
                              schedule=schedule, push_scaling=job.train["lr_scaling"],
-                             average=average, lookahead=self.lookahead,
+                             average=average,
                              buffers=layout.flatten_buffers())
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:
@@ -253,7 +248,7 @@ class Boosting(Strategy):
         state = scheduler.state()
         info = {"world": workers, "mode": "sequential", "n_push": self.n_push,
                 "staleness": self.staleness, "server_momentum": server_momentum,
-                "local_steps": local, "average": average, "lookahead": ps.lookahead,
+                "local_steps": local, "average": average,
                 "keys": {"count": len(keys), "rows_per_key": key_rows, "files": len(files),
                          "served": [[list(p) for p in ep] for ep in scheduler.served],
                          "keys_per_worker": state["keys_per_worker"],

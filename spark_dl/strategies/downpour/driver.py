@@ -50,11 +50,7 @@ class Downpour(Strategy):
     over; "lr": a push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both;
     "none": every push a plain step. average (async): the model validated and returned is the
     server's moving average over this fraction of an epoch's pushes (default 0.1 with several
-    replicas, 0 with one: plain SGD); the workers fetch the last values. lookahead (async,
-    momentum server; default True): a worker fetches the values where the server is expected
-    to be when its next push lands, the last values moved on by its mean staleness tau times
-    the server's momentum step, x - tau lr v (spark_dl.transport.ps.shard, "Lookahead"), so
-    that its gradient is taken about where it is applied; False: the last values.
+    replicas, 0 with one: plain SGD); the workers always fetch the last values.
     partitions: F > 1 splits every replica's model by columns over F tasks, which train it
     together on the union of their micro-batches and each push and fetch their own slice
     (a barrier stage of replicas x F tasks; modes async and sequential); "auto": the cost
@@ -81,7 +77,6 @@ class Downpour(Strategy):
     overlap: bool = False
     staleness: str = "momentum"
     average: float | None = None
-    lookahead: bool = True
     partitions: int | str = 1
     model_parallel: str = "collective"
     widths: tuple | None = None
@@ -131,8 +126,6 @@ class Downpour(Strategy):
                 raise ConfigError("model_parallel='thesis' splits the columns evenly; use "
                                   "model_parallel='collective' with widths")
         check_choice("staleness", self.staleness, STALENESS_RULES)
-        if not isinstance(self.lookahead, bool):
-            raise ConfigError(f"lookahead must be True or False, got {self.lookahead!r}")
         if self.average is not None and not (isinstance(self.average, (int, float))
                                              and self.average >= 0):
             raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch's "
@@ -248,7 +241,7 @@ class Downpour(Strategy):
                              staleness_lr=cfg.mode == "async" and "lr" in staleness.split("+"),
                              average=average, schedule=schedule,
                              push_scaling=job.train["lr_scaling"],
-                             buffers=layout.flatten_buffers(), lookahead=self.lookahead)
+                             buffers=layout.flatten_buffers())
         val = None
         if job.validation is not None:
             val = (torch.as_tensor(job.validation[0], dtype=dtype),
@@ -362,7 +355,6 @@ class Downpour(Strategy):
         info = {"world": replicas, "mode": cfg.mode, "n_fetch": cfg.n_fetch,
                 "n_push": cfg.n_push,
                 "staleness": staleness, "server_momentum": server_momentum, "average": average,
-                "lookahead": ps.lookahead,
                 "evals": evals, "lr_schedule": {**schedule.describe(), "push_scaling": job.train["lr_scaling"]},
                 "server": ps.stats(), "staleness_histogram": dict(sorted(stale.items())),
                 "served": {"parameter_server": list(ps.address)},

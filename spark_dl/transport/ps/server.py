@@ -77,7 +77,7 @@ class ParameterServer:
                  lr_decay: float = 1.0, bounds: list[int] | None = None,
                  staleness_lr: bool = False, average: float = 0.0, keys=None,
                  schedule=None, push_scaling: str = "linear",
-                 buffers: torch.Tensor | None = None, lookahead: bool = False):
+                 buffers: torch.Tensor | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -94,9 +94,6 @@ class ParameterServer:
         self.secret, self.mode, self.workers = secret, mode, workers
         self.timeout_s, self.max_staleness = timeout_s, max_staleness
         self.staleness_lr = staleness_lr
-        # async / sequential with a momentum optimizer: send each worker the values where its
-        # next push is expected to land (shard.py, "Lookahead")
-        self.lookahead = bool(lookahead) and mode != "sync" and optimizer == "momentum"
         self._clocks: dict[int, int] = {}         # worker -> pushes so far (bounded staleness)
         self._clock_cv = threading.Condition()
         self.waits = 0                            # pushes held back by the staleness bound
@@ -307,7 +304,7 @@ class ParameterServer:
         if op == OPS["pull"]:
             t0 = time.perf_counter()
             with s.lock:
-                values, v = s.values_for(self._ahead_of(worker)), s.version
+                values, v = s.param.detach().clone(), s.version
             with self._stats_lock:
                 self.pulls += 1
             conn.send(OPS["ok"], values.to(DTYPES[code] if code in (0, 1, 2) else self.dtype),
@@ -444,18 +441,15 @@ class ParameterServer:
               steps: int, pull: bool = False):
         """Apply (or collect) one push; returns (version, staleness, and with ``pull`` the
         shard's values after it, copied under the lock so that they belong to that version)."""
-        ahead = self._ahead_of(worker)
         with s.lock:
             staleness = s.version - base
             if self.keys is not None:            # a push of a key this worker must hold
                 epoch = self.keys.epoch
                 if self.keys.applied(worker) is None:
                     self.dropped += 1
-                    return s.version, staleness, s.values_for(ahead) if pull else None
+                    return s.version, staleness, s.param.detach().clone() if pull else None
             if self.mode != "sync":
                 self.staleness[staleness] += 1
-                if ahead is not None:
-                    s.note_staleness(worker, staleness)
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
                 scale = _push_factor(self.push_scaling, steps) / max(samples, 1)
                 if self.staleness_lr and staleness > 1:
@@ -467,7 +461,7 @@ class ParameterServer:
                     with self._epochs_cv:
                         self.epoch_states[epoch + 1] = state
                         self._epochs_cv.notify_all()
-                return s.version, staleness, s.values_for(ahead) if pull else None
+                return s.version, staleness, s.param.detach().clone() if pull else None
             if staleness > 0:                     # computed on an older round: dropped
                 self.dropped += 1
                 return s.version, staleness, s.param.detach().clone() if pull else None
@@ -492,11 +486,6 @@ class ParameterServer:
                         raise PSError(f"sync mode: round {target} of shard incomplete after "
                                       f"{self.timeout_s} s (a worker is missing)")
             return s.version, 0, s.param.detach().clone() if pull else None
-
-
-    def _ahead_of(self, worker: int) -> int | None:
-        """The worker whose lookahead a reply takes (None: the plain values)."""
-        return worker if self.lookahead else None
 
 
 def _push_factor(rule: str, steps: int) -> float:

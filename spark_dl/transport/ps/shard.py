@@ -11,16 +11,6 @@ epoch in would otherwise mix in; docs/guides/downpour.md, "Averaged server"); fr
 epoch on it is the last a E pushes. Workers always fetch x; the server's
 ``parameters()`` (the model the driver validates and returns) is x̄: it damps the last
 iterates' noise, which asynchronous pushes add to (docs/benchmarks.md, "Downpour SGD").
-
-Lookahead (the server's ``lookahead``): a worker's push lands tau versions after the values
-it was computed on (tau ~ W - 1 for W equally fast workers). With a momentum server the
-steps in between are predictable: each moves the parameters by about lr v (v the momentum
-buffer, torch's x <- x - lr v), so a worker is sent x - tau_w lr v, the server's position
-when its next push is expected to land, with tau_w the running mean of that worker's
-measured staleness (weight prediction, as SpecTrain does for pipelined stages, Chen et al.
-2018; DANA, Hakimi et al. 2019, for asynchronous momentum). Its gradient is then taken about
-where it is applied. ``ahead`` holds tau_w per worker; the staleness counts stay those of
-the values the worker was sent (their version).
 """
 
 from __future__ import annotations
@@ -64,7 +54,6 @@ class Shard:
         self.round_workers: set[int] = set()
         # sum over applied steps of the mean gradient's |g| summed over the shard (Fig. 4.3b)
         self.abs_sum, self.abs_steps = 0.0, 0
-        self.ahead: dict[int, float] = {}   # lookahead: worker -> running mean staleness
 
     def apply(self, grad: torch.Tensor, scale: float = 1.0, steps: int = 1,
               epoch_steps: int = 0, summed: int = 1) -> None:
@@ -87,26 +76,6 @@ class Shard:
         self.version += 1
         if self.on_step is not None:
             self.on_step(self, epoch_steps)
-
-    AHEAD_WEIGHT = 0.1                  # of the latest push in the running mean staleness
-
-    def note_staleness(self, worker: int, staleness: int) -> None:
-        """A push of ``worker`` landed ``staleness`` versions after its values (lookahead's
-        running mean; the first push sets it)."""
-        was = self.ahead.get(worker)
-        self.ahead[worker] = float(staleness) if was is None else \
-            was + self.AHEAD_WEIGHT * (staleness - was)
-
-    def values_for(self, worker: int | None = None) -> torch.Tensor:
-        """A copy of the values to send ``worker`` (call under the lock): the current ones,
-        or with lookahead (``worker`` given) where the next ``ahead[worker]`` steps are
-        expected to take them, x - tau lr v (see the module doc)."""
-        out = self.param.detach().clone()
-        tau = self.ahead.get(worker, 0.0) if worker is not None else 0.0
-        buf = self.opt.state.get(self.param, {}).get("momentum_buffer") if tau > 0 else None
-        if buf is not None:
-            out.sub_(buf, alpha=tau * self.opt.param_groups[0]["lr"])
-        return out
 
     def epoch_lr(self, epoch: int, epoch_steps: int) -> float:
         """The rate of the last step of ``epoch`` (1-based), as the history records it."""
