@@ -31,7 +31,10 @@ ingredient of the strategy can be switched on alone:
                values moved on by R - 1 momentum steps, x - (R - 1) lr v, where the server is
                expected to be when its next push lands (weight prediction; measured harmful
                with pushes in turns: docs/quality.md, "Lookahead")
-  "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -look, -slr, -own, -avg,
+  "-clip"      (a suffix, after -look) the server clips a push's mean gradient to twice the
+               running mean of the pushes' norms (0.05 of each, from the 20th push on)
+  "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -look, -clip, -slr,
+               -own, -avg,
                e.g. k4r2-m04-local-avg or r2-m04-rand-own-avg) the model scored is the server's moving average over
                0.1 epoch of pushes (Downpour's ``average``), not its last values; "-avg25",
                "-avg50", "-avg100": over 0.25, 0.5, 1 epoch
@@ -109,6 +112,8 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     base = base.removesuffix("-own")
     slr = base.endswith("-slr")
     base = base.removesuffix("-slr")
+    clip = base.endswith("-clip")
+    base = base.removesuffix("-clip")
     look = base.endswith("-look")
     base = base.removesuffix("-look")
     dc = base.endswith("-dc")
@@ -129,6 +134,7 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     held = [shard.param.detach().clone() for _ in range(R)]     # each worker's fetched values
     bufs = [torch.zeros_like(flat) for _ in range(R)]           # "-lmom": each worker's momentum
     meansq = torch.zeros_like(flat)                             # "-dc": running mean of g^2
+    norm_ema, pushes_seen, clipped = 0.0, 0, 0                  # "-clip"
     fetched = [0] * R                                           # the version each worker holds
     rng = np.random.default_rng(seed + 7)
     steps_per_epoch = sum(-(-(b - a) // batch) for a, b in keys)
@@ -186,6 +192,13 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
                 lam = 2.0 / (meansq.sqrt() + 1e-7)
                 g.add_(lam * g * g * (shard.param.detach() - held[w]))
                 grad = g * (samples / _push_factor(scaling, steps))
+            if clip:                        # a push's mean gradient at most 2x the running norm
+                norm = float(grad.norm()) * _push_factor(scaling, steps) / samples
+                if pushes_seen >= 20 and norm > 2 * norm_ema:
+                    grad = grad * (2 * norm_ema / norm)
+                    norm, clipped = 2 * norm_ema, clipped + 1
+                norm_ema = norm if pushes_seen == 0 else norm_ema + 0.05 * (norm - norm_ema)
+                pushes_seen += 1
             tau = shard.version - fetched[w]
             if slr and tau > 1:
                 grad = grad / tau
@@ -210,7 +223,7 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
             "average": average, "widths": list(widths),
             "scaling": scaling, "order": order, "cyclic": cyc, **scores,
             "last_loss": float(np.mean(losses[-100:])), "seconds": time.perf_counter() - t0,
-            "server_steps": shard.version}
+            "server_steps": shard.version, **({"clipped": clipped} if clip else {})}
 
 
 def main() -> None:
