@@ -11,7 +11,9 @@ of --repeats runs:
                       others, the defaults: staleness rule "momentum" (the server runs
                       0.9 - (1 - 1/2) = 0.4: two asynchronous replicas add momentum of their
                       own) and average=0.1 (the model returned and validated is the server's
-                      moving average over a tenth of an epoch)
+                      moving average over a tenth of an epoch), and clip=2 (a push's step at
+                      most twice the running gradient norm; since 2026-11-27)
+  downpour-1-1-noclip the same with clip=0 (the defaults before 2026-11-27)
   downpour-1-1-last   the same with average=0: the server's last values
   downpour-1-1-plain  the plain rule (staleness="none", average=0) with server momentum 0.8,
                       the best plain setting before the rule (at 0.9 it diverges)
@@ -168,6 +170,7 @@ def main(argv=None):
         "allreduce": lambda: engine(spark, R, E, runs),
         "downpour-1-1": lambda: engine(spark, R, E, runs, strategy=Downpour()),
         "downpour-1-1-last": lambda: engine(spark, R, E, runs, strategy=Downpour(average=0)),
+        "downpour-1-1-noclip": lambda: engine(spark, R, E, runs, strategy=Downpour(clip=0)),
         "downpour-1-1-plain": lambda: engine(spark, R, E, runs, momentum=0.8,
                                              strategy=Downpour(staleness="none", average=0)),
         "downpour-1-1-lrmom": lambda: engine(spark, R, E, runs,

@@ -8,7 +8,8 @@
 # model-parallel (2 replicas x 2 column partitions on local-cluster against one process: the
 # thesis CNN, the FC net with the thesis's algorithm, the char LSTM; the SSDA split in two;
 # the thesis's Fig. 4.3 drawn from the split runs),
-# ships-seeds (the ships group's systems at train.seed 1..4),
+# ships-seeds (the ships group's systems at train.seed 1..4), ships-clip (Downpour with and
+# without clipped pushes, interleaved, then over seeds),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
@@ -186,6 +187,25 @@ if [ "$group" = ships-seeds ]; then
     run_named "ships-downpour-m0-seed$s" "${SHIPS[@]}" --set train.strategy=downpour \
         --set train.replicas=2 --set train.seed=$s --set train.momentum=0.5
   done
+fi
+if [ "$group" = ships-clip ]; then
+  # Downpour (async) on the ships job with and without clipped pushes (clip=2, the default
+  # since 2026-11-27: a push's step at most twice the running gradient norm; clip=0: off),
+  # interleaved, runs FIRST..RUNS (default 1..5) of seed 0 each (SKIP_FIRST_CLIP=1: run
+  # FIRST without its clipped half); then SEEDS (default "1 2 3 4") clipped, and the U-Net
+  # with BatchNorm.
+  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml --set train.replicas=2)
+  CLIP="train.strategy={'name': 'downpour', 'clip': ${CLIP:-2.0}}"
+  for i in $(seq "${FIRST:-1}" "${RUNS:-5}"); do
+    [ "$i" -gt "${FIRST:-1}" ] || [ -z "${SKIP_FIRST_CLIP:-}" ] && \
+      run_named "ships-downpour-clip-$i" "${SHIPS[@]}" --set "$CLIP"
+    run_named "ships-downpour-noclip-$i" "${SHIPS[@]}" \
+        --set "train.strategy={'name': 'downpour', 'clip': 0}"
+  done
+  for s in ${SEEDS-1 2 3 4}; do
+    run_named "ships-downpour-clip-seed$s" "${SHIPS[@]}" --set "$CLIP" --set train.seed=$s
+  done
+  run_named ships-bn-downpour-clip "${SHIPS[@]}" --set "$CLIP" --set train.norm=batch
 fi
 if [ "$group" = cnn-bn ]; then
   # The thesis CNN with BatchNorm (train.model=cnn_bn) on a quarter of the digits (50,000

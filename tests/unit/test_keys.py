@@ -89,6 +89,23 @@ def test_boosting_options_name_the_value_and_the_choices():
         Boosting(local=1)
     with pytest.raises(ConfigError, match=r"average must be a number >= 0 .* got -1"):
         Boosting(average=-1)
+    with pytest.raises(ConfigError, match=r"clip must be None \(the default\), 0 \(off\) or a number > 0 .* got True"):
+        Boosting(clip=True)
+
+
+def test_downpour_clip_names_the_value_and_the_mode():
+    from spark_dl import Downpour
+    with pytest.raises(ConfigError, match=r"clip must be None \(the default\), 0 \(off\) or a number > 0 .* got -2"):
+        Downpour(clip=-2)
+    with pytest.raises(ConfigError, match=r"clip cuts single pushes: .* got mode='sync'"):
+        Downpour(mode="sync", clip=2.0)
+    assert Downpour(mode="sequential", clip=2).clip == 2
+    Downpour(mode="sync", clip=0)                        # off: allowed in any mode
+    from spark_dl.strategies.downpour.driver import server_clip
+    assert server_clip(None, 2, "async") == 2.0          # the default: several async replicas
+    assert server_clip(None, 1, "async") is None         # one worker stays plain SGD
+    assert server_clip(None, 2, "sequential") is None
+    assert server_clip(0, 2, "async") is None and server_clip(3, 1, "async") == 3.0
 
 
 def test_a_key_reads_its_rows_and_each_row_group_is_decoded_once(tmp_path):

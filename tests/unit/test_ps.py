@@ -241,6 +241,39 @@ def test_staleness_aware_server_steps_lr_over_tau(server, staleness_lr):
     assert dict(ps.staleness) == {0: 2, 1: 1, 3: 1}
 
 
+
+def test_clip_cuts_a_push_to_a_multiple_of_the_running_norm_and_resumes_it(server):
+    """SGD lr 1, clip 2: the first 20 steps (norm 1 each) only build the running norm r = 1;
+    a push of norm 10 then steps 2 (r <- r + 0.05 (2 - r)), one of norm 1.5 is left alone; a
+    server restored from the checkpoint goes on with the same r."""
+    ps = server(n=4, optimizer="sgd", lr=1.0, clip=2.0)
+    start = ps.parameters()
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=4, batch_size=1)
+    e = torch.tensor([1.0, 0, 0, 0], dtype=torch.float64)
+    for _ in range(20):
+        c.push(e, samples=1)
+    c.push(10 * e, samples=1)                            # cut to 2
+    c.push(1.5 * e, samples=1)                           # under 2 x r: as it is
+    assert torch.allclose(ps.parameters(), start - (20 + 2 + 1.5) * e, atol=1e-12)
+    r = 1.0 + 0.05 * (2.0 - 1.0)
+    r = r + 0.05 * (1.5 - r)
+    assert ps.shards[0].norm_mean == pytest.approx(r, rel=1e-12)
+    assert ps.stats()["clipped_steps"] == 1 and ps.stats()["clip"] == 2.0
+    state = ps.state_dict()
+    c.close()
+    again = server(n=4, optimizer="sgd", lr=1.0, clip=2.0)
+    again.load_state_dict(state)
+    d = PSClient(again.address, SECRET, 0, dtype=torch.float64)
+    d.hello(rows=4, batch_size=1)
+    d.push(10 * e, samples=1)                            # cut at once: r came with the state
+    assert torch.allclose(again.parameters(), start - (23.5 + 2 * r) * e, atol=1e-12)
+    d.close()
+    assert server(n=4, mode="sync", clip=2.0).clip is None   # a round averages: not clipped
+    with pytest.raises(ValueError, match="clip must be > 0"):
+        server(n=4, clip=0)
+
+
 def _raw(ps):
     s = socket.create_connection(ps.address, timeout=5)
     nonce = s.recv(16)

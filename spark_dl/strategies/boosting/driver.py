@@ -54,7 +54,9 @@ class Boosting(Strategy):
     average: the model validated, checkpointed and returned is the server's moving average
     over its last average x E pushes, E an epoch's mini-batch steps (Downpour's ``average``;
     with n_push=4 the default 0.1 spans 0.4 of an epoch's pushes; default 0.1 with several
-    workers, 0 with one); the workers fetch the last values."""
+    workers, 0 with one); the workers fetch the last values. clip: a push's step gradient at
+    most this multiple of the running mean norm (Downpour's ``clip``; default off: a key's
+    summed push is rarely cut, docs/quality.md "Clipped pushes")."""
 
     name = "boosting"
     n_push: int = 4
@@ -65,10 +67,12 @@ class Boosting(Strategy):
     staleness: str = "momentum"
     local: bool = True
     average: float | None = None
+    clip: float | None = None
 
     def check(self) -> None:
-        from ..downpour.driver import STALENESS_RULES
+        from ..downpour.driver import STALENESS_RULES, check_clip
         check_int("n_push", self.n_push, 1)
+        check_clip(self.clip, True)
         check_choice("staleness", self.staleness, STALENESS_RULES)
         if not isinstance(self.local, bool):
             raise ConfigError(f"local must be True or False, got {self.local!r}")
@@ -142,7 +146,7 @@ class Boosting(Strategy):
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
                              lr_decay=job.train["lr_decay"], keys=scheduler,
                              schedule=schedule, push_scaling=job.train["lr_scaling"],
-                             average=average,
+                             average=average, clip=self.clip or None,
                              buffers=layout.flatten_buffers())
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:

@@ -50,7 +50,12 @@ class Downpour(Strategy):
     over; "lr": a push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both;
     "none": every push a plain step. average (async): the model validated and returned is the
     server's moving average over this fraction of an epoch's pushes (default 0.1 with several
-    replicas, 0 with one: plain SGD); the workers always fetch the last values.
+    replicas, 0 with one: plain SGD); the workers always fetch the last values. clip (async,
+    sequential): the server cuts a push's step gradient to at most this multiple of the
+    running mean of the steps' gradient norms (spark_dl.transport.ps.shard, "Clipped
+    pushes"): a stale push of an oscillation the delay has made unstable can no longer run
+    away (docs/quality.md, "Clipped pushes"); default 2 with several asynchronous replicas,
+    off otherwise (one worker stays plain SGD); 0: off.
     partitions: F > 1 splits every replica's model by columns over F tasks, which train it
     together on the union of their micro-batches and each push and fetch their own slice
     (a barrier stage of replicas x F tasks; modes async and sequential); "auto": the cost
@@ -77,6 +82,7 @@ class Downpour(Strategy):
     overlap: bool = False
     staleness: str = "momentum"
     average: float | None = None
+    clip: float | None = None
     partitions: int | str = 1
     model_parallel: str = "collective"
     widths: tuple | None = None
@@ -135,6 +141,7 @@ class Downpour(Strategy):
             raise ConfigError(f"average={self.average} needs mode='async' (got "
                               f"{self.mode!r}): {self.mode} rounds follow one trajectory, "
                               f"nothing to damp")
+        check_clip(self.clip, self.mode != "sync")
         if self.overlap and self.mode != "async":
             raise ConfigError(f"overlap=True needs mode='async' (got {self.mode!r}): sync and "
                               f"sequential rounds wait for the server by design")
@@ -197,9 +204,10 @@ class Downpour(Strategy):
             _server_optimizer(job.train["optimizer"], momentum)
         average = _server_average(self.average, replicas, mode)
         server_momentum = _server_momentum(momentum, replicas, mode, staleness)
+        clip = server_clip(self.clip, replicas, mode)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
-                              "partitions": partitions, "average": average,
+                              "partitions": partitions, "average": average, "clip": clip,
                               "server_momentum": server_momentum})
         widths, measured = self.widths, None
         kept = run.path / "widths.json"
@@ -241,7 +249,8 @@ class Downpour(Strategy):
                              staleness_lr=cfg.mode == "async" and "lr" in staleness.split("+"),
                              average=average, schedule=schedule,
                              push_scaling=job.train["lr_scaling"],
-                             buffers=layout.flatten_buffers())
+                             buffers=layout.flatten_buffers(),
+                             clip=clip)
         val = None
         if job.validation is not None:
             val = (torch.as_tensor(job.validation[0], dtype=dtype),
@@ -456,6 +465,32 @@ def _server_average(average: float | None, replicas: int, mode: str) -> float:
     if average is not None:
         return float(average)
     return 0.1 if mode == "async" and replicas > 1 else 0.0
+
+
+CLIP = 2.0        # the default cap: measured on the ships job, docs/quality.md "Clipped pushes"
+
+
+def check_clip(clip, applies: bool) -> None:
+    """``clip``: None (the default), 0 (off) or a number > 0, in a mode whose server steps
+    pushes one by one."""
+    if clip is None:
+        return
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
+        raise ConfigError(f"clip must be None (the default), 0 (off) or a number > 0 (a "
+                          f"push's step gradient at most that many times the running mean "
+                          f"norm; e.g. 2), got {clip!r}")
+    if clip and not applies:
+        raise ConfigError("clip cuts single pushes: it needs mode='async' or 'sequential' "
+                          "(a sync round averages the replicas' gradients, got mode='sync')")
+
+
+def server_clip(clip: float | None, replicas: int, mode: str) -> float | None:
+    """The server's cap on a push (see check_clip): ``clip``, or by default CLIP with several
+    asynchronous replicas (pushes one version old, the delay that makes momentum unstable)
+    and off otherwise; 0: off."""
+    if clip is None:
+        return CLIP if mode == "async" and replicas > 1 else None
+    return float(clip) or None
 
 
 def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str) -> float:

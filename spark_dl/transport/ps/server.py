@@ -77,7 +77,7 @@ class ParameterServer:
                  lr_decay: float = 1.0, bounds: list[int] | None = None,
                  staleness_lr: bool = False, average: float = 0.0, keys=None,
                  schedule=None, push_scaling: str = "linear",
-                 buffers: torch.Tensor | None = None):
+                 buffers: torch.Tensor | None = None, clip: float | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -105,7 +105,12 @@ class ParameterServer:
         if not average >= 0:
             raise ValueError(f"average must be >= 0 (a fraction of an epoch), got {average}")
         self.push_scaling = push_scaling          # a push of k mini-batches steps f(k) x mean
-        self.shards = [Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average, schedule)
+        if clip is not None and not clip > 0:
+            raise ValueError(f"clip must be > 0 (a multiple of the running gradient norm), "
+                             f"got {clip}")
+        self.clip = clip if mode != "sync" else None    # a sync round averages: no spikes
+        self.shards = [Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average, schedule,
+                             self.clip)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
         self.stats_of_buffers = BufferMean(torch.zeros(0, dtype=self.dtype) if buffers is None
                                            else buffers.to(self.dtype))
@@ -173,7 +178,7 @@ class ParameterServer:
         """Everything a restarted server needs: each shard's values, optimizer state, version
         and steps applied (each shard's under its lock)."""
         out = {"bounds": list(self.bounds), "values": [], "optimizer": [], "versions": [],
-               "steps": [], "averages": [], "buffers": self.buffers()}
+               "steps": [], "averages": [], "buffers": self.buffers(), "norms": []}
         for s in self.shards:
             with s.lock:
                 out["values"].append(s.param.detach().clone())
@@ -181,6 +186,7 @@ class ParameterServer:
                 out["optimizer"].append(copy.deepcopy(s.opt.state_dict()))
                 out["versions"].append(s.version)
                 out["steps"].append(s.steps)
+                out["norms"].append((s.norm_mean, s.norm_steps))     # clip's running norm
         return out
 
     def load_state_dict(self, state: dict, start_epoch: int = 0) -> None:
@@ -190,12 +196,14 @@ class ParameterServer:
             raise ValueError(f"the saved server has shards {state['bounds']}, this one "
                              f"{self.bounds}: a different model or partitioning")
         averages = state.get("averages") or [None] * len(self.shards)  # older checkpoints
+        norms = state.get("norms") or [(0.0, 0)] * len(self.shards)
         if state.get("buffers") is not None:
             self.stats_of_buffers.load(state["buffers"])
-        for s, values, opt, version, steps, saved in zip(
+        for s, values, opt, version, steps, saved, norm in zip(
                 self.shards, state["values"], state["optimizer"], state["versions"],
-                state["steps"], averages):
+                state["steps"], averages, norms):
             with s.lock:
+                s.norm_mean, s.norm_steps = float(norm[0]), int(norm[1])
                 s.param.data.copy_(values)
                 if s.avg is not None:          # none saved: the average starts at x
                     s.avg.copy_(values if saved is None else saved)
@@ -223,7 +231,8 @@ class ParameterServer:
                 "rejected_connections": self.rejected,
                 "staleness_histogram": dict(sorted(self.staleness.items())),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-                "push_seconds": self.push_seconds, "pull_seconds": self.pull_seconds}
+                "push_seconds": self.push_seconds, "pull_seconds": self.pull_seconds,
+                "clip": self.clip, "clipped_steps": sum(s.clipped for s in self.shards)}
 
     def close(self) -> None:
         self._stop.set()

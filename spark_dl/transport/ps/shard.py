@@ -11,10 +11,17 @@ epoch in would otherwise mix in; docs/guides/downpour.md, "Averaged server"); fr
 epoch on it is the last a E pushes. Workers always fetch x; the server's
 ``parameters()`` (the model the driver validates and returns) is x̄: it damps the last
 iterates' noise, which asynchronous pushes add to (docs/benchmarks.md, "Downpour SGD").
+
+Clipped pushes (``clip`` = c): a step's gradient (the push's, as scaled) is cut to at most c
+times the running mean of the steps' gradient norms on this shard, r <- r + 0.05 (|g| - r)
+over the clipped norms, from the 21st step on (the first 20 only build r). A stale push of an
+oscillation that a delay has made unstable grows step by step; the cap stops that growth
+before it runs away (docs/quality.md, "Clipped pushes").
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 
@@ -30,9 +37,11 @@ SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
 class Shard:
     def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float,
                  lr_decay: float = 1.0, average: float = 0.0,
-                 schedule: LRSchedule | None = None):
+                 schedule: LRSchedule | None = None, clip: float | None = None):
         self.param = torch.nn.Parameter(values.clone(), requires_grad=False)
         self.average = average
+        self.clip = clip
+        self.norm_mean, self.norm_steps, self.clipped = 0.0, 0, 0      # see "Clipped pushes"
         self.avg = values.clone() if average > 0 else None     # x̄, see the module doc
         self.param.grad = torch.zeros_like(self.param)
         opts = {"sgd": lambda: torch.optim.SGD([self.param], lr=lr),
@@ -63,6 +72,8 @@ class Shard:
         self.param.grad.copy_(grad)
         if scale != 1.0:
             self.param.grad.mul_(scale)
+        if self.clip is not None:
+            self._clip(self.param.grad)
         self.abs_sum += float(self.param.grad.abs().sum()) / summed
         self.abs_steps += 1
         self.opt.step()
@@ -76,6 +87,21 @@ class Shard:
         self.version += 1
         if self.on_step is not None:
             self.on_step(self, epoch_steps)
+
+    CLIP_AFTER, CLIP_WEIGHT = 20, 0.05      # steps that only build the running norm; its EMA
+
+    def _clip(self, g: torch.Tensor) -> None:
+        """Cut ``g`` to ``clip`` x the running mean norm (see the module doc), in place."""
+        norm = float(g.norm())
+        if not math.isfinite(norm):
+            return                              # the server refuses such pushes before this
+        if self.norm_steps >= self.CLIP_AFTER and norm > self.clip * self.norm_mean:
+            g.mul_(self.clip * self.norm_mean / norm)
+            norm = self.clip * self.norm_mean
+            self.clipped += 1
+        self.norm_mean = norm if self.norm_steps == 0 else \
+            self.norm_mean + self.CLIP_WEIGHT * (norm - self.norm_mean)
+        self.norm_steps += 1
 
     def epoch_lr(self, epoch: int, epoch_steps: int) -> float:
         """The rate of the last step of ``epoch`` (1-based), as the history records it."""
