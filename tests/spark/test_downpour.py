@@ -51,6 +51,7 @@ def test_one_worker_fetch_push_every_step_is_single_process_sgd(spark, tmp_path)
     # the server's learning rate halves after each epoch's 6 steps, as the scheduler's does
     assert_same_weights(res.model, reference_epochs(x, y, [48], 8, 3, 0.5, 0.9, 0.5))
     assert res.info["server"]["versions"] == [18]
+    assert res.info["server"]["clip"] is None          # one worker: plain SGD, no cap
     assert res.info["staleness_histogram"] == {0: 18}
     # every fetch came back with the push (one round trip per step): pulls = initial + pushes
     assert res.info["server"]["pulls"] == 1 + 18
@@ -191,6 +192,9 @@ def test_async_workers_train_the_cnn_and_report_staleness(spark, mnist, tmp_path
     pushes = sum(w["pushes"] for w in res.info["workers"])
     assert sum(hist.values()) == pushes * 2                # one entry per push and shard
     assert res.info["server"]["versions"] == [pushes] * 2
+    # the default cap of several asynchronous replicas (a push at most 2x the running norm)
+    assert res.info["server"]["clip"] == 2.0
+    assert 0 <= res.info["server"]["clipped_steps"] <= pushes * 2
     assert any(line.startswith("epoch 3:") for line in lines)
     with torch.no_grad():
         acc = (res.model(torch.from_numpy(vx).reshape(-1, 1, 28, 28)).argmax(1).numpy()
