@@ -32,7 +32,7 @@ def _check_statistics(model, x, y):
     # EMAs over the last few mini-batches of each worker, of a moving model: near the data's,
     # each channel within their noise (up to 0.26 measured), and unbiased over the channels (a
     # worker that trained little holds much of the initial ones: weighted by its few batches,
-    # not equally, else the variances were 1.5-1.9x the data's, 2026-11-27)
+    # not equally, else the variances were up to 1.95x the data's, 2026-11-27)
     assert torch.allclose(bn.running_mean, h.mean(0), atol=0.25 * float(h.std(0).mean()))
     relative = (bn.running_var - h.var(0)).abs() / h.var(0)
     assert float(relative.max()) < 0.45 and float(relative.mean()) < 0.2, relative
