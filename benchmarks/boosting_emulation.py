@@ -31,8 +31,8 @@ ingredient of the strategy can be switched on alone:
                values moved on by R - 1 momentum steps, x - (R - 1) lr v, where the server is
                expected to be when its next push lands (weight prediction; measured harmful
                with pushes in turns: docs/quality.md, "Lookahead")
-  "-clip"      (a suffix, after -look) the server clips a push's mean gradient to twice the
-               running mean of the pushes' norms (0.05 of each, from the 20th push on)
+  "-clip"      (a suffix, after -look) the server's cap, Shard(clip=2): a push's step gradient
+               at most twice the running mean of the steps' norms (Downpour's default)
   "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -look, -clip, -slr,
                -own, -avg,
                e.g. k4r2-m04-local-avg or r2-m04-rand-own-avg) the model scored is the server's moving average over
@@ -128,13 +128,13 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     params = list(net.parameters())
     flat = torch.nn.utils.parameters_to_vector(params).detach()
     shard = Shard(flat, "momentum", lr, momentum, average=average,
-                  schedule=LRSchedule(lr, 1, "none", 0, 1.0, epochs))
+                  schedule=LRSchedule(lr, 1, "none", 0, 1.0, epochs),
+                  clip=2.0 if clip else None)      # "-clip": the server's own cap
     loss_fn = FocalDiceLoss(10.0, 2.0)
     keys = keys_of(len(x), k * batch)
     held = [shard.param.detach().clone() for _ in range(R)]     # each worker's fetched values
     bufs = [torch.zeros_like(flat) for _ in range(R)]           # "-lmom": each worker's momentum
     meansq = torch.zeros_like(flat)                             # "-dc": running mean of g^2
-    norm_ema, pushes_seen, clipped = 0.0, 0, 0                  # "-clip"
     fetched = [0] * R                                           # the version each worker holds
     rng = np.random.default_rng(seed + 7)
     steps_per_epoch = sum(-(-(b - a) // batch) for a, b in keys)
@@ -192,13 +192,6 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
                 lam = 2.0 / (meansq.sqrt() + 1e-7)
                 g.add_(lam * g * g * (shard.param.detach() - held[w]))
                 grad = g * (samples / _push_factor(scaling, steps))
-            if clip:                        # a push's mean gradient at most 2x the running norm
-                norm = float(grad.norm()) * _push_factor(scaling, steps) / samples
-                if pushes_seen >= 20 and norm > 2 * norm_ema:
-                    grad = grad * (2 * norm_ema / norm)
-                    norm, clipped = 2 * norm_ema, clipped + 1
-                norm_ema = norm if pushes_seen == 0 else norm_ema + 0.05 * (norm - norm_ema)
-                pushes_seen += 1
             tau = shard.version - fetched[w]
             if slr and tau > 1:
                 grad = grad / tau
@@ -223,7 +216,7 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
             "average": average, "widths": list(widths),
             "scaling": scaling, "order": order, "cyclic": cyc, **scores,
             "last_loss": float(np.mean(losses[-100:])), "seconds": time.perf_counter() - t0,
-            "server_steps": shard.version, **({"clipped": clipped} if clip else {})}
+            "server_steps": shard.version, **({"clipped": shard.clipped} if clip else {})}
 
 
 def main() -> None:

@@ -191,14 +191,12 @@ fi
 if [ "$group" = ships-clip ]; then
   # Downpour (async) on the ships job with and without clipped pushes (clip=2, the default
   # since 2026-11-27: a push's step at most twice the running gradient norm; clip=0: off),
-  # interleaved, runs FIRST..RUNS (default 1..5) of seed 0 each (SKIP_FIRST_CLIP=1: run
-  # FIRST without its clipped half); then SEEDS (default "1 2 3 4") clipped, and the U-Net
-  # with BatchNorm.
+  # interleaved, RUNS runs (default 5) of seed 0 each; then SEEDS (default "1 2 3 4")
+  # clipped, and the U-Net with BatchNorm.
   SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml --set train.replicas=2)
   CLIP="train.strategy={'name': 'downpour', 'clip': ${CLIP:-2.0}}"
-  for i in $(seq "${FIRST:-1}" "${RUNS:-5}"); do
-    [ "$i" -gt "${FIRST:-1}" ] || [ -z "${SKIP_FIRST_CLIP:-}" ] && \
-      run_named "ships-downpour-clip-$i" "${SHIPS[@]}" --set "$CLIP"
+  for i in $(seq 1 "${RUNS:-5}"); do
+    run_named "ships-downpour-clip-$i" "${SHIPS[@]}" --set "$CLIP"
     run_named "ships-downpour-noclip-$i" "${SHIPS[@]}" \
         --set "train.strategy={'name': 'downpour', 'clip': 0}"
   done

@@ -113,16 +113,15 @@ class PSClient:
         self.versions[i] = version
         return count
 
-    def report_buffers(self, values: torch.Tensor, trained: int | None = None) -> None:
+    def report_buffers(self, values: torch.Tensor) -> None:
         """This worker's floating-point buffers (flat, NaN: not reported; see buffers.py)
-        after ``trained`` mini-batches (default: those pushed so far) to the server, which
-        keeps the latest and weights it by them: one frame, no reply (an error comes back as
-        the reply to the next request). They travel in their own dtype, float32 or float64
-        (not the gradients' bfloat16: a running variance needs its digits)."""
+        after the mini-batches it has pushed so far to the server, which keeps the latest and
+        weights it by them: one frame, no reply (an error comes back as the reply to the next
+        request). They travel in their own dtype, float32 or float64 (not the gradients'
+        bfloat16: a running variance needs its digits)."""
         if values.dtype not in (torch.float32, torch.float64):
             values = values.float()
-        self.conn.send(OPS["buffers"], values, worker=self.worker,
-                       count=self.trained if trained is None else trained)
+        self.conn.send(OPS["buffers"], values, worker=self.worker, count=self.trained)
 
     def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
              pull_into: torch.Tensor | None = None, shards: list[int] | None = None,
