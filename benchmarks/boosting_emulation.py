@@ -33,6 +33,11 @@ ingredient of the strategy can be switched on alone:
                with pushes in turns: docs/quality.md, "Lookahead")
   "-clip"      (a suffix, after -look) the server's cap, Shard(clip=2): a push's step gradient
                at most twice the running mean of the steps' norms (Downpour's default)
+  "-fresh"     (a suffix, after -local: the workers always step locally; before -slr)
+               the workers run side by side a mini-batch at a time, and a worker whose
+               server moved since its fetch takes the new values less its own steps of the
+               key before its next mini-batch (Boosting's ``fresh``); "-conc": side by
+               side without that (the control)
   "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -look, -clip, -slr,
                -own, -avg,
                e.g. k4r2-m04-local-avg or r2-m04-rand-own-avg) the model scored is the server's moving average over
@@ -110,6 +115,10 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     base = name.removesuffix("-avg")
     own = base.endswith("-own")
     base = base.removesuffix("-own")
+    fresh = base.endswith("-fresh")
+    base = base.removesuffix("-fresh")
+    conc = base.endswith("-conc")                     # side by side, no rebase: the control
+    base = base.removesuffix("-conc")
     slr = base.endswith("-slr")
     base = base.removesuffix("-slr")
     clip = base.endswith("-clip")
@@ -139,7 +148,10 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     rng = np.random.default_rng(seed + 7)
     steps_per_epoch = sum(-(-(b - a) // batch) for a, b in keys)
     t0, losses = time.perf_counter(), []
-    for epoch in range(epochs):
+    if fresh or conc:
+        _concurrent(net, params, shard, loss_fn, keys, x, m, R, batch, seed, epochs,
+                    steps_per_epoch, scaling, losses, rebase=fresh)
+    for epoch in range(0 if fresh or conc else epochs):
         order_keys = np.random.default_rng([seed, epoch]).permutation(len(keys))
         if own:                             # worker w: the keys of partition w, own order
             mine = [[int(q) for q in order_keys if int(q) * R // len(keys) == w]
@@ -215,8 +227,64 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     return {"config": label, "seed": seed, "k": k, "R": R, "momentum": momentum,
             "average": average, "widths": list(widths),
             "scaling": scaling, "order": order, "cyclic": cyc, **scores,
-            "last_loss": float(np.mean(losses[-100:])), "seconds": time.perf_counter() - t0,
+            "last_loss": float(np.mean(losses[-100:])),
+            "epoch_losses": [float(np.mean(losses[e * steps_per_epoch:(e + 1) * steps_per_epoch]))
+                             for e in range(epochs)],
+            "seconds": time.perf_counter() - t0,
             "server_steps": shard.version, **({"clipped": shard.clipped} if clip else {})}
+
+
+def _concurrent(net, params, shard, loss_fn, keys, x, m, R, batch, seed, epochs,
+                steps_per_epoch, scaling, losses, rebase: bool = True) -> None:
+    """"-fresh": the R workers run side by side, a mini-batch each per tick (worker 0 first),
+    each on its own key (local steps), and before each mini-batch a worker whose server has
+    moved since its last fetch takes the new values less its own steps of the key so far
+    (x_server - lr sum g): the key's later gradients see the pushes that landed meanwhile."""
+    flat0 = shard.param.detach()
+    local = [flat0.clone() for _ in range(R)]          # each worker's copy
+    moved = [torch.zeros_like(flat0) for _ in range(R)]  # its steps of the current key
+    gsum = [torch.zeros_like(flat0) for _ in range(R)]
+    fetched = [shard.version] * R
+    for epoch in range(epochs):
+        order_keys = [int(q) for q in np.random.default_rng([seed, epoch]).permutation(len(keys))]
+        todo = [None] * R                              # each worker's rows left of its key
+        counts = [0] * R
+        while order_keys or any(t is not None for t in todo):
+            for w in range(R):
+                if todo[w] is None:
+                    if not order_keys:
+                        continue                       # the epoch's last keys: it waits
+                    key = order_keys.pop(0)
+                    a, b = keys[key]
+                    rows = np.random.default_rng([seed, epoch, key]).permutation(np.arange(a, b))
+                    todo[w] = [rows[j:j + batch] for j in range(0, len(rows), batch)]
+                    counts[w] = 0
+                if rebase and shard.version != fetched[w]:     # rebase on the server's new values
+                    local[w] = shard.param.detach() - moved[w]
+                    fetched[w] = shard.version
+                idx = todo[w].pop(0)
+                torch.nn.utils.vector_to_parameters(local[w], params)
+                for p in params:
+                    p.grad = None
+                loss = loss_fn(net(x[idx]), m[idx])
+                (loss * len(idx)).backward()
+                losses.append(float(loss.detach()))
+                g = torch.cat([p.grad.reshape(-1) for p in params])
+                gsum[w].add_(g)
+                step = g * (shard.lr_now(steps_per_epoch) / len(idx))
+                local[w] = local[w] - step
+                moved[w].add_(step)
+                counts[w] += len(idx)
+                if not todo[w]:                        # the key's push, then a fetch
+                    n = counts[w]
+                    steps = -(-n // batch)
+                    shard.apply(gsum[w], _push_factor(scaling, steps) / n, steps,
+                                steps_per_epoch, summed=steps)
+                    gsum[w].zero_()
+                    moved[w].zero_()
+                    local[w] = shard.param.detach().clone()
+                    fetched[w] = shard.version
+                    todo[w] = None
 
 
 def main() -> None:

@@ -10,6 +10,8 @@
 # the thesis's Fig. 4.3 drawn from the split runs),
 # ships-seeds (the ships group's systems at train.seed 1..4), ships-clip (Downpour with and
 # without clipped pushes, interleaved, then over seeds),
+# ships-fresh (Boosting with fresh values mid-key and the cap against without, interleaved,
+# then over seeds),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
@@ -204,6 +206,24 @@ if [ "$group" = ships-clip ]; then
     run_named "ships-downpour-clip-seed$s" "${SHIPS[@]}" --set "$CLIP" --set train.seed=$s
   done
   run_named ships-bn-downpour-clip "${SHIPS[@]}" --set "$CLIP" --set train.norm=batch
+fi
+if [ "$group" = ships-fresh ]; then
+  # Boosting on the ships job with its defaults of 2026-11-27 (fresh values mid-key and
+  # clipped pushes with several workers) against the old ones (fresh=False, clip=0),
+  # interleaved, RUNS runs (default 5) of seed 0 each, one process once; then SEEDS (default
+  # "1 2 3 4") with the defaults, and the U-Net with BatchNorm.
+  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml --set train.replicas=2)
+  [ -n "${NO_SINGLE:-}" ] || run_named ships-single "${SHIPS[@]}" \
+      --set train.strategy=allreduce --set train.replicas=1
+  for i in $(seq 1 "${RUNS:-5}"); do
+    run_named "ships-boosting-fresh-$i" "${SHIPS[@]}"
+    run_named "ships-boosting-old-$i" "${SHIPS[@]}" \
+        --set "train.strategy={'name': 'boosting', 'fresh': False, 'clip': 0}"
+  done
+  for s in ${SEEDS-1 2 3 4}; do
+    run_named "ships-boosting-fresh-seed$s" "${SHIPS[@]}" --set train.seed=$s
+  done
+  run_named ships-bn-boosting-fresh "${SHIPS[@]}" --set train.norm=batch
 fi
 if [ "$group" = cnn-bn ]; then
   # The thesis CNN with BatchNorm (train.model=cnn_bn) on a quarter of the digits (50,000

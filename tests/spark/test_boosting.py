@@ -31,8 +31,10 @@ def test_one_worker_applies_every_key_once_per_epoch_as_one_step(spark, tmp_path
     # stepped the worker's copy by lr); replayed in one process, float64
     from spark_dl.strategies.boosting.driver import cut_keys
     x, y = data(80, seed=3)
-    res = fit(frame(spark, x, y, [80]), small_fc, strategy=Boosting(n_push=2, local=local),
-              replicas=1,
+    # fresh: the worker asks before every mini-batch whether the server moved (with one
+    # worker it never has: the replay stays exact)
+    res = fit(frame(spark, x, y, [80]), small_fc,
+              strategy=Boosting(n_push=2, local=local, fresh=True), replicas=1,
               batch_size=8, epochs=2, lr=0.2, momentum=0.5, shuffle=False, dtype="float64",
               run_dir=tmp_path / "run", log=None)
     keys = res.info["keys"]
@@ -63,7 +65,8 @@ def test_one_worker_applies_every_key_once_per_epoch_as_one_step(spark, tmp_path
             for p, t in zip(ref.parameters(), total):
                 p.grad = t
             opt.step()
-    assert res.info["local_steps"] is local
+    assert res.info["local_steps"] is local and res.info["fresh"] is True
+    assert res.info["workers"][0]["rebased"] == 0
     assert_same_weights(res.model, ref)
     assert res.info["server"]["versions"] == [10] and res.info["server"]["dropped_stale"] == 0
     assert [h["keys_per_worker"] for h in res.history] == [[5], [5]]
@@ -90,6 +93,9 @@ def test_two_workers_share_the_keys_of_a_parquet_dataset_exactly_once(spark, tmp
     # both workers ran (which takes how many keys depends on when each started: a fast one
     # may take them all)
     assert res.info["world"] == 2 and [r["worker"] for r in res.info["workers"]] == [0, 1]
+    # fresh by default with two workers: a rebase at most once per mini-batch trained
+    assert res.info["fresh"] is True
+    assert 0 <= sum(r["rebased"] for r in res.info["workers"]) <= 4 * 320 // 8
 
 
 def test_bad_options_and_more_workers_than_keys(spark, tmp_path):
@@ -97,6 +103,8 @@ def test_bad_options_and_more_workers_than_keys(spark, tmp_path):
         Boosting(n_push=0)
     with pytest.raises(ConfigError, match="lease_s"):
         Boosting(lease_s=0)
+    with pytest.raises(ConfigError, match="fresh must be"):
+        Boosting(fresh="yes")
     x, y = data(16)
     with pytest.raises(ConfigError, match="1 data keys for 2 workers"):
         fit(frame(spark, x, y, [16]), small_fc, strategy=Boosting(n_push=4), batch_size=8,

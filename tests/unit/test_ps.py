@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from spark_dl.transport.ps import ParameterServer, PSClient, PSError
-from spark_dl.transport.ps.wire import MAGIC, OPS
+from spark_dl.transport.ps.wire import HEADER_BYTES, MAGIC, OPS
 
 SECRET = b"s" * 32
 
@@ -92,6 +92,33 @@ def test_pull_returns_the_current_values_and_versions(server):
     c2.push(torch.zeros(10, dtype=torch.float64), samples=1)         # c2 never pulled
     assert c.push(torch.zeros(10, dtype=torch.float64), samples=1) == [1, 1, 1]
     assert ps.staleness[1] == 6           # both pushes came one version late, on 3 shards
+    c.close()
+    c2.close()
+
+
+def test_pull_newer_sends_only_the_shards_another_worker_moved(server):
+    ps = server(n=10, shards=3, optimizer="sgd", lr=1.0)
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=5, batch_size=5)
+    out = torch.empty(10, dtype=torch.float64)
+    c.pull(out)
+    pulls, received = ps.pulls, c.conn.bytes_received
+    out.fill_(7.0)
+    assert c.pull_newer(out) is False                     # nothing moved: headers only
+    assert torch.equal(out, torch.full((10,), 7.0, dtype=torch.float64))
+    assert ps.pulls == pulls and c.conn.bytes_received - received == 3 * HEADER_BYTES
+    c2 = PSClient(ps.address, SECRET, 1, dtype=torch.float64)
+    c2.hello(rows=5, batch_size=5)
+    c2.pull(torch.empty(10, dtype=torch.float64))
+    pulls = ps.pulls
+    lo, hi = c.bounds[1], c.bounds[2]
+    c2.push(torch.ones(hi - lo, dtype=torch.float64), samples=1, shards=[1])   # shard 1 only
+    assert c.pull_newer(out) is True
+    start = torch.linspace(-1, 1, 10, dtype=torch.float64)
+    assert torch.equal(out[lo:hi], start[lo:hi] - 1)      # the moved shard's new values
+    assert torch.equal(out[:lo], torch.full((lo,), 7.0, dtype=torch.float64))   # the rest
+    assert c.versions == [0, 1, 0] and ps.pulls == pulls + 1     # one shard's values sent
+    assert c.pull_newer(out) is False
     c.close()
     c2.close()
 

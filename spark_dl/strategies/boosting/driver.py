@@ -51,12 +51,16 @@ class Boosting(Strategy):
     True): a worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k
     sequential steps; False: k gradients of the fetched values (docs/quality.md, ships).
+    fresh (default: True with several workers): before each mini-batch of a key, a worker
+    whose server has moved since its fetch (another worker pushed) takes the new values less
+    its own local steps of the key so far, so that a push is no longer a whole key behind.
     average: the model validated, checkpointed and returned is the server's moving average
     over its last average x E pushes, E an epoch's mini-batch steps (Downpour's ``average``;
     with n_push=4 the default 0.1 spans 0.4 of an epoch's pushes; default 0.1 with several
     workers, 0 with one); the workers fetch the last values. clip: a push's step gradient at
-    most this multiple of the running mean norm (Downpour's ``clip``; default off: a key's
-    summed push is rarely cut, docs/quality.md "Clipped pushes")."""
+    most this multiple of the running mean norm (Downpour's ``clip``; default 2 with several
+    workers, off with one; 0: off). With ``fresh`` the fit moves faster and, as Downpour's,
+    needs the cap late in the fit (docs/quality.md, "Fresh values mid-key")."""
 
     name = "boosting"
     n_push: int = 4
@@ -66,6 +70,7 @@ class Boosting(Strategy):
     amp: str | None = None
     staleness: str = "momentum"
     local: bool = True
+    fresh: bool | None = None
     average: float | None = None
     clip: float | None = None
 
@@ -76,6 +81,9 @@ class Boosting(Strategy):
         check_choice("staleness", self.staleness, STALENESS_RULES)
         if not isinstance(self.local, bool):
             raise ConfigError(f"local must be True or False, got {self.local!r}")
+        if self.fresh is not None and not isinstance(self.fresh, bool):
+            raise ConfigError(f"fresh must be None (the default: on with several workers), "
+                              f"True or False, got {self.fresh!r}")
         if self.average is not None and not (isinstance(self.average, (int, float))
                                              and self.average >= 0):
             raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch the "
@@ -110,6 +118,7 @@ class Boosting(Strategy):
             _server_average,
             _server_momentum,
             _server_optimizer,
+            server_clip,
         )
         from .keys import KeyScheduler
         workers = job.replicas
@@ -146,7 +155,7 @@ class Boosting(Strategy):
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
                              lr_decay=job.train["lr_decay"], keys=scheduler,
                              schedule=schedule, push_scaling=job.train["lr_scaling"],
-                             average=average, clip=self.clip or None,
+                             average=average, clip=server_clip(self.clip, workers, "async"),
                              buffers=layout.flatten_buffers())
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:
@@ -215,9 +224,10 @@ class Boosting(Strategy):
         # local steps: plain SGD on the worker, for the servers whose step is lr x gradient
         local = self.local and server_optimizer in ("sgd", "momentum") and \
             self.amp != "fp16" and job.train["lr_scaling"] == "linear"
+        fresh = workers > 1 if self.fresh is None else self.fresh
         cfg = _task.BoostingConfig(**stage, n_push=self.n_push, amp=self.amp,
                                    buffers=layout.buffer_spec,
-                                   local=schedule if local else None,
+                                   local=schedule if local else None, fresh=fresh,
                                    wire_dtype="float64" if stage["dtype"] == "float64" else
                                    "bfloat16" if self.amp else "float32")
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret.encode(), ps.address,
@@ -252,7 +262,7 @@ class Boosting(Strategy):
         state = scheduler.state()
         info = {"world": workers, "mode": "sequential", "n_push": self.n_push,
                 "staleness": self.staleness, "server_momentum": server_momentum,
-                "local_steps": local, "average": average,
+                "local_steps": local, "fresh": fresh, "average": average,
                 "keys": {"count": len(keys), "rows_per_key": key_rows, "files": len(files),
                          "served": [[list(p) for p in ep] for ep in scheduler.served],
                          "keys_per_worker": state["keys_per_worker"],

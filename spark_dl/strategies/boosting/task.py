@@ -4,8 +4,11 @@ gradients of its ``n_push`` mini-batches, push once and fetch the result, until 
 says the fit is finished. With ``local`` (SGD servers), each mini-batch's gradient is taken
 after the key's earlier ones stepped the worker's copy (x <- x - lr g, plain SGD at the
 server's rate): the push sums the gradients k sequential steps would take, not k gradients
-of one point; the server steps their sum once, with its momentum, and the worker fetches. A task Spark retries asks again and gets back the key its last
-attempt held (keys.py)."""
+of one point; the server steps their sum once, with its momentum, and the worker fetches.
+With ``fresh``, before each mini-batch a worker asks the server for values newer than its
+own (another worker pushed meanwhile) and takes them, less the key's local steps so far: the
+key's later gradients are taken on values that include the pushes landed since its fetch. A
+task Spark retries asks again and gets back the key its last attempt held (keys.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ class BoostingConfig(StageConfig):
     buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
     local: object = None               # the server's LRSchedule: a key's mini-batches step
     #                                    the worker's copy one after another (see _work)
+    fresh: bool = False                # before each mini-batch, the server's newer values
+    #                                    less the key's local steps so far (see _work)
 
 
 def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
@@ -160,15 +165,17 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     if not direct:
         flat.copy_(wire)
     scaler = LossScaler(cfg.amp == "fp16")
-    local = seen = None
+    local = seen = moved = None
     if cfg.local is not None:
         local, seen = torch.empty_like(grad), torch.empty_like(grad)
+        if cfg.fresh:
+            moved = torch.empty_like(grad)      # the key's local steps so far, summed
     buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
                           if dtype == torch.float64 else torch.float32) if cfg.buffers else None
     files = _Files(memory_headroom() // 4)       # decoded row groups kept in a quarter of it
     columns = [c for c in (cfg.features, cfg.label) if c]
     mine = dataclasses.replace(cfg, data="memory")
-    trained, rows, waited, pushes, done = [], 0, 0.0, 0, 0
+    trained, rows, waited, pushes, done, rebased = [], 0, 0.0, 0, 0, 0
     try:
         while True:
             what, key, epoch = client.next_key()
@@ -185,8 +192,16 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             if local is not None:
                 seen.zero_()
                 rate = cfg.local.at(epoch)       # the server's rate in this epoch
+                if moved is not None:
+                    moved.zero_()
             for x, y in shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
                                       seed=cfg.seed * 1000003 + key, epoch=epoch):
+                if cfg.fresh and client.pull_newer(wire):    # another worker pushed: its
+                    if not direct:                            # values, less this key's
+                        flat.copy_(wire)                      # local steps so far
+                    if moved is not None:
+                        flat.sub_(moved)
+                    rebased += 1
                 x = x.to(device=device, dtype=dtype)
                 y = y.to(device=device)
                 if y.is_floating_point():
@@ -202,6 +217,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                         torch.sub(grad, seen, out=local)
                         flat.sub_(local, alpha=rate / len(x))
                         seen.copy_(grad)
+                        if moved is not None:
+                            moved.add_(local, alpha=rate / len(x))
             shard.close()
             if not scaler.unscale(grad):             # fp16 overflow: an empty push
                 grad.zero_()
@@ -224,7 +241,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     client.close()
     progress.close()
     return {"worker": rank, "device": str(device), "note": note, "keys": trained,
-            "rows": rows, "pushes": pushes, "waited_s": waited,
+            "rows": rows, "pushes": pushes, "rebased": rebased, "waited_s": waited,
             "amp_skipped_pushes": scaler.skipped, "row_groups_decoded": files.decoded,
             "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
             "bytes_sent": client.conn.bytes_sent, "bytes_received": client.conn.bytes_received,

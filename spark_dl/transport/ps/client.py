@@ -102,6 +102,28 @@ class PSClient:
             self._read_values(i, out[off:off + size])
         self.pull_seconds += time.perf_counter() - t0
 
+    def pull_newer(self, out: torch.Tensor, shards: list[int] | None = None) -> bool:
+        """As ``pull``, but a shard still at the version this worker holds comes back empty
+        and leaves its part of ``out`` as it was; returns whether any shard had moved."""
+        t0 = time.perf_counter()
+        rows = self._layout(shards, out.numel())
+        for i, _, _ in rows:
+            self.conn.send(OPS["pull"], worker=self.worker, shard=i, version=self.versions[i],
+                           steps=1, code=DTYPE_CODES[out.dtype])
+        moved = False
+        for i, size, off in rows:
+            part = out[off:off + size]
+            n = size * part.element_size()
+            _, shard, version, _, payload = self._reply(n, memoryview(
+                part.view(torch.uint8).numpy()))
+            if shard != i or len(payload) not in (0, n):
+                raise PSError(f"reply for shard {i}: shard {shard} with {len(payload)} bytes, "
+                              f"expected 0 or {n}")
+            moved |= len(payload) > 0
+            self.versions[i] = version
+        self.pull_seconds += time.perf_counter() - t0
+        return moved
+
     def _read_values(self, i: int, out: torch.Tensor) -> int:
         """Read shard i's values into ``out`` (its size); returns the reply's count."""
         item, n = out.element_size(), out.numel()

@@ -4,7 +4,8 @@ The parameters live on the server as one flat vector cut into ``shards`` contigu
 (shard.py); workers are ordinary Spark tasks that talk to it over TCP in the frames of wire.py
 (client.py). Any malformed frame closes that connection only. A push may ask for the shard's
 values after it in the same reply (op "pushpull"): a worker that fetches right after pushing
-pays one round trip, not two. The server counts the mini-batch steps it applied per worker id;
+pays one round trip, not two. A pull with steps=1 asks "if newer than the version I hold":
+an unchanged shard replies with its version and no values (a header's bytes). The server counts the mini-batch steps it applied per worker id;
 the hello reply says how many, so that a task Spark retries goes on from there instead of
 redoing its shard.
 
@@ -312,11 +313,13 @@ class ParameterServer:
         s = self.shards[shard]
         if op == OPS["pull"]:
             t0 = time.perf_counter()
-            with s.lock:
-                values, v = s.param.detach().clone(), s.version
+            with s.lock:                          # steps=1: "if newer than version"
+                v = s.version
+                values = None if steps == 1 and version == v else s.param.detach().clone()
             with self._stats_lock:
-                self.pulls += 1
-            conn.send(OPS["ok"], values.to(DTYPES[code] if code in (0, 1, 2) else self.dtype),
+                self.pulls += values is not None
+            conn.send(OPS["ok"], None if values is None else
+                      values.to(DTYPES[code] if code in (0, 1, 2) else self.dtype),
                       shard=shard, version=v)
             with self._stats_lock:
                 self.pull_seconds += time.perf_counter() - t0
