@@ -33,14 +33,16 @@ ingredient of the strategy can be switched on alone:
                with pushes in turns: docs/quality.md, "Lookahead")
   "-clip"      (a suffix, after -look) the server's cap, Shard(clip=2): a push's step gradient
                at most twice the running mean of the steps' norms (Downpour's default)
-  "-fresh"     (a suffix, after -local: the workers always step locally; before -slr)
-               the workers run side by side a mini-batch at a time, and a worker whose
-               server moved since its fetch takes the new values less its own steps of the
-               key before its next mini-batch (Boosting's ``fresh``); "-conc": side by
-               side without that (the control)
+  "-fresh"     (a suffix, after -clip and -slr, before -own; needs -local and pushes in
+               turns, and takes none of -lmom, -dc, -look, -slr, -own, the cyclic rate)
+               the workers run side by side a mini-batch at a time in lockstep (worker 0
+               first: one timing, a favourable one, docs/quality.md "Fresh values
+               mid-key"), and a worker whose server moved since its fetch takes the new
+               values less its own steps of the key before its next mini-batch (Boosting's
+               ``fresh``); "-conc": side by side without that (the control)
   "-avg"       (the last suffix; they go in the order -local, -lmom, -dc, -look, -clip, -slr,
-               -own, -avg,
-               e.g. k4r2-m04-local-avg or r2-m04-rand-own-avg) the model scored is the server's moving average over
+               -conc, -fresh, -own, -avg,
+               e.g. k4r2-m04-local-clip-fresh-avg or r2-m04-rand-own-avg) the model scored is the server's moving average over
                0.1 epoch of pushes (Downpour's ``average``), not its last values; "-avg25",
                "-avg50", "-avg100": over 0.25, 0.5, 1 epoch
 
@@ -131,6 +133,10 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     base = base.removesuffix("-lmom")
     local = base.endswith("-local")
     k, R, momentum, scaling, order, cyc = CONFIGS[base.removesuffix("-local")]
+    if (fresh or conc) and (not local or lmom or dc or look or slr or own or cyc
+                            or order != "turns"):
+        raise SystemExit(f"{label}: -fresh and -conc emulate local steps in turns only "
+                         f"(no -lmom, -dc, -look, -slr, -own, random order or cyclic rate)")
     worker_momentum, momentum = (momentum, 0.0) if lmom else (0.0, momentum)
     torch.manual_seed(seed)
     net = UNet(3, widths)

@@ -104,7 +104,7 @@ def test_pull_newer_sends_only_the_shards_another_worker_moved(server):
     c.pull(out)
     pulls, received = ps.pulls, c.conn.bytes_received
     out.fill_(7.0)
-    assert c.pull_newer(out) is False                     # nothing moved: headers only
+    assert c.pull_newer(out) == []                         # nothing moved: headers only
     assert torch.equal(out, torch.full((10,), 7.0, dtype=torch.float64))
     assert ps.pulls == pulls and c.conn.bytes_received - received == 3 * HEADER_BYTES
     c2 = PSClient(ps.address, SECRET, 1, dtype=torch.float64)
@@ -113,14 +113,49 @@ def test_pull_newer_sends_only_the_shards_another_worker_moved(server):
     pulls = ps.pulls
     lo, hi = c.bounds[1], c.bounds[2]
     c2.push(torch.ones(hi - lo, dtype=torch.float64), samples=1, shards=[1])   # shard 1 only
-    assert c.pull_newer(out) is True
+    assert c.pull_newer(out) == [(lo, hi - lo)]          # the moved shard's range in out
     start = torch.linspace(-1, 1, 10, dtype=torch.float64)
     assert torch.equal(out[lo:hi], start[lo:hi] - 1)      # the moved shard's new values
     assert torch.equal(out[:lo], torch.full((lo,), 7.0, dtype=torch.float64))   # the rest
+    assert torch.equal(out[hi:], torch.full((10 - hi,), 7.0, dtype=torch.float64))
     assert c.versions == [0, 1, 0] and ps.pulls == pulls + 1     # one shard's values sent
-    assert c.pull_newer(out) is False
+    assert c.pull_newer(out) == [] and c.newer_asks == 3
     c.close()
     c2.close()
+
+
+@pytest.mark.parametrize("wire_dtype", [torch.float32, torch.bfloat16])
+def test_rebase_takes_the_servers_new_values_less_the_keys_local_steps(server, wire_dtype):
+    # Boosting's fresh values mid-key (strategies/boosting/task.py): a worker's copy after
+    # local steps `moved` becomes the server's values less `moved` once another worker has
+    # pushed, and stays as it is while nobody has; float32 on the wire is the worker's own
+    # copy (direct), bfloat16 a separate buffer (amp, or a GPU copy)
+    from spark_dl.strategies.boosting.task import rebase
+    ps = server(n=10, shards=1, optimizer="sgd", lr=1.0)
+    a = PSClient(ps.address, SECRET, 0, dtype=wire_dtype)
+    a.hello(rows=5, batch_size=5)
+    flat = torch.empty(10)
+    wire = flat if wire_dtype == torch.float32 else torch.empty(10, dtype=wire_dtype)
+    a.pull(wire)
+    flat.copy_(wire)
+    moved = torch.linspace(0.1, 1.0, 10)              # the key's local steps so far
+    flat.sub_(moved)
+    before = flat.clone()
+    assert rebase(a, wire, flat, moved) == 0 and torch.equal(flat, before)
+    b = PSClient(ps.address, SECRET, 1, dtype=torch.float64)
+    b.hello(rows=5, batch_size=5)
+    b.push(torch.full((10,), 3.0, dtype=torch.float64), samples=1)    # the server moves by -3
+    assert rebase(a, wire, flat, moved) == 1
+    new = (torch.linspace(-1, 1, 10, dtype=torch.float64) - 3).to(wire_dtype).float()
+    assert torch.equal(flat, new - moved)
+    assert rebase(a, wire, flat, moved) == 0 and torch.equal(flat, new - moved)
+    b.push(torch.full((10,), 1.0, dtype=torch.float64), samples=1)
+    assert rebase(a, wire, flat, None) == 1               # no local steps: the values
+    assert torch.equal(flat, (torch.linspace(-1, 1, 10, dtype=torch.float64) - 4)
+                       .to(wire_dtype).float())
+    assert a.newer_asks == 4
+    a.close()
+    b.close()
 
 
 def test_push_with_pull_returns_each_shard_after_the_push(server):

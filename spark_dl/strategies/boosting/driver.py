@@ -50,10 +50,12 @@ class Boosting(Strategy):
     tau >= 2 versions old steps lr / tau; "lr+momentum"; "none". local (SGD servers, default
     True): a worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k
-    sequential steps; False: k gradients of the fetched values (docs/quality.md, ships).
-    fresh (default: True with several workers): before each mini-batch of a key, a worker
-    whose server has moved since its fetch (another worker pushed) takes the new values less
-    its own local steps of the key so far, so that a push is no longer a whole key behind.
+    sequential steps; False: k gradients of the values the worker holds (docs/quality.md,
+    ships). fresh (default: True with several workers): before each mini-batch of a key, a
+    worker whose server has moved since its fetch (another worker pushed) takes the new
+    values less its own local steps of the key so far, so that a push is no longer a whole
+    key behind; the staleness the server counts (and the "lr" rules divide by) is then the
+    versions since that worker's last fresh values.
     average: the model validated, checkpointed and returned is the server's moving average
     over its last average x E pushes, E an epoch's mini-batch steps (Downpour's ``average``;
     with n_push=4 the default 0.1 spans 0.4 of an epoch's pushes; default 0.1 with several

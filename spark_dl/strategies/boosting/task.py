@@ -31,7 +31,7 @@ from spark_dl.runtime.stage import (
     write_task_info,
 )
 
-__all__ = ["RESULT_SCHEMA", "BoostingConfig", "make_task", "read_key"]
+__all__ = ["RESULT_SCHEMA", "BoostingConfig", "make_task", "read_key", "rebase"]
 
 RESULT_SCHEMA = "worker int, report string"
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -74,6 +74,21 @@ def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret
                                                            ("report", pa.string())]))
 
     return task
+
+
+def rebase(client, wire: torch.Tensor, flat: torch.Tensor, moved: torch.Tensor | None) -> int:
+    """Fresh values mid-key: when another worker has pushed since this one's fetch, its copy
+    ``flat`` becomes the server's new values less ``moved``, this key's local steps so far
+    (None: none taken), shard by shard (``wire``: the wire-dtype buffer the values arrive
+    in, ``flat`` itself when the two are one tensor). Returns 1 when the server had moved."""
+    ranges = client.pull_newer(wire)
+    for off, size in ranges:
+        part = flat[off:off + size]
+        if wire is not flat:
+            part.copy_(wire[off:off + size])
+        if moved is not None:
+            part.sub_(moved[off:off + size])
+    return int(bool(ranges))
 
 
 class _Files:
@@ -196,12 +211,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                     moved.zero_()
             for x, y in shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
                                       seed=cfg.seed * 1000003 + key, epoch=epoch):
-                if cfg.fresh and client.pull_newer(wire):    # another worker pushed: its
-                    if not direct:                            # values, less this key's
-                        flat.copy_(wire)                      # local steps so far
-                    if moved is not None:
-                        flat.sub_(moved)
-                    rebased += 1
+                if cfg.fresh:
+                    rebased += rebase(client, wire, flat, moved)
                 x = x.to(device=device, dtype=dtype)
                 y = y.to(device=device)
                 if y.is_floating_point():
@@ -241,7 +252,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     client.close()
     progress.close()
     return {"worker": rank, "device": str(device), "note": note, "keys": trained,
-            "rows": rows, "pushes": pushes, "rebased": rebased, "waited_s": waited,
+            "rows": rows, "pushes": pushes, "rebased": rebased,
+            "fresh_asks": client.newer_asks, "waited_s": waited,
             "amp_skipped_pushes": scaler.skipped, "row_groups_decoded": files.decoded,
             "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
             "bytes_sent": client.conn.bytes_sent, "bytes_received": client.conn.bytes_received,

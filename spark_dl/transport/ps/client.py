@@ -31,6 +31,7 @@ class PSClient:
         self.shard_done: list[int] = []           # set by hello: per shard
         self._skip: list[int] = []                # steps whose push a shard already has
         self.push_seconds = self.pull_seconds = 0.0
+        self.newer_asks = 0                       # pull_newer calls
 
     def _reply(self, max_payload: int, into=None):
         op, code, _steps, _worker, shard, version, count, payload = self.conn.recv(max_payload,
@@ -102,15 +103,18 @@ class PSClient:
             self._read_values(i, out[off:off + size])
         self.pull_seconds += time.perf_counter() - t0
 
-    def pull_newer(self, out: torch.Tensor, shards: list[int] | None = None) -> bool:
+    def pull_newer(self, out: torch.Tensor, shards: list[int] | None = None
+                   ) -> list[tuple[int, int]]:
         """As ``pull``, but a shard still at the version this worker holds comes back empty
-        and leaves its part of ``out`` as it was; returns whether any shard had moved."""
+        (a header, no values) and leaves its part of ``out`` as it was; returns the (offset,
+        size) in ``out`` of the shards that had moved (empty: none)."""
         t0 = time.perf_counter()
         rows = self._layout(shards, out.numel())
         for i, _, _ in rows:
             self.conn.send(OPS["pull"], worker=self.worker, shard=i, version=self.versions[i],
                            steps=1, code=DTYPE_CODES[out.dtype])
-        moved = False
+        moved = []
+        self.newer_asks += 1
         for i, size, off in rows:
             part = out[off:off + size]
             n = size * part.element_size()
@@ -119,7 +123,8 @@ class PSClient:
             if shard != i or len(payload) not in (0, n):
                 raise PSError(f"reply for shard {i}: shard {shard} with {len(payload)} bytes, "
                               f"expected 0 or {n}")
-            moved |= len(payload) > 0
+            if len(payload):
+                moved.append((off, size))
             self.versions[i] = version
         self.pull_seconds += time.perf_counter() - t0
         return moved
