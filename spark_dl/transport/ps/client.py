@@ -94,51 +94,41 @@ class PSClient:
     def pull(self, out: torch.Tensor, shards: list[int] | None = None) -> None:
         """The shards (default: all) into ``out``, flat, one after the other; remembers the
         versions. The requests go out together (they are small), the replies come in order."""
-        t0 = time.perf_counter()
-        rows = self._layout(shards, out.numel())
-        for i, _, _ in rows:
-            self.conn.send(OPS["pull"], worker=self.worker, shard=i,
-                           code=DTYPE_CODES[out.dtype])
-        for i, size, off in rows:
-            self._read_values(i, out[off:off + size])
-        self.pull_seconds += time.perf_counter() - t0
+        self._pull(out, shards, newer=False)
 
     def pull_newer(self, out: torch.Tensor, shards: list[int] | None = None
                    ) -> list[tuple[int, int]]:
         """As ``pull``, but a shard still at the version this worker holds comes back empty
         (a header, no values) and leaves its part of ``out`` as it was; returns the (offset,
         size) in ``out`` of the shards that had moved (empty: none)."""
+        self.newer_asks += 1
+        return self._pull(out, shards, newer=True)
+
+    def _pull(self, out: torch.Tensor, shards: list[int] | None, newer: bool
+              ) -> list[tuple[int, int]]:
         t0 = time.perf_counter()
         rows = self._layout(shards, out.numel())
-        for i, _, _ in rows:
-            self.conn.send(OPS["pull"], worker=self.worker, shard=i, version=self.versions[i],
-                           steps=1, code=DTYPE_CODES[out.dtype])
+        for i, _, _ in rows:                  # steps=1: "only if newer than version"
+            self.conn.send(OPS["pull"], worker=self.worker, shard=i, code=DTYPE_CODES[out.dtype],
+                           version=self.versions[i] if newer else 0, steps=int(newer))
         moved = []
-        self.newer_asks += 1
         for i, size, off in rows:
-            part = out[off:off + size]
-            n = size * part.element_size()
-            _, shard, version, _, payload = self._reply(n, memoryview(
-                part.view(torch.uint8).numpy()))
-            if shard != i or len(payload) not in (0, n):
-                raise PSError(f"reply for shard {i}: shard {shard} with {len(payload)} bytes, "
-                              f"expected 0 or {n}")
-            if len(payload):
+            if self._read_values(i, out[off:off + size], empty_ok=newer) is not None:
                 moved.append((off, size))
-            self.versions[i] = version
         self.pull_seconds += time.perf_counter() - t0
         return moved
 
-    def _read_values(self, i: int, out: torch.Tensor) -> int:
-        """Read shard i's values into ``out`` (its size); returns the reply's count."""
+    def _read_values(self, i: int, out: torch.Tensor, empty_ok: bool = False) -> int | None:
+        """Read shard i's values into ``out`` (its size); returns the reply's count, or None
+        for an empty reply (an unchanged shard, allowed with ``empty_ok``)."""
         item, n = out.element_size(), out.numel()
         raw = memoryview(out.view(torch.uint8).numpy())
         _, shard, version, count, payload = self._reply(n * item, raw)
-        if shard != i or len(payload) != n * item:
+        if shard != i or len(payload) not in ((0, n * item) if empty_ok else (n * item,)):
             raise PSError(f"reply for shard {i}: shard {shard} with {len(payload)} bytes, "
-                          f"expected {n * item}")
+                          f"expected {'0 or ' if empty_ok else ''}{n * item}")
         self.versions[i] = version
-        return count
+        return count if len(payload) or not empty_ok else None
 
     def report_buffers(self, values: torch.Tensor) -> None:
         """This worker's floating-point buffers (flat, NaN: not reported; see buffers.py)
