@@ -6,6 +6,8 @@
 #
 #   bash benchmarks/gpu_check.sh [SECTIONS=one,amp,shared,lstm] [RESULTS=benchmarks/results]
 #   SCALING=1 bash benchmarks/gpu_check.sh ""     # only bench_scaling at 1 and 16 replicas
+# Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
+# SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS.
 set -uo pipefail
 SECTIONS=${1-one,amp,shared,lstm}
 RESULTS=${2:-benchmarks/results}
@@ -19,11 +21,12 @@ rc=0
 if [ -n "$SECTIONS" ]; then
   python3 benchmarks/gpu_check.py --sections "$SECTIONS" --master "local[${CORES:-16}]" \
     --repeats "${REPEATS:-3}" --lstm-seconds "${LSTM_SECONDS:-120}" \
-    --amp-nets "${AMP_NETS:-fc,srcnn}" \
+    --amp-nets "${AMP_NETS:-fc,srcnn}" --lstm-configs "${LSTM_CONFIGS:-}" \
     --out "$RESULTS/gpu.json" ${APPEND:+--append} || rc=$?
 fi
 if [ -n "${SCALING:-}" ]; then
-  python3 benchmarks/bench_scaling.py --replicas 1,16 --repeats 1 \
+  python3 benchmarks/bench_scaling.py --replicas 1,16 --repeats "${SCALING_REPEATS:-1}" \
+    --epochs "${SCALING_EPOCHS:-2}" \
     --strategies "${SCALING_STRATEGIES:-allreduce,downpour+lr,gossip}" \
     --out "$RESULTS/scaling-16.json" || rc=$?
 fi

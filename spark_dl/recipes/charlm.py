@@ -9,6 +9,7 @@ read in contiguous chunks with the state carried.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from pathlib import Path
@@ -40,6 +41,10 @@ class CharConfig:
     optimizer: str = "rmsprop"
     lr: float = 2e-3
     lr_decay: float = 1.0           # multiply the learning rate by this every eval_every updates
+    weight_decay: float = 0.0       # the optimizer's L2 penalty
+    ema: float = 0.0                # > 0: also validate an exponential moving average of the
+                                    # weights (this decay per update, e.g. 0.999; lower over
+                                    # the first updates: min(ema, (1 + n) / (10 + n)))
     updates: int = 2000             # the fixed budget of optimizer steps
     time_budget_s: float = 0.0      # also stop once training has run this long (0: no limit)
     eval_every: int = 500
@@ -58,6 +63,11 @@ class CharConfig:
             _check(getattr(self, key) >= 1, key, getattr(self, key), "must be >= 1")
         _check(0 < self.lr_decay <= 1, "lr_decay", self.lr_decay, "must be in (0, 1]")
         _check(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        _check(0 <= self.ema < 1, "ema", self.ema, "must be in [0, 1) (0: off)")
+        _check(self.strategy == "single" or not (self.ema or self.weight_decay), "strategy",
+               self.strategy, "runs without weight_decay and ema (the single-process job's); "
+               "leave them at 0 or use strategy = 'single'")
         _check(self.tbptt <= self.seq_len, "tbptt", self.tbptt, "must be <= seq_len")
         _check(self.strategy in ("single", "allreduce", "downpour", "gossip"), "strategy",
                self.strategy, "must be 'single', 'allreduce', 'downpour' or 'gossip'")
@@ -96,7 +106,12 @@ def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
         raise ValueError(f"the training part of {cfg.corpus} has {len(train_ids)} characters, "
                          f"fewer than seq_len + 1 = {cfg.seq_len + 1}; lower seq_len")
     model = CharRNN(len(vocab), cfg.hidden, cfg.layers, cfg.kind, cfg.dropout).to(device)
-    opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
+    opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr,
+                         weight_decay=cfg.weight_decay)
+    averaged = None
+    if cfg.ema and cfg.strategy == "single":
+        averaged = copy.deepcopy(model)
+        averaged.rnn.flatten_parameters()
     gen = torch.Generator().manual_seed(cfg.run.seed)
     curve, done, t0 = [], 0, time.perf_counter()
     def out_of_time():
@@ -110,6 +125,11 @@ def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
                               window[:, 1:chunks * cfg.tbptt + 1], opt, chunk=cfg.tbptt)
         before = done
         done += chunks
+        if averaged is not None:           # the average moves as far as ``chunks`` updates
+            with torch.no_grad():
+                decay = min(cfg.ema, (1 + before) / (10 + before))  # early: a short memory
+                torch._foreach_lerp_(list(averaged.parameters()),
+                                     list(model.parameters()), 1 - decay ** chunks)
         if done // cfg.eval_every > before // cfg.eval_every or done >= cfg.updates or \
                 out_of_time():
             for group in opt.param_groups:
@@ -117,8 +137,11 @@ def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
             val = _validate(model, val_ids, cfg.tbptt)
             curve.append({"updates": done, "train_loss": loss, "val_loss": val,
                           "seconds": time.perf_counter() - t0})
-            log(f"{cfg.kind}: {done} updates, train {loss:.3f}, val {val:.3f} nats/char, "
-                f"{time.perf_counter() - t0:.0f} s")
+            if averaged is not None:
+                curve[-1]["val_loss_ema"] = _validate(averaged, val_ids, cfg.tbptt)
+            log(f"{cfg.kind}: {done} updates, train {loss:.3f}, val {val:.3f} nats/char"
+                + (f" (average {curve[-1]['val_loss_ema']:.3f})" if averaged is not None
+                   else "") + f", {time.perf_counter() - t0:.0f} s")
     prime = vocab.encode("ROMEO:\n").tolist()
     text_out = vocab.decode(sample(model.cpu(), prime, cfg.sample_len, cfg.temperature,
                                    torch.Generator().manual_seed(cfg.run.seed)))
@@ -126,6 +149,7 @@ def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
             "dropout": cfg.dropout, "updates": done,
             "tbptt": cfg.tbptt, "batch_size": cfg.batch_size, "optimizer": cfg.optimizer,
             "lr": cfg.lr, "lr_decay": cfg.lr_decay, "time_budget_s": cfg.time_budget_s,
+            "weight_decay": cfg.weight_decay, "ema": cfg.ema,
             "vocab": len(vocab), "val_loss": curve[-1]["val_loss"],
             "train_seconds": time.perf_counter() - t0, "curve": curve,
             "sample": "ROMEO:\n" + text_out}

@@ -53,6 +53,7 @@ def test_one_worker_fetch_push_every_step_is_single_process_sgd(spark, tmp_path)
     assert res.info["server"]["versions"] == [18]
     assert res.info["server"]["clip"] is None          # one worker: plain SGD, no cap
     assert res.info["staleness_histogram"] == {0: 18}
+    assert res.info["overlap"] == [False]       # the default overlaps on GPUs only
     # every fetch came back with the push (one round trip per step): pulls = initial + pushes
     assert res.info["server"]["pulls"] == 1 + 18
 
@@ -85,6 +86,7 @@ def test_overlapped_push_is_sgd_delayed_by_one_step(spark, tmp_path):
     assert_same_weights(res.model, model)
     # every push but the first was computed on the parameters before the previous push
     assert res.info["staleness_histogram"] == {0: 1, 1: 11}
+    assert res.info["overlap"] == [True]
 
 
 @pytest.mark.parametrize("algorithm", ["collective", "thesis"])

@@ -44,7 +44,9 @@ class Downpour(Strategy):
     "float64" (default: "bfloat16" with amp, half the bytes, else "float32"). max_staleness: a worker more than this many pushes ahead of the
     slowest waits (None: unbounded). overlap (async): a push and its reply travel while the
     worker computes the next step, on parameters that miss that push: one more step of
-    staleness, no waiting for the round trip. staleness (async): how the server allows for
+    staleness, no waiting for the round trip (default None: on for workers on a GPU, where
+    the host is otherwise idle while the GPU computes, off on CPUs, where the round trip
+    takes the cores the step needs, with partitions > 1, and where it diverges, below). staleness (async): how the server allows for
     stale pushes: "momentum" (default): its momentum is fit's ``momentum`` lowered by the
     momentum asynchrony adds of itself, 1 - 1/replicas, so that single-process settings carry
     over; "lr": a push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both;
@@ -79,7 +81,7 @@ class Downpour(Strategy):
     wire_dtype: str | None = None
     amp: str | None = None
     max_staleness: int | None = None
-    overlap: bool = False
+    overlap: bool | None = None
     staleness: str = "momentum"
     average: float | None = None
     clip: float | None = None
@@ -177,9 +179,7 @@ class Downpour(Strategy):
                                                       // partitions, 1)
         check_int("replicas", replicas, 1)
         momentum = job.train["momentum"]
-        if self.overlap and self.staleness in ("none", "lr") and replicas > 1 and momentum > 0 \
-                and (self.server_optimizer or _server_optimizer(job.train["optimizer"],
-                                                                momentum)) == "momentum":
+        if self.overlap and self._overlap_diverges(job, replicas):
             raise ConfigError(
                 f"overlap=True with staleness={self.staleness!r} and server momentum "
                 f"{momentum} over {replicas} replicas diverges (in 2 of 3 benchmark runs to "
@@ -192,6 +192,14 @@ class Downpour(Strategy):
                 f"tasks, but the cluster runs {job.slots} at once; the tasks of a barrier stage "
                 f"start together: lower replicas or partitions, or add executors/cores")
         return replicas * partitions
+
+    def _overlap_diverges(self, job: Job, replicas: int) -> bool:
+        """Overlap with the plain or lr staleness rule and server momentum: diverged in the
+        benchmark (docs/benchmarks.md)."""
+        momentum = job.train["momentum"]
+        return self.staleness in ("none", "lr") and replicas > 1 and momentum > 0 and \
+            (self.server_optimizer or _server_optimizer(job.train["optimizer"], momentum)) \
+            == "momentum"
 
     def run(self, job: Job) -> FitResult:
         """Downpour SGD: a parameter server here, workers as Spark tasks (see spark_dl.transport.ps)."""
@@ -224,7 +232,10 @@ class Downpour(Strategy):
         cfg = _task.DownpourConfig(
             **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
             mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
-            overlap=self.overlap, model_parallel=self.model_parallel, amp=self.amp,
+            overlap=self.overlap if self.overlap is not None else
+            None if mode == "async" and partitions == 1 and
+            not self._overlap_diverges(job, replicas) else False,
+            model_parallel=self.model_parallel, amp=self.amp,
             widths=None if widths is None else tuple(float(w) for w in widths),
             balance=self.balance if self.balance in (None, "speed") else
             tuple(float(w) for w in self.balance))
@@ -370,6 +381,7 @@ class Downpour(Strategy):
                 "rows_per_replica": [sum(t["rows"] for t in tasks if t["worker"] == r["worker"])
                                      for r in reports],
                 "devices": [r["device"] for r in reports], "workers": tasks,
+                "overlap": [r.get("overlap") for r in reports],
                 "partitions": partitions,
                 "balance": None if ps.split is None else
                 [ps.split[w] for w in sorted(ps.split)],

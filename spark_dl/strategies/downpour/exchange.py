@@ -1,6 +1,11 @@
 """A Downpour worker's side of the parameter traffic: its parameters and gradients as one flat
 vector each (what the server's shards hold, in the same order), and the push-and-pull that
-travels in a thread of its own while the worker computes its next step."""
+travels in a thread of its own while the worker computes its next step.
+
+On a GPU the exchange never stops the worker's stream: the gradient goes to a pinned host
+buffer by an asynchronous copy queued behind the backward pass, the thread (not the worker)
+waits for that copy before it pushes, and the reply goes back into the model by an
+asynchronous copy queued before the next forward pass; the host stays ahead of the GPU."""
 
 from __future__ import annotations
 
@@ -15,9 +20,13 @@ class Exchange:
     """One push-and-pull at a time in a thread of its own, so that it travels (and the server
     applies it) while the worker computes its next step on the parameters it holds."""
 
-    def __init__(self, client, numel: int, dtype: torch.dtype, shards=None):
+    def __init__(self, client, numel: int, dtype: torch.dtype, shards=None,
+                 device: torch.device | None = None):
         self.client, self.shards = client, shards
-        self.send, self.recv = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
+        pin = device is not None and device.type == "cuda"
+        self.send = torch.empty(numel, dtype=dtype, pin_memory=pin)
+        self.recv = torch.empty(numel, dtype=dtype, pin_memory=pin)
+        self.copied = None                 # CUDA event: ``send`` holds the gradient
         self.job, self.result, self.error, self.pushed = None, [], None, False
         self.go, self.done = threading.Event(), threading.Event()
         self.done.set()
@@ -32,6 +41,8 @@ class Exchange:
                 return
             try:
                 samples, steps, versions, buffers = self.job
+                if self.copied is not None:   # the gradient's copy (and the last reply's
+                    self.copied.synchronize()  # copy out of recv, queued before it) is done
                 self.result = self.client.push(self.send, samples, steps, pull_into=self.recv,
                                                shards=self.shards, versions=versions,
                                                buffers=buffers)
@@ -41,12 +52,21 @@ class Exchange:
 
     def start(self, grad: torch.Tensor, samples: int, steps: int, versions: list[int],
               buffers: torch.Tensor | None = None) -> None:
-        """Push ``grad`` (and report ``buffers``, copied) in the thread."""
-        self.send.copy_(grad)
+        """Push ``grad`` (and report ``buffers``, copied) in the thread. A CUDA ``grad`` is
+        copied asynchronously: the caller may zero it at once on the same stream."""
+        self.send.copy_(grad, non_blocking=grad.is_cuda)
+        if grad.is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
         self.job = (samples, steps, versions, None if buffers is None else buffers.clone())
         self.pushed = True
         self.done.clear()
         self.go.set()
+
+    def land(self, flat: torch.Tensor) -> None:
+        """The reply of the push that ended into ``flat`` (the model's parameters); to a GPU
+        asynchronously, ordered on the stream before the next step's forward pass."""
+        flat.copy_(self.recv, non_blocking=flat.is_cuda)
 
     def wait(self) -> list[int]:
         """The staleness of the push in flight (none: []), once its reply is in ``recv``."""

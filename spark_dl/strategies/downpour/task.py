@@ -46,7 +46,8 @@ class DownpourConfig(StageConfig):
     n_push: int = 1
     mode: str = "async"
     wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
-    overlap: bool = False              # async: a push travels while the next step computes
+    overlap: bool | None = False       # async: a push travels while the next step computes
+                                       # (None: on when the worker is on a GPU)
     model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "thesis"
     amp: str | None = None             # autocast: "bf16" or "fp16" (float32 master weights)
     widths: tuple | None = None        # partitions' shares of every layer's columns
@@ -298,7 +299,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
 
     client.pull(wire, shards)
     landed()
-    exchange = Exchange(client, numel, client.dtype, shards) if cfg.overlap else None
+    overlap = cfg.overlap if cfg.overlap is not None else device.type == "cuda"
+    exchange = Exchange(client, numel, client.dtype, shards, device) if overlap else None
     # the running statistics the server averages: partition 0 of a replica reports them
     # (a split model's normalisation layers are kept whole: partition 0's are the trained)
     buffers = None
@@ -369,8 +371,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                     staleness[s] += 1             # parameters after it, into the model
                 computed_on = held
                 if exchange.pushed:
-                    wire.copy_(exchange.recv)
-                    landed()
+                    exchange.land(flat)
                     held = list(client.versions)
                 exchange.start(grad, acc_samples, acc_steps, computed_on,
                                _buffers(model, cfg.buffers, buffers))
@@ -418,6 +419,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
               "amp_skipped_pushes": scaler.skipped,
               "data": shard.kind, "spill_dir": getattr(shard, "directory", None),
               "device": str(device), "note": note, "history": history, "pushes": pushes,
+              "overlap": overlap,
               "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}
               if resume_epoch or resume_step else None,
               "staleness": {str(k): v for k, v in sorted(staleness.items())},
