@@ -185,6 +185,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
               replicas=replicas, validation=validation,
               run_dir=run_dir, progress=progress, log=log, tracker=Tracker(track),
               slots=task_slots(spark), partitions=num_partitions(df))
+    job.plan["lr_scaling_auto"] = lr_scaling == "auto"      # a strategy may refine the rule
     strategy.check_job(job)
     strategy.tasks(job)
     if strategy.barrier(job) and \

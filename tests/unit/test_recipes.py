@@ -31,7 +31,8 @@ def _job(script, config, tmp_path, *sets):
 
 def test_shipped_job_configs_load():
     for cls, name in [(MnistJobConfig, "cnn"), (MnistJobConfig, "fc"), (CharConfig, "char_lstm"),
-                      (CharConfig, "char_rnn"), (SSDAConfig, "ssda"), (SRCNNConfig, "srcnn")]:
+                      (CharConfig, "char_lstm_gpu"), (CharConfig, "char_rnn"),
+                      (SSDAConfig, "ssda"), (SRCNNConfig, "srcnn")]:
         load_toml(cls, ROOT / "conf" / "jobs" / f"{name}.toml")
     from spark_dl.recipes.superres_pipeline import SuperResConfig
     load_toml(SuperResConfig, ROOT / "conf" / "jobs" / "superres.toml")
@@ -72,6 +73,27 @@ def test_char_job_samples_text(tmp_path):
     assert r["updates"] == 30 and len(r["curve"]) == 2 and r["vocab"] == 65
     assert r["curve"][1]["val_loss"] < r["curve"][0]["val_loss"] < np.log(65)
     assert r["sample"].startswith("ROMEO:\n") and len(r["sample"]) == 7 + 50
+
+
+def test_char_job_validates_a_moving_average_of_the_weights():
+    from spark_dl.recipes.charlm import train_char
+    from spark_dl.recipes.common import RunConfig
+    small = dict(corpus=str(ROOT / "data/text/tinyshakespeare.txt"), hidden=16, layers=1,
+                 seq_len=40, tbptt=20, batch_size=8, updates=20, eval_every=10,
+                 sample_len=5, run=RunConfig(device="cpu"))
+    # a decay of ~0: the average is the weights themselves
+    r = train_char(CharConfig(**small, ema=1e-12), log=lambda m: None)
+    assert r["ema"] == 1e-12 and len(r["curve"]) == 2
+    for c in r["curve"]:
+        assert c["val_loss_ema"] == pytest.approx(c["val_loss"], abs=1e-6)
+    # a long memory: the average lags the weights (still near the initial ones)
+    r = train_char(CharConfig(**small, ema=0.99, weight_decay=1e-4), log=lambda m: None)
+    assert all(abs(c["val_loss_ema"] - c["val_loss"]) > 1e-4 for c in r["curve"])
+    assert "val_loss_ema" not in train_char(CharConfig(**small), log=lambda m: None)["curve"][0]
+    with pytest.raises(ConfigError, match="'ema' must be in"):
+        CharConfig(**small, ema=1.0)
+    with pytest.raises(ConfigError, match="without weight_decay and ema"):
+        CharConfig(**small, ema=0.9, strategy="allreduce")
 
 
 def test_ssda_and_srcnn_jobs(tmp_path):

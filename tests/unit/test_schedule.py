@@ -72,3 +72,15 @@ def test_toml_keys_are_checked(tmp_path):
     (1, 0.25, set())])
 def test_mid_epoch_validation_steps(steps, every, marks):
     assert mid_epoch_steps(steps, every) == marks
+
+
+def test_gossip_auto_rule_is_sqrt_from_eight_replicas():
+    from spark_dl.strategies.gossip.driver import SQRT_FROM, auto_rule
+    assert SQRT_FROM == 8
+    assert auto_rule("linear", True, 2) == "linear"
+    assert auto_rule("linear", True, 7) == "linear"
+    assert auto_rule("linear", True, 8) == "sqrt"
+    assert auto_rule("linear", True, 16) == "sqrt"
+    assert auto_rule("linear", False, 16) == "linear"    # asked for by name: kept
+    assert auto_rule("sqrt", True, 2) == "sqrt"          # Adam-like: already sqrt
+    assert auto_rule("none", True, 16) == "none"
