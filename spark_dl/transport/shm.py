@@ -7,11 +7,19 @@ replicas share a host, a shared-memory segment does the same in microseconds:
 
     segment = [arrival counters, one per rank, 64 bytes apart] [2 x world slots of n values]
 
+    segment = [counters] [2 x world slots of n values] [2 results of n values]
+
 Step k: rank r copies its buffer into slot (k % 2, r), publishes k in its counter, waits until
 every counter is >= k, and sums slots (k % 2, 0..world-1) in rank order, so every replica gets
 bit-identical sums. Double-buffering makes one barrier per step enough: a rank can only write
 slot parity k % 2 again at step k + 2, after all ranks have arrived at step k + 1, i.e. after
-they finished reading step k. The segment's name carries the fit's secret; rank 0 unlinks it
+they finished reading step k. From 3 ranks and SPLIT_MIN values on, the sum is split instead
+(reduce-scatter, then all-gather): rank r sums only its 1/world of the columns of every slot
+into result k % 2, publishes k in a second counter, waits for every rank's, and copies the
+whole result. Each rank then reads about 2n values a step instead of world x n, for one more
+barrier (one thread, the sums alone: 16 rows of 1M float32 values 4.7 ms one-phase, 0.34 ms
+split; of 65,536 values 0.16 and 0.04 ms; below that the second barrier costs more than it
+saves); every column is still summed once, in rank order, so the replicas stay bit-identical. The segment's name carries the fit's secret; rank 0 unlinks it
 once all ranks have attached, so nothing is left in /dev/shm even if a task is killed.
 """
 
@@ -27,6 +35,7 @@ import torch.distributed as dist
 __all__ = ["ShmAllReduce"]
 
 _LINE = 64                       # bytes between counters (one cache line each)
+SPLIT_MIN = 65536                # values from which 3+ ranks reduce-scatter and all-gather
 
 
 class ShmAllReduce:
@@ -38,7 +47,7 @@ class ShmAllReduce:
         self.numel, self.dtype, self.timeout_s = numel, dtype, timeout_s
         item = torch.empty((), dtype=dtype).element_size()
         head = _LINE * self.world
-        size = head + 2 * self.world * numel * item
+        size = head + 2 * (self.world + 1) * numel * item
         if self.rank == 0:
             self.shm = shared_memory.SharedMemory(name=name, create=True, size=size)
             self.shm.buf[:head] = bytes(head)
@@ -60,8 +69,9 @@ class ShmAllReduce:
                 self.shm.unlink()
         self._counters = np.ndarray((self.world, _LINE // 8), np.int64, self.shm.buf)
         slots = torch.frombuffer(self.shm.buf, dtype=dtype, offset=head,
-                                 count=2 * self.world * numel)
-        self._slots = slots.view(2, self.world, numel)
+                                 count=2 * (self.world + 1) * numel)
+        self._slots = slots[:2 * self.world * numel].view(2, self.world, numel)
+        self._results = slots[2 * self.world * numel:].view(2, numel)
         self.step = 0
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
@@ -69,7 +79,16 @@ class ShmAllReduce:
         buffer of the same size, at most the ``numel`` the segment was made for (a smaller one
         uses the first values of every slot: DDP's buckets, see ddp_hook.py). A GPU tensor is
         summed on the host and copied back (replicas sharing a GPU, where NCCL cannot go)."""
-        if flat.device.type == "cpu":
+        n = flat.numel()
+        if self.world > 2 and n >= SPLIT_MIN:         # reduce-scatter, then all-gather
+            rows = self.gather(flat)
+            lo, hi = self.rank * n // self.world, (self.rank + 1) * n // self.world
+            out = self._results[self.step % 2, :n]
+            torch.sum(rows[:, lo:hi], dim=0, out=out[lo:hi])
+            self._counters[self.rank, 1] = self.step
+            self._wait(1)
+            flat.view(-1).copy_(out)
+        elif flat.device.type == "cpu":
             torch.sum(self.gather(flat), dim=0, out=flat.view(-1))
         else:
             flat.view(-1).copy_(self.gather(flat).sum(dim=0))
@@ -86,8 +105,13 @@ class ShmAllReduce:
         slots = self._slots[self.step % 2, :, :flat.numel()]
         slots[self.rank].copy_(flat.reshape(-1))
         self._counters[self.rank, 0] = self.step
+        self._wait(0)
+        return slots
+
+    def _wait(self, counter: int) -> None:
+        """Until every rank's ``counter`` (0: arrived, 1: its part summed) reaches this step."""
         spins, t0 = 0, None
-        col = self._counters[:, 0]
+        col = self._counters[:, counter]
         while col.min() < self.step:
             spins += 1
             if spins > 2000:                         # long waits: give the core away
@@ -96,7 +120,6 @@ class ShmAllReduce:
                     raise TimeoutError(f"shared-memory all-reduce: a replica did not arrive at "
                                        f"step {self.step} within {self.timeout_s} s")
                 time.sleep(0.0001 if spins < 20000 else 0.001)
-        return slots
 
     def close(self):
         self._slots = self._counters = None
