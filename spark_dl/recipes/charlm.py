@@ -109,7 +109,7 @@ def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr,
                          weight_decay=cfg.weight_decay)
     averaged = None
-    if cfg.ema and cfg.strategy == "single":
+    if cfg.ema:
         averaged = copy.deepcopy(model)
         averaged.rnn.flatten_parameters()
     gen = torch.Generator().manual_seed(cfg.run.seed)
@@ -128,8 +128,8 @@ def train_char(cfg: CharConfig, log=print, spark=None) -> dict:
         if averaged is not None:           # the average moves as far as ``chunks`` updates
             with torch.no_grad():
                 decay = min(cfg.ema, (1 + before) / (10 + before))  # early: a short memory
-                torch._foreach_lerp_(list(averaged.parameters()),
-                                     list(model.parameters()), 1 - decay ** chunks)
+                for a, w in zip(averaged.parameters(), model.parameters()):
+                    a.lerp_(w, 1 - decay ** chunks)
         if done // cfg.eval_every > before // cfg.eval_every or done >= cfg.updates or \
                 out_of_time():
             for group in opt.param_groups:

@@ -5,9 +5,8 @@ Gloo over loopback TCP costs about 1.2 ms per all-reduce on our 2-core machines,
 a thesis-CNN step itself: synchronous training of small models is latency-bound. When all
 replicas share a host, a shared-memory segment does the same in microseconds:
 
-    segment = [arrival counters, one per rank, 64 bytes apart] [2 x world slots of n values]
-
-    segment = [counters] [2 x world slots of n values] [2 results of n values]
+    segment = [counters, one line of 64 bytes per rank: arrived, summed]
+              [2 x world slots of n values] [2 results of n values]
 
 Step k: rank r copies its buffer into slot (k % 2, r), publishes k in its counter, waits until
 every counter is >= k, and sums slots (k % 2, 0..world-1) in rank order, so every replica gets
@@ -19,8 +18,9 @@ into result k % 2, publishes k in a second counter, waits for every rank's, and 
 whole result. Each rank then reads about 2n values a step instead of world x n, for one more
 barrier (one thread, the sums alone: 16 rows of 1M float32 values 4.7 ms one-phase, 0.34 ms
 split; of 65,536 values 0.16 and 0.04 ms; below that the second barrier costs more than it
-saves); every column is still summed once, in rank order, so the replicas stay bit-identical. The segment's name carries the fit's secret; rank 0 unlinks it
-once all ranks have attached, so nothing is left in /dev/shm even if a task is killed.
+saves); every column is still summed once, in rank order, so the replicas stay bit-identical.
+The segment's name carries the fit's secret; rank 0 unlinks it once all ranks have attached,
+so nothing is left in /dev/shm even if a task is killed.
 """
 
 from __future__ import annotations

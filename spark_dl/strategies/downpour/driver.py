@@ -37,27 +37,27 @@ class Downpour(Strategy):
     steps. mode: "async"; "sync" (one averaged update per step of all replicas);
     "sequential" (every push its own step, fetched right after). server_optimizer: "sgd",
     "momentum", "adagrad", "adam" (default: from fit's ``optimizer``/``momentum``).
-    ps_shards: parameter blocks with their own lock and version (default 1, or 4 from a
-    million parameters on: transfers of big models pipeline better). amp: None, "bf16" or
-    "fp16": the workers' forward passes autocast (float32 master weights on the server; fp16
-    scales the loss and drops a push that overflowed). wire_dtype: "float32", "bfloat16" or
-    "float64" (default: "bfloat16" with amp, half the bytes, else "float32"). max_staleness: a worker more than this many pushes ahead of the
-    slowest waits (None: unbounded). overlap (async): a push and its reply travel while the
-    worker computes the next step, on parameters that miss that push: one more step of
-    staleness, no waiting for the round trip (default None: on for workers on a GPU, where
-    the host is otherwise idle while the GPU computes, off on CPUs, where the round trip
-    takes the cores the step needs, with partitions > 1, and where it diverges, below). staleness (async): how the server allows for
-    stale pushes: "momentum" (default): its momentum is fit's ``momentum`` lowered by the
-    momentum asynchrony adds of itself, 1 - 1/replicas, so that single-process settings carry
-    over; "lr": a push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both;
-    "none": every push a plain step. average (async): the model validated and returned is the
-    server's moving average over this fraction of an epoch's pushes (default 0.1 with several
-    replicas, 0 with one: plain SGD); the workers always fetch the last values. clip (async,
-    sequential): the server cuts a push's step gradient to at most this multiple of the
-    running mean of the steps' gradient norms (spark_dl.transport.ps.shard, "Clipped
-    pushes"): a stale push of an oscillation the delay has made unstable can no longer run
-    away (docs/quality.md, "Clipped pushes"); default 2 with several asynchronous replicas,
-    off otherwise (one worker stays plain SGD); 0: off.
+    ps_shards: parameter blocks with their own lock and version (default 1, or 4 from a million
+    parameters on: transfers of big models pipeline better). amp: None, "bf16" or "fp16": the
+    workers' forward passes autocast (float32 master weights on the server; fp16 scales the loss
+    and drops a push that overflowed). wire_dtype: "float32", "bfloat16" or "float64" (default:
+    "bfloat16" with amp, half the bytes, else "float32"). max_staleness: a worker more than this
+    many pushes ahead of the slowest waits (None: unbounded). overlap (async): a push and its
+    reply travel while the worker computes the next step, on parameters that miss that push: one
+    more step of staleness, no waiting for the round trip (default None: on for workers on a
+    GPU, where the host is otherwise idle while the GPU computes; off on CPUs, where the round
+    trip takes the cores the step needs, with partitions > 1, and where it diverges, below).
+    staleness (async): how the server allows for stale pushes: "momentum" (default): its
+    momentum is fit's ``momentum`` lowered by the momentum asynchrony adds of itself,
+    1 - 1/replicas, so that single-process settings carry over; "lr": a push computed tau >= 2
+    versions ago steps lr / tau; "lr+momentum": both; "none": every push a plain step. average
+    (async): the model validated and returned is the server's moving average over this fraction
+    of an epoch's pushes (default 0.1 with several replicas, 0 with one: plain SGD); the workers
+    always fetch the last values. clip (async, sequential): the server cuts a push's step
+    gradient to at most this multiple of the running mean of the steps' gradient norms
+    (spark_dl.transport.ps.shard, "Clipped pushes"): a stale push of an oscillation the delay
+    has made unstable can no longer run away (docs/quality.md, "Clipped pushes"); default 2 with
+    several asynchronous replicas, off otherwise (one worker stays plain SGD); 0: off.
     partitions: F > 1 splits every replica's model by columns over F tasks, which train it
     together on the union of their micro-batches and each push and fetch their own slice
     (a barrier stage of replicas x F tasks; modes async and sequential); "auto": the cost
@@ -229,13 +229,14 @@ class Downpour(Strategy):
             kept.write_text(json.dumps(widths))
             job.say(f"downpour: column widths ∝ the partitions' measured speeds "
                     f"{[round(w / 1e9, 2) for w in widths]} GFLOP/s")
+        overlap = self.overlap          # None: the task turns it on if it runs on a GPU
+        if overlap is None and (mode != "async" or partitions != 1 or
+                                self._overlap_diverges(job, replicas)):
+            overlap = False
         cfg = _task.DownpourConfig(
             **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
             mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
-            overlap=self.overlap if self.overlap is not None else
-            None if mode == "async" and partitions == 1 and
-            not self._overlap_diverges(job, replicas) else False,
-            model_parallel=self.model_parallel, amp=self.amp,
+            overlap=overlap, model_parallel=self.model_parallel, amp=self.amp,
             widths=None if widths is None else tuple(float(w) for w in widths),
             balance=self.balance if self.balance in (None, "speed") else
             tuple(float(w) for w in self.balance))

@@ -36,7 +36,6 @@ def auto_rule(rule: str, auto: bool, replicas: int) -> str:
     return "sqrt" if auto and rule == "linear" and replicas >= SQRT_FROM else rule
 
 
-
 @options
 class Gossip(Strategy):
     """Decentralized SGD without a server (RD-PSGD, seed 003): every replica keeps its own
