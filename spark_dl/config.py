@@ -66,6 +66,8 @@ class TrainConfig:
     fc_hidden: tuple = (480, 160)   # the FC net's hidden widths (the thesis: 480, 160)
     lr_scaling: str = "auto"        # lr for the global batch: "auto", "linear", "sqrt", "none"
     warmup_epochs: float | str = "auto"  # the scaled lr's warmup ("auto": grows with log2 k)
+    grad_clip: float | str = "auto"  # AllReduce's/Gossip's gradient norm cut: "auto", 0 (off)
+                                    # or a maximum norm (spark_dl.optim.clip)
 
     def __post_init__(self):
         object.__setattr__(self, "fc_hidden", tuple(self.fc_hidden))
@@ -83,16 +85,19 @@ class TrainConfig:
         _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
         _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
         _check(0 <= self.momentum < 1, "train.momentum", self.momentum, "must be in [0, 1)")
+        from .optim.clip import check_grad_clip
         from .optim.schedule import check_lr_scaling
         try:
             check_lr_scaling(self.lr_scaling, self.warmup_epochs, self.epochs)
+            check_grad_clip(self.grad_clip)
         except ConfigError as e:
             raise ConfigError(f"train.{e}") from None
 
     @property
     def scaling(self) -> dict:
-        """fit()'s lr_scaling and warmup_epochs."""
-        return {"lr_scaling": self.lr_scaling, "warmup_epochs": self.warmup_epochs}
+        """fit()'s lr_scaling, warmup_epochs and grad_clip."""
+        return {"lr_scaling": self.lr_scaling, "warmup_epochs": self.warmup_epochs,
+                "grad_clip": self.grad_clip}
 
 
     @property

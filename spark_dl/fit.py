@@ -23,6 +23,7 @@ from torch import nn
 from .compat import default_parallelism, gpu_request_error, master, num_partitions, task_slots
 from .errors import ConfigError, DataError, ResourceError
 from .losses import loss_function
+from .optim.clip import check_grad_clip
 from .optim.factory import OPTIMIZERS
 from .optim.schedule import check_lr_scaling, resolve_scaling
 from .preflight import check_model, check_not_empty
@@ -79,7 +80,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         num_classes: int | None = None, loss: str | Callable = "cross_entropy",
         optimizer: str = "sgd", lr: float = 0.01, lr_decay: float = 1.0,
         lr_scaling: str | None = "auto", warmup_epochs: float | str = "auto",
-        momentum: float = 0.0, weight_decay: float = 0.0, max_iter: int = 3,
+        grad_clip: float | str | None = "auto", momentum: float = 0.0,
+        weight_decay: float = 0.0, max_iter: int = 3,
         epochs: int = 1, batch_size: int = 64, replicas: int | None = None,
         shuffle: bool = True, seed: int = 0, dtype: str = "float32", device: str = "auto",
         threads: int = 0, validation: tuple | None = None, validate_every: float = 1.0,
@@ -103,6 +105,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
       ``warmup_epochs`` ("auto": growing with log2 k to a quarter of the fit, at most 2
       epochs, from k = 32 on). The
       rate of each epoch is in the history ("lr"); see spark_dl.optim.schedule.
+    grad_clip: AllReduce's and Gossip's cut of the update's gradient norm: a number (its
+      maximum), None (off) or "auto" (when the rate is scaled, k > 1: at twice its running
+      mean, which keeps the linear rule's large rates from diverging; off for one replica).
+      Downpour and Boosting take ``clip`` on their server instead; see spark_dl.optim.clip.
     batch_size: per replica and step (AllReduce's ``accumulate`` micro-batches make one step).
     replicas: number of replicas (default: the DataFrame's partitions, at most the cluster's
       task slots); the data is repartitioned when it differs.
@@ -136,6 +142,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     _check("lr", lr > 0, lr, "> 0")
     _check("lr_decay", 0 < lr_decay <= 1, lr_decay, "in (0, 1] (a per-epoch factor)")
     check_lr_scaling(lr_scaling, warmup_epochs, epochs)
+    check_grad_clip(grad_clip)
     _check("validate_every", isinstance(validate_every, (int, float)) and
            not isinstance(validate_every, bool) and 0 < validate_every <= 1, validate_every,
            "a fraction of an epoch in (0, 1]")
@@ -181,11 +188,15 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
                          momentum=float(momentum), weight_decay=float(weight_decay),
                          max_iter=max_iter,
                          lr_scaling=resolve_scaling(lr_scaling, optimizer),
-                         warmup_epochs=warmup_epochs),
+                         warmup_epochs=warmup_epochs, grad_clip=grad_clip),
               replicas=replicas, validation=validation,
               run_dir=run_dir, progress=progress, log=log, tracker=Tracker(track),
               slots=task_slots(spark), partitions=num_partitions(df))
     job.plan["lr_scaling_auto"] = lr_scaling == "auto"      # a strategy may refine the rule
+    if grad_clip not in (None, "auto", 0) and strategy.name not in ("allreduce", "gossip"):
+        raise ConfigError(f"grad_clip={grad_clip!r} cuts the gradient a replica steps with "
+                          f"(AllReduce, Gossip); {strategy.name}'s server steps instead: pass "
+                          f"{type(strategy).__name__}(clip=...) for its server's cut")
     strategy.check_job(job)
     strategy.tasks(job)
     if strategy.barrier(job) and \

@@ -64,12 +64,19 @@ class LocalStepConfig(StageConfig):
     max_iter: int = 3
     lr_scaling: str = "none"           # the rule for the global batch: "linear", "sqrt", "none"
     warmup_epochs: float | str = "auto"
+    grad_clip: float | str | None = "auto"   # see spark_dl.optim.clip
 
     def schedule(self, k: float):
         """The rate per fractional epoch when an update averages ``k`` mini-batches."""
         from ..optim.schedule import LRSchedule
         return LRSchedule(self.lr, k, self.lr_scaling, self.warmup_epochs, self.lr_decay,
                           self.epochs)
+
+    def clip(self, schedule, device):
+        """The gradient clipping of a fit whose rate follows ``schedule``."""
+        from ..optim.clip import GradClip
+        return GradClip(self.grad_clip, schedule.k > 1 and schedule.scaled != schedule.lr,
+                        device)
 
 
 def read_shard(cfg: StageConfig, batches, where: str):

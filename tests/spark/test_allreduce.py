@@ -67,9 +67,10 @@ def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, tr
 
 
 def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, model_fn=None,
-                     loss=torch.nn.functional.cross_entropy, schedule=None):
+                     loss=torch.nn.functional.cross_entropy, schedule=None, clip=None):
     """Single-process SGD where step s trains on batch s of every split (the union); the
-    rate decays per epoch, or follows ``schedule(fractional epoch)``."""
+    rate decays per epoch, or follows ``schedule(fractional epoch)``; ``clip(grads)`` before
+    each step."""
     torch.manual_seed(0)
     model = (model_fn or small_fc)().double()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
@@ -85,6 +86,8 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, mo
                                   for lo, hi in itertools.pairwise(bounds)])
             opt.zero_grad()
             loss(model(xt[idx]), yt[idx]).backward()
+            if clip is not None:
+                clip([p.grad for p in model.parameters()])
             opt.step()
         sched.step()
     return model
@@ -145,9 +148,18 @@ def test_tasks_that_cannot_gather_through_the_driver_all_take_sparks_allgather(
 
 def test_linear_scaling_with_warmup_is_the_scheduled_big_batch(spark, tmp_path):
     """Two replicas under the linear rule: the one-process big batch at k = 2 times the rate,
-    reached by a warmup over the first epoch, step by step; the history records each epoch's
-    rate, the validation curve comes every half epoch."""
+    reached by a warmup over the first epoch, step by step, its gradient cut at twice its
+    running mean norm (grad_clip="auto", written out here by hand); the history records each
+    epoch's rate, the validation curve comes every half epoch."""
     x, y = data(96, seed=7)
+    mean = []
+
+    def relative_clip(grads):              # spark_dl.optim.clip's "auto" rule
+        norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads])))
+        if mean and norm > 2 * mean[0]:
+            for g in grads:
+                g.mul_(2 * mean[0] / norm)
+        mean[:] = [0.95 * mean[0] + 0.05 * min(norm, 2 * mean[0]) if mean else norm]
     res = fit(frame(spark, x, y, [48, 48]), small_fc, batch_size=8, epochs=2, lr=0.2,
               momentum=0.9, lr_decay=0.5, lr_scaling="linear", warmup_epochs=1,
               shuffle=False, dtype="float64", validation=(x, y), validate_every=0.5,
@@ -156,7 +168,8 @@ def test_linear_scaling_with_warmup_is_the_scheduled_big_batch(spark, tmp_path):
     def lr(t):                               # 0.2 -> 0.4 over epoch 0, then 0.4 x 0.5
         return 0.5 ** int(t) * (0.2 + 0.2 * min(t, 1.0))
     assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.2, 0.9,
-                                                    schedule=lr))
+                                                    schedule=lr, clip=relative_clip))
+    assert res.info["grad_clip"]["clipped_steps"] >= 1       # the cut made a difference
     assert [h["lr"] for h in res.history] == pytest.approx([lr(5 / 6), lr(1 + 5 / 6)])
     assert res.info["lr_schedule"]["scaled_lr"] == pytest.approx(0.4)
     evals = res.info["evals"]
@@ -308,6 +321,10 @@ def test_argument_errors_name_the_fix(spark, tmp_path):
         fit(df, small_fc, warmup_epochs=-0.5)
     with pytest.raises(ConfigError, match=r"warmup_epochs=3 is longer than the fit"):
         fit(df, small_fc, epochs=2, warmup_epochs=3)
+    with pytest.raises(ConfigError, match=r"grad_clip must be 'auto', None \(off\) or a "):
+        fit(df, small_fc, grad_clip=-1.0)
+    with pytest.raises(ConfigError, match=r"grad_clip=1.0 cuts .*pass Downpour\(clip=...\)"):
+        fit(df, small_fc, strategy="downpour", grad_clip=1.0)
     with pytest.raises(ConfigError, match=r"validate_every must be a fraction .*, got 0"):
         fit(df, small_fc, validate_every=0)
 

@@ -166,6 +166,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
     schedule = cfg.schedule(world * cfg.accumulate)   # an update averages world x accumulate
     closure_opt = needs_closure(opt)
+    clip = cfg.clip(schedule, device)          # line searches (L-BFGS, CG) pick their steps
+    clip.on = clip.on and not closure_opt
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     if scaler is not None:              # a rank whose first steps have no rows can step too
         scaler.scale(torch.zeros((), device=device))
@@ -238,6 +240,10 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             opt.step(closure)
         else:
             closure()
+            if count and clip.on:
+                if scaler is not None:
+                    scaler.unscale_(opt)
+                clip([p.grad for p in model.parameters() if p.grad is not None])
             if count:
                 if scaler is not None:
                     scaler.step(opt)
@@ -271,6 +277,10 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             opt.step(closure)
         else:
             closure()
+            if clip.on:                              # the global mean gradient: every
+                if scaler is not None:               # replica cuts it alike
+                    scaler.unscale_(opt)
+                clip([flat[:n] for flat, n in zip(sync.flats, sync.grad_numels)])
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()
@@ -326,7 +336,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             "buckets": len(sync.buckets) if sync else 0,
             "transport": sync.transport if sync else "none",
             "balance": balancer.info() if balancer is not None else None,
-            "lr_schedule": schedule.describe(), "evals": val.evals,
+            "lr_schedule": schedule.describe(), "grad_clip": clip.describe(),
+            "evals": val.evals,
             "validated_by": val.by if validation is not None else None,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),

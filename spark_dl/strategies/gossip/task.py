@@ -110,6 +110,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
     schedule = cfg.schedule(world)      # the replicas' average moves by their mean gradient
+    clip = cfg.clip(schedule, device)   # each replica cuts its own gradient
     shm, name = None, shared_memory_name(statuses, rank, world, device)
     if name is not None:                 # one host: the rounds go through shared memory
         from spark_dl.transport.shm import ShmAllReduce
@@ -176,6 +177,10 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                 with torch.no_grad():
                     rounds.round(k // cfg.sync_every)
                 round_s += time.perf_counter() - t_round
+            if batch is not None and clip.on:
+                if scaler is not None:
+                    scaler.unscale_(opt)
+                clip([p.grad for p in model.parameters() if p.grad is not None])
             if batch is not None and scaler is not None:
                 scaler.step(opt)                     # (skipped when fp16 overflowed)
                 scaler.update()
@@ -222,7 +227,8 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             "bytes_sent": [int(s) for s in sent],
             "bytes_per_round_expected": cfg.alpha * numel * item * len(rounds.peers),
             "final_consensus_distance": distance,
-            "lr_schedule": schedule.describe(), "evals": val.evals,
+            "lr_schedule": schedule.describe(), "grad_clip": clip.describe(),
+            "evals": val.evals,
             "validated_by": val.by if validation is not None else None,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
