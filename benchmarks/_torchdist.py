@@ -1,4 +1,4 @@
-"""PySpark's TorchDistributor as the benchmarks run it: two processes on the session's
+"""PySpark's TorchDistributor as the benchmarks run it: N processes (2 by default) on the session's
 executors, with a deadline (its torchrun agents sometimes abort, or wait out their 300 s exit
 barrier here)."""
 
@@ -8,15 +8,16 @@ import threading
 import time
 
 
-def run_torchdistributor(spark, fn, *args, timeout_s: float):
-    """``TorchDistributor(num_processes=2, local_mode=False).run(fn, *args)``: (its result or
+def run_torchdistributor(spark, fn, *args, timeout_s: float, processes: int = 2):
+    """``TorchDistributor(num_processes=processes, local_mode=False).run(fn, *args)``: (its result or
     None, wall seconds, the error or None); a run past ``timeout_s`` has its jobs cancelled."""
     from pyspark.ml.torch.distributor import TorchDistributor
     out, t0 = {}, time.perf_counter()
 
     def go():
         try:
-            out["r"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+            out["r"] = TorchDistributor(num_processes=processes, local_mode=False,
+                                           use_gpu=False).run(
                 fn, *args)
         except Exception as e:
             out["error"] = f"{type(e).__name__}: {str(e)[:300]}"

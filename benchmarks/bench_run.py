@@ -1,8 +1,9 @@
 """Bring your own loop: the same DDP function (benchmarks/_ddp_fn.py: the thesis CNN, SGD with
-momentum, batch B per replica, 3 epochs, 1 thread per process) under three launchers on this
-machine's Spark (local[2], 2 replicas), interleaved, medians of --repeats runs:
+momentum, batch B per replica, --epochs epochs, 1 thread per process) under three launchers on
+this machine's Spark (local[N], N = --replicas replicas, 2 by default), interleaved, medians of
+--repeats runs:
 
-  torchdist     pyspark.ml.torch.distributor.TorchDistributor(num_processes=2,
+  torchdist     pyspark.ml.torch.distributor.TorchDistributor(num_processes=N,
                 local_mode=False).run(ddp_train, ...): the function reads its rows from files
   ray           Ray Train's TorchTrainer on Ray-on-Spark (benchmarks/ray_peer.py in
                 .venv-ray, benchmarks/setup_ray.sh; the Ray cluster started once, apart)
@@ -10,12 +11,13 @@ machine's Spark (local[2], 2 replicas), interleaved, medians of --repeats runs:
                 partitions through spark_dl.context()
   spark_dl+hook the same with comm_hook="shm": DDP's gradients through shared memory
   plain-1t      the calibration: the same loop in this process, no DDP, 1 thread, all rows
-                (the limit of 2 replicas on 2 cores is 2 x its samples/s)
+                (the limit of N replicas on N cores is N x its samples/s)
 
-Steady = samples/s of epochs 2-3 (the loop's own time); wall = seconds from the call with a
+Steady = samples/s of epochs 2 on (the loop's own time); wall = seconds from the call with a
 DataFrame (or, for the peers, the files) to rank 0's trained model on the driver.
 
     .venv/bin/python benchmarks/bench_run.py [--repeats 5] [--rows 4000] [--no-ray]
+        [--replicas 2] [--epochs 3]
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
 LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
-EPOCHS, LR, MOMENTUM = 3, 0.01, 0.9
+LR, MOMENTUM = 0.01, 0.9
+EPOCHS, REPLICAS = 3, 2                   # --epochs, --replicas
 
 
 def _steady(rows: int, out: dict) -> float:
@@ -46,7 +49,8 @@ def torchdist(spark, rows, batch, timeout_s=180):
     from _ddp_fn import ddp_train
     from _torchdist import run_torchdistributor
     r, wall, error = run_torchdistributor(spark, ddp_train, IMAGES, LABELS, rows, EPOCHS, batch,
-                                          LR, MOMENTUM, timeout_s=timeout_s)
+                                          LR, MOMENTUM, timeout_s=timeout_s,
+                                          processes=REPLICAS)
     if r is None:
         FAILURES.append("torchdist: " + error)
         return None, wall
@@ -71,7 +75,7 @@ def spark_dl_run(spark, rows, batch, hook, runs: Path):
     import spark_dl
     from spark_dl.data import mnist_file_dataframe
     t0 = time.perf_counter()
-    df = mnist_file_dataframe(spark, IMAGES, LABELS, 0, rows, 2)
+    df = mnist_file_dataframe(spark, IMAGES, LABELS, 0, rows, REPLICAS)
     out = spark_dl.run(ddp_train, IMAGES, LABELS, rows, EPOCHS, batch, LR, MOMENTUM, df=df,
                        shape=(1, 28, 28), batch_size=batch, shuffle=True,
                        comm_hook="shm" if hook else None, log=None,
@@ -125,8 +129,12 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--no-ray", action="store_true", help="leave the Ray peer out")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/run.json"))
     args = ap.parse_args(argv)
+    global EPOCHS, REPLICAS
+    EPOCHS, REPLICAS = args.epochs, args.replicas
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)])
@@ -141,8 +149,8 @@ def main(argv=None):
     cloudpickle.register_pickle_by_value(_ddp_fn)      # the executors get it with the call
     runs = Path(tempfile.mkdtemp(prefix="bench-run-"))
     t0 = time.perf_counter()
-    spark = get_session("local", master="local[2]")
-    spark.range(2, numPartitions=2).count()
+    spark = get_session("local", master=f"local[{REPLICAS}]")
+    spark.range(REPLICAS, numPartitions=REPLICAS).count()
     startup = time.perf_counter() - t0
     rows, batch = args.rows, args.batch
     systems = {"plain-1t": lambda: plain(rows, batch),
@@ -151,7 +159,9 @@ def main(argv=None):
                "spark_dl+hook": lambda: spark_dl_run(spark, rows, batch, True, runs)}
     ray_note, peer = None, None
     if not args.no_ray:
-        if not (ROOT / ".venv-ray/bin/python").exists():
+        if REPLICAS != 2:
+            ray_note = "not run: benchmarks/ray_peer.py runs 2 workers on local[2]"
+        elif not (ROOT / ".venv-ray/bin/python").exists():
             ray_note = "not run: .venv-ray missing (benchmarks/setup_ray.sh)"
         else:
             try:
@@ -193,7 +203,7 @@ def main(argv=None):
                "hook_vs_torchdist_wall": ratio("spark_dl+hook", "torchdist", wall),
                "plain_vs_torchdist_steady": ratio("spark_dl", "torchdist", rate),
                "hook_vs_plain_steady": ratio("spark_dl+hook", "spark_dl", rate),
-               "fraction_of_limit": {k: ratio(k, "plain-1t", rate, 0.5)
+               "fraction_of_limit": {k: ratio(k, "plain-1t", rate, 1 / REPLICAS)
                                      for k in systems if k != "plain-1t"},
                "ray": ray_note}
     if "ray" in systems:
@@ -203,7 +213,7 @@ def main(argv=None):
     spark.stop()
     write_results(args.out, "bench_run.py", argv,
                   {"torch": torch.__version__, "pyspark": spark.version, "rows": rows,
-                   "batch_per_replica": batch, "epochs": EPOCHS, "replicas": 2,
+                   "batch_per_replica": batch, "epochs": EPOCHS, "replicas": REPLICAS,
                    "repeats": args.repeats, "spark_startup_s": round(startup, 2)},
                   summary, {"samples_per_s": rate, "wall_s": wall})
 

@@ -16,7 +16,8 @@ over real run-to-run variation, not over one trajectory timed again:
                     ("downpour+lr": Downpour(staleness="lr"), a push tau >= 2 versions old
                     steps lr / tau and the server keeps fit's momentum; its one-replica
                     reference is Downpour's; "allreduce~sqrt": fit's lr_scaling="sqrt"
-                    instead of "auto")
+                    instead of "auto"; "allreduce=noclip": grad_clip=None instead of
+                    "auto", the relative cut of the scaled rate's gradient turned off)
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
@@ -118,12 +119,14 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     from spark_dl.strategies import make_strategy
     df = spark.read.parquet(data.as_uri())
     t0 = time.perf_counter()
+    strategy, _, clip = strategy.partition("=")         # "allreduce=noclip": grad_clip=None
     strategy, _, scaling = strategy.partition("~")      # "allreduce~sqrt": lr_scaling="sqrt"
     name, _, rule = strategy.partition("+")             # "downpour+lr": staleness="lr"
     spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
     res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
               epochs=args.epochs, lr_scaling=scaling or "auto",
+              grad_clip=None if clip == "noclip" else "auto",
               batch_size=args.batch, replicas=replicas, threads=1, validation=val, seed=seed,
               device="cpu",                     # CPU replicas, also on a machine with a GPU
               validate_every=EVERY, run_dir=runs / f"{strategy}-{replicas}-{time.time()}",
@@ -162,7 +165,7 @@ def main(argv=None):
     systems = {"plain-1t": lambda seed: plain(data, val, args, seed)}
     for strategy in args.strategies.split(","):
         for r in counts:
-            if (strategy == "gossip" or "+" in strategy or "~" in strategy) and r < 2:
+            if (strategy == "gossip" or any(c in strategy for c in "+~=")) and r < 2:
                 continue
             systems[f"{strategy}-{r}"] = (
                 lambda seed, s=strategy, r=r: spark_dl_fit(spark, data, val, s, r, args, tmp,
@@ -196,7 +199,7 @@ def main(argv=None):
             "final_accuracy_spread": round(max(x["final_accuracy"] for x in runs) -
                                            min(x["final_accuracy"] for x in runs), 4)}
     for strategy in args.strategies.split(","):
-        base = strategy.partition("~")[0].partition("+")[0]
+        base = strategy.partition("=")[0].partition("~")[0].partition("+")[0]
         one = summary.get(f"{base}-1") or summary.get("allreduce-1")
         for r in counts:
             row = summary.get(f"{strategy}-{r}")

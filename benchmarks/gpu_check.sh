@@ -6,8 +6,9 @@
 #
 #   bash benchmarks/gpu_check.sh [SECTIONS=one,amp,shared,lstm] [RESULTS=benchmarks/results]
 #   SCALING=1 bash benchmarks/gpu_check.sh ""     # only bench_scaling at 1 and 16 replicas
+#   RUN=1 bash benchmarks/gpu_check.sh ""         # only bench_run (your own loop) at 16
 # Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
-# SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS.
+# SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS; RUN_REPEATS, RUN_ROWS, RUN_EPOCHS.
 set -uo pipefail
 SECTIONS=${1-one,amp,shared,lstm}
 RESULTS=${2:-benchmarks/results}
@@ -25,9 +26,14 @@ if [ -n "$SECTIONS" ]; then
     --out "$RESULTS/gpu.json" ${APPEND:+--append} || rc=$?
 fi
 if [ -n "${SCALING:-}" ]; then
-  python3 benchmarks/bench_scaling.py --replicas 1,16 --repeats "${SCALING_REPEATS:-1}" \
+  python3 benchmarks/bench_scaling.py --replicas "1,${CORES:-16}" --repeats "${SCALING_REPEATS:-1}" \
     --epochs "${SCALING_EPOCHS:-2}" \
     --strategies "${SCALING_STRATEGIES:-allreduce,downpour+lr,gossip}" \
     --out "$RESULTS/scaling-16.json" || rc=$?
+fi
+if [ -n "${RUN:-}" ]; then           # TorchDistributor and spark_dl.run at CORES processes
+  python3 benchmarks/bench_run.py --replicas "${CORES:-16}" --no-ray \
+    --repeats "${RUN_REPEATS:-3}" --rows "${RUN_ROWS:-10000}" --epochs "${RUN_EPOCHS:-5}" \
+    --out "$RESULTS/run-16.json" || rc=$?
 fi
 exit $rc
