@@ -39,9 +39,11 @@ class CharRNN(nn.Module):
     def forward(self, ids: torch.Tensor, state=None):
         if ids.dim() != 2:
             raise ValueError(f"CharRNN expects ids (B, T), got shape {tuple(ids.shape)}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise ValueError(f"character ids must be in 0..{self.vocab_size - 1}, got "
-                             f"{int(ids.min())}..{int(ids.max())}; encode with the model's vocabulary")
+        if ids.numel():                  # one host read of both ends (a GPU waits once)
+            lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(f"character ids must be in 0..{self.vocab_size - 1}, got "
+                                 f"{lo}..{hi}; encode with the model's vocabulary")
         x = F.one_hot(ids, self.vocab_size).to(self.head.weight.dtype)   # (B, T, V)
         out, state = self.rnn(x, state)                                  # (B, T, H)
         return self.head(self.drop(out)), state

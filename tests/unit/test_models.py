@@ -27,6 +27,10 @@ def test_wrong_shapes_and_names():
         FCNet(act="swish")
     with pytest.raises(ValueError, match="unknown optimizer 'lbfgs2'; choose one of sgd"):
         make_optimizer("lbfgs2", FCNet().parameters(), 0.1)
+    from spark_dl.models.rnn import CharRNN
+    for ids, seen in (([[0, 10]], "0..10"), ([[-1, 3]], "-1..3")):
+        with pytest.raises(ValueError, match=rf"ids must be in 0..9, got {seen}; encode with"):
+            CharRNN(10, 4, 1)(torch.tensor(ids))
 
 
 def test_reference_loop_learns_real_digits(mnist):
