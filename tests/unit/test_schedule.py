@@ -90,7 +90,8 @@ def test_gossip_auto_rule_is_sqrt_from_eight_replicas():
     assert auto_rule("none", True, 16) == "none"
 
 
-def test_grad_clip_auto_cuts_spikes_at_twice_the_running_mean_norm():
+@pytest.mark.parametrize("tensors", [False, True])     # a CPU's bookkeeping, a GPU's
+def test_grad_clip_auto_cuts_spikes_at_twice_the_running_mean_norm(tensors):
     """"auto" is off while the rate is not scaled; when it is, the first step sets the running
     mean, a step above twice the mean is cut to exactly twice it (and counted), and the mean
     moves by the cut norm; a non-finite norm (fp16 overflow) changes nothing."""
@@ -98,36 +99,37 @@ def test_grad_clip_auto_cuts_spikes_at_twice_the_running_mean_norm():
 
     from spark_dl.optim.clip import BETA, FACTOR, GradClip
     assert not GradClip("auto", False, "cpu").on and not GradClip(None, True, "cpu").on
-    clip = GradClip("auto", True, "cpu")
+    clip = GradClip("auto", True, "cpu", tensors=tensors)
 
     def norm(gs):
         return float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in gs])))
     g = [torch.tensor([3.0, 4.0]), torch.tensor([0.0])]           # norm 5: sets the mean
     clip(g)
-    assert norm(g) == pytest.approx(5.0) and float(clip.mean) == pytest.approx(5.0)
+    assert norm(g) == pytest.approx(5.0) and clip.mean == pytest.approx(5.0)
     g = [torch.tensor([6.0, 8.0]), torch.tensor([0.0])]           # 10 = 2 x 5: kept
     clip(g)
     assert norm(g) == pytest.approx(10.0)
     mean = BETA * 5.0 + (1 - BETA) * 10.0
-    assert float(clip.mean) == pytest.approx(mean)
+    assert clip.mean == pytest.approx(mean)
     g = [torch.tensor([30.0, 40.0]), torch.tensor([120.0])]       # 130: cut to 2 x mean
     clip(g)
     assert norm(g) == pytest.approx(FACTOR * mean)
     assert g[1].item() == pytest.approx(120.0 * FACTOR * mean / 130.0)   # one factor for all
     mean = BETA * mean + (1 - BETA) * FACTOR * mean
-    assert float(clip.mean) == pytest.approx(mean)
+    assert clip.mean == pytest.approx(mean)
     g = [torch.tensor([float("inf"), 1.0]), torch.tensor([0.0])]
     clip(g)
-    assert g[0][1].item() == 1.0 and float(clip.mean) == pytest.approx(mean)
+    assert g[0][1].item() == 1.0 and clip.mean == pytest.approx(mean)
     assert clip.describe() == {"rule": "relative: 2 x the running mean norm",
                                "clipped_steps": 1, "steps": 3}
 
 
-def test_grad_clip_by_number_is_a_fixed_maximum_norm_and_bad_values_are_refused():
+@pytest.mark.parametrize("tensors", [False, True])
+def test_grad_clip_by_number_is_a_fixed_maximum_norm_and_bad_values_are_refused(tensors):
     import torch
 
     from spark_dl.optim.clip import GradClip, check_grad_clip
-    clip = GradClip(1.0, False, "cpu")                 # on whether or not the rate is scaled
+    clip = GradClip(1.0, False, "cpu", tensors=tensors)                 # on whether or not the rate is scaled
     g = [torch.tensor([3.0, 4.0])]
     clip(g)
     assert g[0].tolist() == pytest.approx([0.6, 0.8])
