@@ -143,6 +143,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     _check("lr_decay", 0 < lr_decay <= 1, lr_decay, "in (0, 1] (a per-epoch factor)")
     check_lr_scaling(lr_scaling, warmup_epochs, epochs)
     check_grad_clip(grad_clip)
+    if grad_clip not in (None, "auto", 0) and optimizer in ("lbfgs", "cg"):
+        raise ConfigError(f"grad_clip={grad_clip!r} with optimizer {optimizer!r}: its line "
+                          f"search picks its own steps from the gradient, so a cut does not "
+                          f"apply; use grad_clip=None, or optimizer='sgd' or 'adam'")
     _check("validate_every", isinstance(validate_every, (int, float)) and
            not isinstance(validate_every, bool) and 0 < validate_every <= 1, validate_every,
            "a fraction of an epoch in (0, 1]")

@@ -325,6 +325,8 @@ def test_argument_errors_name_the_fix(spark, tmp_path):
         fit(df, small_fc, grad_clip=-1.0)
     with pytest.raises(ConfigError, match=r"grad_clip=1.0 cuts .*pass Downpour\(clip=...\)"):
         fit(df, small_fc, strategy="downpour", grad_clip=1.0)
+    with pytest.raises(ConfigError, match=r"grad_clip=2.0 with optimizer 'lbfgs': its line"):
+        fit(df, small_fc, optimizer="lbfgs", grad_clip=2.0)
     with pytest.raises(ConfigError, match=r"validate_every must be a fraction .*, got 0"):
         fit(df, small_fc, validate_every=0)
 
