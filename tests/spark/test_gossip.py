@@ -25,11 +25,12 @@ def small_bn():
                                torch.nn.Sigmoid(), torch.nn.Linear(9, 3))
 
 
-def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc):
+def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc, clip=None):
     """RD-PSGD by hand: every replica's gradient at x_k on its batch k, the masked coordinates
     mixed with the ring's W, then each replica's own SGD step (momentum, lr decay per epoch);
     returns (the replicas' average as a model, its floating-point buffers their mean and the
-    others replica 0's, [bytes each replica sent])."""
+    others replica 0's, [bytes each replica sent]); ``clip``: each replica's gradient cut to
+    that norm before its step."""
     torch.manual_seed(0)
     base = make().double()
     models = [copy.deepcopy(base) for _ in splits]
@@ -62,7 +63,12 @@ def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc):
                 for i, m in enumerate(models):
                     torch.nn.utils.vector_to_parameters(flats[i].clone(), m.parameters())
                     sent[i] += len(mask) * 8 * len(ring_peers(i, len(splits))[0])
-            for o, h in zip(opts, has):
+            for m, o, h in zip(models, opts, has):
+                if h and clip is not None:
+                    grads = [p.grad for p in m.parameters()]
+                    norm = float(torch.cat([g.reshape(-1) for g in grads]).norm())
+                    for g in grads if norm > clip else ():
+                        g.mul_(clip / norm)
                 if h:
                     o.step()
         for sc in scheds:
@@ -113,6 +119,17 @@ def test_gossip_fit_is_rd_psgd_computed_by_hand(spark, tmp_path, alpha):
         assert sent[0] == numel * 8 * rounds
     else:       # replicas that mix a part of their coordinates do not agree after a round
         assert res.history[-1]["consensus_distance"] > 0
+
+
+def test_gossip_cuts_each_replicas_own_gradient(spark, tmp_path):
+    """grad_clip=x: every replica cuts its own gradient to norm x before its step (RD-PSGD by
+    hand with the cut); info says so."""
+    x, y = data(40, seed=22)
+    res = _fit(spark, x, y, 1.0, 1, tmp_path / "run", grad_clip=0.05)
+    ref, _ = reference_gossip(x, y, SPLITS, 1, 1.0, clip=0.05)
+    assert_same_weights(res.model, ref)
+    assert res.info["grad_clip"]["rule"] == "max norm 0.05"
+    assert res.info["grad_clip"]["clipped_steps"] >= 1
 
 
 def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp_path):
