@@ -106,8 +106,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
       epochs, from k = 32 on). The
       rate of each epoch is in the history ("lr"); see spark_dl.optim.schedule.
     grad_clip: AllReduce's and Gossip's cut of the update's gradient norm: a number (its
-      maximum), None (off) or "auto" (when the rate is scaled, k > 1: at twice its running
-      mean, which keeps the linear rule's large rates from diverging; off for one replica).
+      maximum), None (off) or "auto" (when the rate is scaled, k = replicas x accumulate > 1:
+      at twice its running mean, which keeps the linear rule's large rates from diverging).
       Downpour and Boosting take ``clip`` on their server instead; see spark_dl.optim.clip.
     batch_size: per replica and step (AllReduce's ``accumulate`` micro-batches make one step).
     replicas: number of replicas (default: the DataFrame's partitions, at most the cluster's
@@ -200,7 +200,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     if grad_clip not in (None, "auto", 0) and strategy.name not in ("allreduce", "gossip"):
         raise ConfigError(f"grad_clip={grad_clip!r} cuts the gradient a replica steps with "
                           f"(AllReduce, Gossip); {strategy.name}'s server steps instead: pass "
-                          f"{type(strategy).__name__}(clip=...) for its server's cut")
+                          f"{type(strategy).__name__}(clip=...) for its server's cut (in "
+                          f"asynchronous mode; a synchronous server does not cut)")
     strategy.check_job(job)
     strategy.tasks(job)
     if strategy.barrier(job) and \

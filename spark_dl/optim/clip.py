@@ -8,10 +8,13 @@ jumped well above its recent level (docs/benchmarks.md, "A guard for the scaled 
 
     None or 0   off
     x > 0       the update's gradient norm is cut to x (torch.nn.utils.clip_grad_norm_)
-    "auto"      relative: when the rate is scaled (k > 1), the norm is cut to FACTOR times its
-                running mean m (m_0 = the first step's norm; m <- BETA m + (1 - BETA) min(n,
-                FACTOR m)); off when the rate is not scaled, so one replica trains as a plain
-                loop does
+    "auto"      relative: when the rate is scaled (k = replicas x accumulate > 1), the norm is
+                cut to FACTOR times its running mean m (m_0 = the first nonzero norm; m <-
+                BETA m + (1 - BETA) min(n, FACTOR m)); off when the rate is not scaled, so one
+                replica without accumulation trains as a plain loop does
+
+The running mean goes into the fit's checkpoints: a resumed fit cuts as the uninterrupted one
+would.
 
 The relative rule needs no knowledge of the model's gradient scale: a healthy fit rarely
 crosses twice its running mean on a few percent of its steps (2-9% in the runs above), a step
@@ -74,16 +77,33 @@ class GradClip:
         else:
             self._device_step(grads, norm.to(torch.float64))
 
+    def state(self) -> dict:
+        """The running mean and counts, for a checkpoint (plain numbers)."""
+        return {"mean": float(self._mean), "steps": int(self._steps),
+                "clipped": int(self._clipped)}
+
+    def load(self, state: dict | None) -> None:
+        """Go on from a checkpoint's ``state()`` (None: one from before the cut existed)."""
+        if not state:
+            return
+        if self.host:
+            self._mean, self._steps, self._clipped = (float(state["mean"]), int(state["steps"]),
+                                                      int(state["clipped"]))
+        else:
+            for t, k in ((self._mean, "mean"), (self._steps, "steps"),
+                         (self._clipped, "clipped")):
+                t.fill_(float(state[k]))
+
     def _host_step(self, grads, norm: float) -> None:
         if not math.isfinite(norm):            # fp16's scaler skips this step
             return
         limit = self.fixed if self.fixed is not None else \
-            FACTOR * self._mean if self._steps else math.inf
+            FACTOR * self._mean if self._mean > 0 else math.inf     # none yet (or all zero)
         if norm > limit:
             torch._foreach_mul_(grads, limit / norm)
             self._clipped += 1
         if self.relative:
-            self._mean = BETA * self._mean + (1 - BETA) * min(norm, limit) if self._steps \
+            self._mean = BETA * self._mean + (1 - BETA) * min(norm, limit) if self._mean > 0 \
                 else norm
         self._steps += 1
 
@@ -92,7 +112,7 @@ class GradClip:
         if self.fixed is not None:
             limit = torch.full_like(norm, self.fixed)
         else:
-            limit = torch.where(self._steps > 0, FACTOR * self._mean,
+            limit = torch.where(self._mean > 0, FACTOR * self._mean,
                                 torch.full_like(norm, math.inf))
         cut = finite & (norm > limit)
         scale = torch.where(cut, limit / norm.clamp(min=1e-30), torch.ones_like(norm))
@@ -100,13 +120,13 @@ class GradClip:
         self._clipped += cut
         if self.relative:
             seen = torch.minimum(norm, limit)
-            mean = torch.where(self._steps > 0, BETA * self._mean + (1 - BETA) * seen, norm)
+            mean = torch.where(self._mean > 0, BETA * self._mean + (1 - BETA) * seen, norm)
             self._mean.copy_(torch.where(finite, mean, self._mean))
         self._steps += finite
 
     def describe(self) -> dict:
         """For info.json: the rule and how many steps it cut (one host read, at the end)."""
-        rule = f"max norm {self.fixed:g}" if self.fixed is not None else \
-            f"relative: {FACTOR:g} x the running mean norm" if self.relative else None
+        rule = None if not self.on else f"max norm {self.fixed:g}" if self.fixed is not None \
+            else f"relative: {FACTOR:g} x the running mean norm"
         return {"rule": rule, "clipped_steps": int(self._clipped) if self.on else 0,
                 "steps": int(self._steps) if self.on else 0}

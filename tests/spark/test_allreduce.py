@@ -284,6 +284,18 @@ def test_resume_from_checkpoint_continues_training(spark, tmp_path):
               run_dir=run, log=None)
     assert res.info["resumed_from_epoch"] == 1 and len(res.history) == 2
     assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.0))
+    # with the scaled rate's cut, the resumed fit goes on with the cut's running mean: it
+    # ends where an uninterrupted fit ends, after cuts in both epochs
+    df = frame(spark, *data(96, seed=7), [48, 48])
+    kw = dict(batch_size=8, lr=0.5, momentum=0.9, shuffle=False, dtype="float64",
+              lr_scaling="linear", warmup_epochs=0, log=None)
+    first = fit(df, small_fc, epochs=1, run_dir=tmp_path / "cut", **kw)
+    again = fit(df, small_fc, epochs=2, run_dir=tmp_path / "cut", **kw)
+    whole = fit(df, small_fc, epochs=2, run_dir=tmp_path / "whole", **kw)
+    assert again.info["resumed_from_epoch"] == 1
+    assert again.info["grad_clip"] == whole.info["grad_clip"]
+    assert whole.info["grad_clip"]["clipped_steps"] > first.info["grad_clip"]["clipped_steps"] > 0
+    assert_same_weights(again.model, whole.model)
 
 
 def test_bad_input_is_reported_before_training(spark, tmp_path):
@@ -323,7 +335,8 @@ def test_argument_errors_name_the_fix(spark, tmp_path):
         fit(df, small_fc, epochs=2, warmup_epochs=3)
     with pytest.raises(ConfigError, match=r"grad_clip must be 'auto', None \(off\) or a "):
         fit(df, small_fc, grad_clip=-1.0)
-    with pytest.raises(ConfigError, match=r"grad_clip=1.0 cuts .*pass Downpour\(clip=...\)"):
+    with pytest.raises(ConfigError, match=r"grad_clip=1.0 cuts .*pass Downpour\(clip=...\) .*"
+                                          r"a synchronous server does not cut"):
         fit(df, small_fc, strategy="downpour", grad_clip=1.0)
     with pytest.raises(ConfigError, match=r"grad_clip=2.0 with optimizer 'lbfgs': its line"):
         fit(df, small_fc, optimizer="lbfgs", grad_clip=2.0)

@@ -122,6 +122,19 @@ def test_grad_clip_auto_cuts_spikes_at_twice_the_running_mean_norm(tensors):
     assert g[0][1].item() == 1.0 and clip.mean == pytest.approx(mean)
     assert clip.describe() == {"rule": "relative: 2 x the running mean norm",
                                "clipped_steps": 1, "steps": 3}
+    again = GradClip("auto", True, "cpu", tensors=not tensors)    # resumed from a checkpoint
+    again.load(clip.state())
+    for c in (clip, again):
+        g = [torch.tensor([100.0, 0.0]), torch.tensor([0.0])]
+        c(g)
+        assert g[0][0].item() == pytest.approx(FACTOR * mean)
+    assert again.describe() == clip.describe()
+    zero = GradClip("auto", True, "cpu", tensors=tensors)        # a zero first norm: no mean
+    for values in ([0.0, 0.0], [3.0, 4.0], [30.0, 40.0]):
+        g = [torch.tensor(values)]
+        zero(g)
+    assert zero.mean == pytest.approx(BETA * 5.0 + (1 - BETA) * 10.0)
+    assert g[0].tolist() == pytest.approx([6.0, 8.0])          # 50 cut to 2 x 5
 
 
 @pytest.mark.parametrize("tensors", [False, True])
@@ -138,6 +151,7 @@ def test_grad_clip_by_number_is_a_fixed_maximum_norm_and_bad_values_are_refused(
     assert g[0].tolist() == pytest.approx([0.3, 0.4])
     assert clip.describe() == {"rule": "max norm 1", "clipped_steps": 1, "steps": 2}
     assert not GradClip(0, True, "cpu").on
+    assert GradClip("auto", False, "cpu").describe()["rule"] is None
     for ok in (None, "auto", 0, 2.5):
         check_grad_clip(ok)
     for bad in (-1, "big", float("nan"), True):

@@ -190,6 +190,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         if len(ckpt["rng"]) == world:
             torch.set_rng_state(ckpt["rng"][rank].cpu())
         start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
+        clip.load(ckpt.get("clip"))
         client.send({"type": "resume", "epoch": start})
 
     balancer = None
@@ -327,7 +328,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                 save_atomic(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                   "scaler": scaler.state_dict() if scaler else None,
                                   "epoch": epoch + 1, "history": history,
-                                  "rng": states,
+                                  "rng": states, "clip": clip.state(),
                                   "balance": balancer.state() if balancer else None})
     sync_buffers(model, world, device)    # the result: the replicas' mean running statistics
     info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,

@@ -132,6 +132,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         opt.load_state_dict(mine["optimizer"])
         torch.set_rng_state(mine["rng"].cpu())
         rounds.bytes_sent, rounds.rounds = mine["bytes_sent"], mine["rounds"]
+        clip.load(mine.get("clip"))
         start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
         client.send({"type": "resume", "epoch": start})
 
@@ -203,7 +204,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         state = state_bytes({"flat": flat.cpu(), "optimizer": opt.state_dict(),
                              "buffers": {k: b.cpu() for k, b in model.named_buffers()},
                              "rng": torch.get_rng_state(), "bytes_sent": rounds.bytes_sent,
-                             "rounds": rounds.rounds})
+                             "rounds": rounds.rounds, "clip": clip.state()})
         replicas = gather_bytes(state, rank, world, device)
         if rank == 0:
             client.send({"type": "epoch", **row})
