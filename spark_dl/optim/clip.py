@@ -16,12 +16,13 @@ jumped well above its recent level (docs/benchmarks.md, "A guard for the scaled 
 The running mean goes into the fit's checkpoints: a resumed fit cuts as the uninterrupted one
 would.
 
-The relative rule needs no knowledge of the model's gradient scale: a healthy fit rarely
-crosses twice its running mean on a few percent of its steps (2-9% in the runs above), a step
-that would throw the weights out of their basin does. Downpour's and Boosting's servers cut
-their pushes by the same rule (their ``clip``, default 2). It acts on the update's gradient: AllReduce's
-global mean (the same on every replica, so they stay identical), a Gossip replica's own.
-Everything stays on the device: no host synchronisation per step.
+The relative rule needs no knowledge of the model's gradient scale: a healthy fit crosses
+twice its running mean on a few percent of its steps (2-9% in the runs above), a step that
+would throw the weights out of their basin does. Downpour's and Boosting's servers cut their
+pushes by the same rule (their ``clip``, default 2; transport/ps/shard.py, which lets the mean
+build for 20 steps first). It acts on the update's gradient: AllReduce's global mean (the same
+on every replica, so they stay identical), a Gossip replica's own. On a GPU nothing is read
+back to the host per step.
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ class GradClip:
     is Python arithmetic on the norm (reading it costs nothing there); on a GPU it stays in
     tensors, so that no step waits for the device (``tensors``: that way whatever the device)."""
 
-    def __init__(self, grad_clip, scaled: bool, device, tensors: bool | None = None):
+    def __init__(self, grad_clip, scaled: bool, device, tensors: bool | None = None,
+                 line_search: bool = False):
         self.fixed = float(grad_clip) if isinstance(grad_clip, (int, float)) and grad_clip \
-            else None
-        self.relative = grad_clip == "auto" and scaled
+            and not line_search else None          # L-BFGS and CG pick their own steps
+        self.relative = grad_clip == "auto" and scaled and not line_search
         self.on = self.fixed is not None or self.relative
         self.host = torch.device(device).type == "cpu" if tensors is None else not tensors
         zeros = [torch.zeros((), dtype=torch.float64, device=device) for _ in range(3)]

@@ -72,11 +72,12 @@ class LocalStepConfig(StageConfig):
         return LRSchedule(self.lr, k, self.lr_scaling, self.warmup_epochs, self.lr_decay,
                           self.epochs)
 
-    def clip(self, schedule, device):
-        """The gradient clipping of a fit whose rate follows ``schedule``."""
+    def clip(self, schedule, device, line_search: bool = False):
+        """The gradient clipping of a fit whose rate follows ``schedule`` (none for an
+        optimizer with a ``line_search``)."""
         from ..optim.clip import GradClip
         return GradClip(self.grad_clip, schedule.k > 1 and schedule.scaled != schedule.lr,
-                        device)
+                        device, line_search=line_search)
 
 
 def read_shard(cfg: StageConfig, batches, where: str):

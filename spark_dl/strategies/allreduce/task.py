@@ -166,8 +166,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                          weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
     schedule = cfg.schedule(world * cfg.accumulate)   # an update averages world x accumulate
     closure_opt = needs_closure(opt)
-    clip = cfg.clip(schedule, device)          # line searches (L-BFGS, CG) pick their steps
-    clip.on = clip.on and not closure_opt
+    clip = cfg.clip(schedule, device, line_search=closure_opt)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     if scaler is not None:              # a rank whose first steps have no rows can step too
         scaler.scale(torch.zeros((), device=device))
