@@ -37,9 +37,16 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from .errors import DataError
+from .errors import ConfigError, DataError
 
 __all__ = ["TorchEstimator", "TorchModel"]
+
+
+def _text(value) -> str:
+    """A Param that is a word or a number (warmupEpochs=1, gradClip="none"), kept as text."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(f"expected a string or a number, got {value!r}")
+    return str(value)
 
 
 class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
@@ -66,13 +73,18 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
     lrScaling = Param(Params._dummy(), "lrScaling", "lr for the global batch of several "
                       "replicas: auto, linear, sqrt or none (spark_dl.fit's lr_scaling)",
                       TypeConverters.toString)
+    warmupEpochs = Param(Params._dummy(), "warmupEpochs", "epochs to reach the scaled lr: "
+                         "auto, or a number (spark_dl.fit's warmup_epochs)", _text)
+    gradClip = Param(Params._dummy(), "gradClip", "gradient norm cut of a scaled lr: auto, "
+                     "none, or a maximum norm (spark_dl.fit's grad_clip)", _text)
 
     def __init__(self):
         super().__init__()
         self._setDefault(model="fc", hiddenLayers=[128], inputShape=[], numClasses=2,
                          strategy="allreduce", partitions=1, replicas=0, epochs=1, batchSize=64,
                          optimizer="sgd", lr=0.05, momentum=0.9, seed=0, lrScaling="auto",
-                         featuresCol="features", labelCol="label", predictionCol="prediction")
+                         warmupEpochs="auto", gradClip="auto", featuresCol="features",
+                         labelCol="label", predictionCol="prediction")
 
     def _network(self):
         """A zero-argument factory of the network these params describe (plain values only)."""
@@ -88,6 +100,25 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
             channels = shape[0] if len(shape) == 3 else 1
             return lambda: ThesisCNN(num_classes=classes, in_channels=channels)
         raise ValueError(f"model must be 'fc' or 'cnn', got {name!r}")
+
+
+def _auto_or_number(name: str, value: str, off: bool = False):
+    """A word-or-number Param as fit takes it: "auto", None for "none" (where ``off``), or a
+    number >= 0 (fit checks the rest, e.g. a warmup longer than the fit); anything else a
+    ConfigError naming the Param."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if off and text in ("none", "off"):
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if math.isfinite(number) and number >= 0:
+        return number
+    words = "'auto', 'none' or a number >= 0" if off else "'auto' or a number >= 0"
+    raise ConfigError(f"{name} must be {words}, got {value!r}")
 
 
 def _features_array(df, col: str):
@@ -116,7 +147,7 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
                  predictionCol="prediction", model="fc", hiddenLayers=None, inputShape=None,
                  numClasses=2, strategy="allreduce", partitions=1, replicas=0, epochs=1,
                  batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0,
-                 lrScaling="auto"):
+                 lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
@@ -125,7 +156,7 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
                   predictionCol="prediction", model="fc", hiddenLayers=None, inputShape=None,
                   numClasses=2, strategy="allreduce", partitions=1, replicas=0, epochs=1,
                   batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0,
-                  lrScaling="auto"):
+                  lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
         kwargs = {k: v for k, v in self._input_kwargs.items() if v is not None}
         return self._set(**kwargs)
 
@@ -134,6 +165,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
 
         from .fit import fit
         g = self.getOrDefault
+        warmup = _auto_or_number("warmupEpochs", g("warmupEpochs"))
+        clip = _auto_or_number("gradClip", g("gradClip"), off=True)
         feats = _features_array(dataset, g("featuresCol"))
         if g("labelCol") not in dataset.columns:
             raise DataError(f"label column {g('labelCol')!r} not in the DataFrame (columns: "
@@ -146,7 +179,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
         res = fit(df, self._network(), strategy=make_strategy(g("strategy"), **partitions),
                   shape=tuple(shape),
                   num_classes=g("numClasses"), optimizer=g("optimizer"), lr=g("lr"),
-                  momentum=g("momentum"), lr_scaling=g("lrScaling"), epochs=g("epochs"),
+                  momentum=g("momentum"), lr_scaling=g("lrScaling"), warmup_epochs=warmup,
+                  grad_clip=clip, epochs=g("epochs"),
                   batch_size=g("batchSize"),
                   replicas=g("replicas") or None, seed=g("seed"), log=None)
         buf = io.BytesIO()

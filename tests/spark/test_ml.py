@@ -13,7 +13,7 @@ import pytest
 from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.feature import VectorAssembler
 
-from spark_dl.errors import DataError
+from spark_dl.errors import ConfigError, DataError
 from spark_dl.ml import TorchEstimator, TorchModel
 
 from ..conftest import ROOT
@@ -33,10 +33,14 @@ def test_pipeline_fits_saves_and_loads_in_a_new_session(spark, tmp_path):
     pipe = Pipeline(stages=[
         VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features"),
         TorchEstimator(model="fc", hiddenLayers=[16], inputShape=[4], numClasses=3,
-                       strategy="allreduce", replicas=2, epochs=10, batchSize=32, lr=0.2)])
+                       strategy="allreduce", replicas=2, epochs=10, batchSize=32, lr=0.2,
+                       warmupEpochs=4, gradClip="none")])
     model = pipe.fit(df)
     assert isinstance(model.stages[-1], TorchModel)
-    assert len(model.stages[-1].history) == 10
+    history = model.stages[-1].history
+    assert len(history) == 10
+    # fit's linear rule for 2 replicas (0.4) reached over warmupEpochs=4, not "auto"'s 0.4
+    assert history[0]["lr"] < 0.25 and history[4]["lr"] == pytest.approx(0.4)
     out = model.transform(df).select("id", "label", "prediction").toPandas()
     assert (out.prediction == out.label).mean() > 0.85
     path = str(tmp_path / "pipeline")
@@ -82,6 +86,15 @@ def test_estimator_params_and_bad_columns(spark):
     assert est.getOrDefault("epochs") == 2 and est.getOrDefault("hiddenLayers") == [128]
     est.setParams(lr=0.01)
     assert est.getOrDefault("lr") == 0.01
+    # fit's warmup_epochs and grad_clip as words or numbers; bad ones named before any job
+    assert est.copy({est.gradClip: 2}).getOrDefault("gradClip") == "2"
+    for param, value, words in ((est.gradClip, "off!", "'auto', 'none' or a number >= 0"),
+                                (est.gradClip, -1, "'auto', 'none' or a number >= 0"),
+                                (est.warmupEpochs, "none", "'auto' or a number >= 0")):
+        with pytest.raises(ConfigError, match=f"{param.name} must be {words}, got"):
+            est.copy({param: value}).fit(_frame(spark, n=4))
+    with pytest.raises(TypeError, match="a string or a number"):
+        est.setParams(gradClip=[1.0])
     df = _frame(spark, n=40)
     with pytest.raises(DataError, match="features column 'features' not in the DataFrame"):
         est.fit(df)
