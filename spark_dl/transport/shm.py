@@ -38,6 +38,29 @@ _LINE = 64                       # bytes between counters (one cache line each)
 SPLIT_MIN = 65536                # values from which 3+ ranks reduce-scatter and all-gather
 
 
+def _untracked(name: str, create: bool = False, size: int = 0) -> shared_memory.SharedMemory:
+    """The segment, created or attached, kept out of Python's resource tracker: the tracker
+    would unlink it (or warn) when a process exits, and ranks spawned from one parent share one
+    tracker, whose set holds the name once, so each rank unregistering it made the tracker
+    print a KeyError traceback. Its lifetime is ours: rank 0 unlinks it once every rank has it
+    mapped. (Python 3.13 has ``track=False``; before, ``register`` is skipped while it opens.)"""
+    try:
+        return shared_memory.SharedMemory(name=name, create=create, size=size, track=False)
+    except TypeError:                               # Python < 3.13: no track argument
+        pass
+    from multiprocessing import resource_tracker
+    register = resource_tracker.register
+
+    def skip_segments(rname, rtype):
+        if rtype != "shared_memory":
+            register(rname, rtype)
+    resource_tracker.register = skip_segments
+    try:
+        return shared_memory.SharedMemory(name=name, create=create, size=size)
+    finally:
+        resource_tracker.register = register
+
+
 class ShmAllReduce:
     """Sum-all-reduce of one flat CPU tensor of fixed size among the ranks of the default
     process group (used for the rendezvous only), all on this host."""
@@ -49,18 +72,11 @@ class ShmAllReduce:
         head = _LINE * self.world
         size = head + 2 * (self.world + 1) * numel * item
         if self.rank == 0:
-            self.shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+            self.shm = _untracked(name, create=True, size=size)
             self.shm.buf[:head] = bytes(head)
         dist.barrier()
         if self.rank != 0:
-            self.shm = shared_memory.SharedMemory(name=name)
-        # Python's resource tracker would unlink (or warn about) the segment when a worker
-        # exits; its lifetime is ours: rank 0 unlinks it once every rank has it mapped.
-        try:
-            from multiprocessing import resource_tracker
-            resource_tracker.unregister(self.shm._name, "shared_memory")
-        except (ImportError, OSError, KeyError):    # no tracker here: nothing to undo
-            pass
+            self.shm = _untracked(name)
         dist.barrier()
         if self.rank == 0:                          # mapped segments live on; no leftovers
             try:
