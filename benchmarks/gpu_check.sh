@@ -7,8 +7,10 @@
 #   bash benchmarks/gpu_check.sh [SECTIONS=one,amp,shared,lstm] [RESULTS=benchmarks/results]
 #   SCALING=1 bash benchmarks/gpu_check.sh ""     # only bench_scaling at 1 and 16 replicas
 #   RUN=1 bash benchmarks/gpu_check.sh ""         # only bench_run (your own loop) at 16
+#   STEP_COST=1 bash benchmarks/gpu_check.sh ""   # only ddp_step_cost at 16 processes
 # Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
-# SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS; RUN_REPEATS, RUN_ROWS, RUN_EPOCHS.
+# SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS; RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
+# STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS.
 set -uo pipefail
 SECTIONS=${1-one,amp,shared,lstm}
 RESULTS=${2:-benchmarks/results}
@@ -35,5 +37,11 @@ if [ -n "${RUN:-}" ]; then           # TorchDistributor and spark_dl.run at CORE
   python3 benchmarks/bench_run.py --replicas "${CORES:-16}" --no-ray \
     --repeats "${RUN_REPEATS:-3}" --rows "${RUN_ROWS:-10000}" --epochs "${RUN_EPOCHS:-5}" \
     --out "$RESULTS/run-16.json" || rc=$?
+fi
+if [ -n "${STEP_COST:-}" ]; then     # where a step's time goes at CORES processes
+  python3 benchmarks/ddp_step_cost.py --world "${CORES:-16}" \
+    --modes "${STEP_COST_MODES:-one,nocomm,flat-shm,ddp-shm,run-ctx}" \
+    --repeats "${STEP_COST_REPEATS:-2}" --steps "${STEP_COST_STEPS:-400}" \
+    --out "$RESULTS/ddp-step-cost-16.json" || rc=$?
 fi
 exit $rc

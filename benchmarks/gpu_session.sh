@@ -8,13 +8,26 @@
 #    AllReduce with and without grad_clip's relative cut, Gossip, Downpour "lr";
 # 2. bench_run at 16 processes (run-16.json): TorchDistributor against spark_dl.run;
 # 3. with GPU=1 first: gpu_check's GPU sections and the LSTM configurations (done 2026-11-27).
+# A second call while the machine is warm (it goes back after 30 s idle), about 3 minutes:
+#   STEP_COST_ONLY=1 bash benchmarks/gpu_session.sh "$OUT"
+# ddp_step_cost at 16 processes (ddp-step-cost-16.json): one process, 16 without communication
+# (and what a per-step barrier costs them), fit's flat shared-memory all-reduce, DDP with the
+# hook, and the hook's loop inside spark_dl.run.
 set -u
 O=$1
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
-cat /tmp/stage/c* | xz -dc | tar -x -C /tmp || { echo "unpack failed"; ls -la /tmp/stage; exit 1; }
+if [ ! -d /tmp/bundle/jre17 ]; then
+  cat /tmp/stage/c* | xz -dc | tar -x -C /tmp || { echo "unpack failed"; ls -la /tmp/stage; exit 1; }
+fi
 echo "unpacked at $(el) s; $(nproc) cores"
-lscpu | grep -E "Model name|Thread|Core|Socket" || true
+lscpu | grep -E "Model name|Thread|Core|Socket|NUMA node\(s\)" || true
+if [ -n "${STEP_COST_ONLY:-}" ]; then
+  STEP_COST=1 timeout ${STEP_COST_S:-200} bash benchmarks/gpu_check.sh "" "$O" > "$O/log5.txt" 2>&1
+  echo "step cost rc=$? at $(el) s"
+  grep -E "ms_per_step|barrier_cost\"" "$O/log5.txt" | head -20
+  exit 0
+fi
 if [ -n "${GPU:-}" ]; then
   REPEATS=3 AMP_NETS=srcnn timeout 215 bash benchmarks/gpu_check.sh one,amp,shared "$O" > "$O/log1.txt" 2>&1
   echo "gpu sections rc=$? at $(el) s"
