@@ -22,7 +22,9 @@ over real run-to-run variation, not over one trajectory timed again:
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
 the final accuracy; per strategy, time to target at R replicas over one replica's (Gossip
-needs two replicas: its one-replica reference is AllReduce's, plain local SGD in one task).
+needs two replicas: its one-replica reference is AllReduce's, plain local SGD in one task),
+and "fixed_time": R replicas' final accuracy against what one replica had validated within the
+same training time, seed by seed ("not_lower": in how many seeds it is at least as high).
 
     .venv/bin/python benchmarks/bench_scaling.py [--replicas 1,2] [--repeats 3]
         [--strategies allreduce,downpour,gossip,boosting] [--epochs 2] [--samples 48000]
@@ -70,6 +72,29 @@ def first_at(evals: list[dict], target: float) -> float | None:
     """Training seconds of the first validation at or above ``target``."""
     return next((e["train_seconds"] for e in evals if e.get("val_accuracy", 0) >= target),
                 None)
+
+
+def accuracy_at(evals: list[dict], seconds: float) -> float | None:
+    """The held-out accuracy a run had validated by ``seconds`` of training (its last
+    evaluation at or before then), None before its first."""
+    seen = [e["val_accuracy"] for e in evals if e["train_seconds"] <= seconds + 1e-9
+            and "val_accuracy" in e]
+    return seen[-1] if seen else None
+
+
+def fixed_time(runs: list[dict], refs: list[dict]) -> dict | None:
+    """The issue's fixed-time-budget target, seed by seed: each of ``runs``' own training
+    time is the budget; its final accuracy against what the one-replica reference of the same
+    seed (``refs``) had validated by then."""
+    pairs = [(x["final_accuracy"], accuracy_at(ref["evals"], x["evals"][-1]["train_seconds"]),
+              x["evals"][-1]["train_seconds"]) for x, ref in zip(runs, refs) if x["evals"]]
+    if not pairs:
+        return None
+    ones = [one for _, one, _ in pairs if one is not None]
+    return {"budget_s": round(statistics.median(t for _, _, t in pairs), 3),
+            "accuracy": statistics.median(a for a, _, _ in pairs),
+            "one_replica_accuracy": statistics.median(ones) if ones else None,
+            "not_lower": f"{sum(one is None or a >= one for a, one, _ in pairs)}/{len(pairs)}"}
 
 
 def plain(data: Path, val, args, seed: int) -> dict:
@@ -223,6 +248,7 @@ def main(argv=None):
                          if a["time_to_target_s"] and b["time_to_target_s"]]
                 row["time_vs_one_replica_same_seed"] = (
                     round(statistics.median(pairs), 3) if pairs else None)
+                row["fixed_time"] = fixed_time(raw[f"{strategy}-{r}"], raw[ref])
     settings = {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
                 "batch_per_replica": args.batch, "lr_one_replica": args.lr,
                 "lr_decay": args.lr_decay,
