@@ -24,7 +24,8 @@ Reported per system: the training seconds until the held-out accuracy first reac
 the final accuracy; per strategy, time to target at R replicas over one replica's (Gossip
 needs two replicas: its one-replica reference is AllReduce's, plain local SGD in one task),
 and "fixed_time": R replicas' final accuracy against what one replica had validated within the
-same training time, seed by seed ("not_lower": in how many seeds it is at least as high).
+same training time, seed by seed ("not_lower": in how many seeds it is at least as high, of
+those where one replica had validated by then; medians over the seeds).
 
     .venv/bin/python benchmarks/bench_scaling.py [--replicas 1,2] [--repeats 3]
         [--strategies allreduce,downpour,gossip,boosting] [--epochs 2] [--samples 48000]
@@ -90,11 +91,13 @@ def fixed_time(runs: list[dict], refs: list[dict]) -> dict | None:
               x["evals"][-1]["train_seconds"]) for x, ref in zip(runs, refs) if x["evals"]]
     if not pairs:
         return None
-    ones = [one for _, one, _ in pairs if one is not None]
+    known = [(a, one) for a, one, _ in pairs if one is not None]   # one had validated by then
     return {"budget_s": round(statistics.median(t for _, _, t in pairs), 3),
             "accuracy": statistics.median(a for a, _, _ in pairs),
-            "one_replica_accuracy": statistics.median(ones) if ones else None,
-            "not_lower": f"{sum(one is None or a >= one for a, one, _ in pairs)}/{len(pairs)}"}
+            "one_replica_accuracy": statistics.median(one for _, one in known) if known
+            else None,
+            "not_lower": f"{sum(a >= one for a, one in known)}/{len(known)}",
+            "no_reference_yet": len(pairs) - len(known)}
 
 
 def plain(data: Path, val, args, seed: int) -> dict:

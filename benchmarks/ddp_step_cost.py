@@ -1,12 +1,13 @@
-"""Where a DDP step's time goes on this machine with --world processes (2 by default, one a
-core): the thesis CNN at batch 16, one thread per process, the same fixed batch every step, for each way of averaging the gradients,
+"""Where a DDP step's time goes on this machine with --world processes (2 by default, one
+a core): the thesis CNN at batch 16, one thread per process, the same fixed batch every step, for each way of averaging the gradients,
 outside Spark and inside spark_dl.run; medians over --repeats runs (interleaved) of --steps
 steps (after 100 warm-up steps), each run's time the slower rank's:
 
   one         a single process, no averaging (the calibration)
   nocomm      --world processes, no averaging (what sharing the machine costs by itself);
-              also what a per-step barrier would cost them: their step times side by side,
-              the mean of the slowest of each step over the mean step ("barrier_cost")
+              and an estimate of what a barrier every step would cost them: their i-th
+              step times side by side (paired by index, not by clock), the mean of the
+              slowest over the mean step, minus one ("barrier_cost")
   ddp         DistributedDataParallel, gloo's all-reduce (TorchDistributor's path)
   ddp-shm     DDP with spark_dl's shared-memory hook (spark_dl.run(comm_hook="shm"))
   flat-gloo   the flat gradient through gloo's all_reduce
@@ -14,7 +15,8 @@ steps (after 100 warm-up steps), each run's time the slower rank's:
   run-fixed   ddp-shm's loop as a function under spark_dl.run(comm_hook="shm") on local[W]
               (barrier tasks in Spark's Python workers), the same fixed batch
   run-ctx     the same with the context's batches (spark_dl.context().batches(epoch): the
-              DataFrame's partition of 4,000 shipped digits, uint8, shuffled every epoch)
+              DataFrame's partition of the shipped digits, float32, 2,000 a process and
+              10,000 in all at most, shuffled every epoch)
 
     .venv/bin/python benchmarks/ddp_step_cost.py [--repeats 3] [--steps 1200] [--no-spark]
         [--world 2] [--modes one,nocomm,...]
@@ -134,7 +136,10 @@ def run_step(steps: int, context: bool) -> float:
 
 def barrier_cost(times: list[list[float]]) -> float:
     """How much slower the processes' steps would be with a barrier after every step: the mean
-    of the slowest of their i-th step times over their mean step time, minus one."""
+    of the slowest of their i-th step times over their mean step time, minus one (an estimate:
+    the steps are paired by index; 0 for one process)."""
+    if len(times) < 2:
+        return 0.0
     return sum(map(max, *times)) / (sum(map(sum, times)) / len(times)) - 1
 
 
@@ -154,7 +159,6 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/ddp-step-cost.json"))
     args = ap.parse_args(argv)
     import torch.multiprocessing as mp
-    from _results import write_results
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     modes = [m for m in args.modes.split(",") if not (args.no_spark and m in SPARK_MODES)]
@@ -172,7 +176,7 @@ def main(argv=None):
         from spark_dl.data import mnist_file_dataframe
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
         spark = spark_dl.get_session("local", master=f"local[{W}]")
-        df = mnist_file_dataframe(spark, IMAGES, LABELS, 0, 2000 * W, W).cache()
+        df = mnist_file_dataframe(spark, IMAGES, LABELS, 0, min(2000 * W, 10000), W).cache()
         df.count()
     ms: dict[str, list[float]] = {m: [] for m in modes}
     barrier: list[float] = []
@@ -195,15 +199,20 @@ def main(argv=None):
             ms[mode].append(max(g[0] for g in got))
             if mode == "nocomm":
                 barrier.append(barrier_cost([g[2] for g in got]))
+        write(args, argv, W, ms, barrier)            # after every repeat: kept if cut short
+
+
+def write(args, argv, world: int, ms: dict, barrier: list) -> None:
+    from _results import write_results
     summary = {m: {"ms_per_step": round(statistics.median(v), 3),
-                   "runs": [round(t, 3) for t in v]} for m, v in ms.items()}
+                   "runs": [round(t, 3) for t in v]} for m, v in ms.items() if v}
     if barrier:
         summary["nocomm"]["barrier_cost"] = round(statistics.median(barrier), 3)
         summary["nocomm"]["barrier_cost_runs"] = [round(b, 3) for b in barrier]
     write_results(args.out, "ddp_step_cost.py", argv,
-                  {"model": "thesis cnn", "batch": 16, "threads_per_process": 1, "world": W,
-                   "steps": args.steps, "repeats": args.repeats}, summary, {})
-
+                  {"model": "thesis cnn", "batch": 16, "threads_per_process": 1,
+                   "world": world, "steps": args.steps, "repeats": len(next(iter(
+                       ms.values()), []))}, summary, {})
 
 if __name__ == "__main__":
     main()

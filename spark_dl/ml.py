@@ -158,6 +158,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
                   batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0,
                   lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
         kwargs = {k: v for k, v in self._input_kwargs.items() if v is not None}
+        if "gradClip" in self._input_kwargs and self._input_kwargs["gradClip"] is None:
+            kwargs["gradClip"] = "none"                  # off, as fit's grad_clip=None
         return self._set(**kwargs)
 
     def _fit(self, dataset):

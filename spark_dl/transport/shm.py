@@ -25,6 +25,7 @@ so nothing is left in /dev/shm even if a task is killed.
 
 from __future__ import annotations
 
+import threading
 import time
 from multiprocessing import shared_memory
 
@@ -34,6 +35,7 @@ import torch.distributed as dist
 
 __all__ = ["ShmAllReduce"]
 
+_TRACKER_PATCH = threading.Lock()
 _LINE = 64                       # bytes between counters (one cache line each)
 SPLIT_MIN = 65536                # values from which 3+ ranks reduce-scatter and all-gather
 
@@ -49,16 +51,28 @@ def _untracked(name: str, create: bool = False, size: int = 0) -> shared_memory.
     except TypeError:                               # Python < 3.13: no track argument
         pass
     from multiprocessing import resource_tracker
-    register = resource_tracker.register
+    with _TRACKER_PATCH:                           # one thread at a time swaps it
+        register = resource_tracker.register
 
-    def skip_segments(rname, rtype):
-        if rtype != "shared_memory":
-            register(rname, rtype)
-    resource_tracker.register = skip_segments
+        def skip_segments(rname, rtype):
+            if rtype != "shared_memory":
+                register(rname, rtype)
+        resource_tracker.register = skip_segments
+        try:
+            return shared_memory.SharedMemory(name=name, create=create, size=size)
+        finally:
+            resource_tracker.register = register
+
+
+def _unlink(shm: shared_memory.SharedMemory) -> None:
+    """Remove the segment's name (the mappings stay), bypassing the tracker, which never had
+    it; once only."""
     try:
-        return shared_memory.SharedMemory(name=name, create=create, size=size)
-    finally:
-        resource_tracker.register = register
+        shared_memory._posixshmem.shm_unlink(shm._name)
+    except AttributeError:                          # not POSIX shared memory
+        shm.unlink()
+    except FileNotFoundError:
+        pass
 
 
 class ShmAllReduce:
@@ -74,15 +88,14 @@ class ShmAllReduce:
         if self.rank == 0:
             self.shm = _untracked(name, create=True, size=size)
             self.shm.buf[:head] = bytes(head)
-        dist.barrier()
-        if self.rank != 0:
-            self.shm = _untracked(name)
-        dist.barrier()
-        if self.rank == 0:                          # mapped segments live on; no leftovers
-            try:
-                shared_memory._posixshmem.shm_unlink(self.shm._name)
-            except AttributeError:                  # not POSIX shared memory
-                self.shm.unlink()
+        try:
+            dist.barrier()
+            if self.rank != 0:
+                self.shm = _untracked(name)
+            dist.barrier()
+        finally:                # mapped segments live on; nothing left, even when a rank fails
+            if self.rank == 0:
+                _unlink(self.shm)
         self._counters = np.ndarray((self.world, _LINE // 8), np.int64, self.shm.buf)
         slots = torch.frombuffer(self.shm.buf, dtype=dtype, offset=head,
                                  count=2 * (self.world + 1) * numel)

@@ -88,6 +88,7 @@ def test_estimator_params_and_bad_columns(spark):
     assert est.getOrDefault("lr") == 0.01
     # fit's warmup_epochs and grad_clip as words or numbers; bad ones named before any job
     assert est.copy({est.gradClip: 2}).getOrDefault("gradClip") == "2"
+    assert TorchEstimator(gradClip=None).getOrDefault("gradClip") == "none"     # off, as fit's
     for param, value, words in ((est.gradClip, "off!", "'auto', 'none' or a number >= 0"),
                                 (est.gradClip, -1, "'auto', 'none' or a number >= 0"),
                                 (est.warmupEpochs, "none", "'auto' or a number >= 0")):
