@@ -11,7 +11,7 @@ quarter-epoch validation at or above it), the final accuracy, the runs that fell
 one process here instead of 16 cores.
 
     .venv/bin/python benchmarks/scaled_rate_clip.py [--ks 2,8,16] [--seeds 3] [--epochs 3]
-        [--workers 2] [--out benchmarks/results/scaled-rate-clip.json]
+        [--workers 2] [--factor 2] [--out benchmarks/results/scaled-rate-clip.json]
 """
 
 from __future__ import annotations
@@ -29,13 +29,18 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 MOMENTUM, LR, DECAY, BATCH, TARGET = 0.9, 0.02, 0.5, 16, 0.98
 
 
-def simulate(data: str, k: int, clip: bool, epochs: int, seed: int) -> dict:
-    """One run: accuracy per quarter epoch and the steps the cut changed."""
+def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
+             factor: float | None = None) -> dict:
+    """One run: accuracy per quarter epoch and the steps the cut changed (``factor``: the
+    cut's multiple of the running mean instead of fit's)."""
     import numpy as np
     import torch
 
     from spark_dl.models import build_model
+    from spark_dl.optim import clip as clip_rule
     from spark_dl.optim.clip import GradClip
+    if factor is not None:
+        clip_rule.FACTOR = factor
     from spark_dl.optim.schedule import LRSchedule
     torch.set_num_threads(1)
     d = np.load(data)
@@ -96,6 +101,8 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--samples", type=int, default=48000)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--factor", type=float, default=None,
+                    help="the cut at this multiple of the running mean (fit's: 2)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/scaled-rate-clip.json"))
     args = ap.parse_args(argv)
     from _results import write_results
@@ -105,7 +112,7 @@ def main(argv=None):
     import multiprocessing
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) \
             as pool:
-        runs = list(pool.map(simulate, *zip(*[(data, k, c, args.epochs, s)
+        runs = list(pool.map(simulate, *zip(*[(data, k, c, args.epochs, s, args.factor)
                                                for k, c, s in jobs])))
     summary = {}
     for k in map(int, args.ks.split(",")):
@@ -123,7 +130,8 @@ def main(argv=None):
                   {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
                    "batch_per_replica": BATCH, "lr_one_replica": LR, "lr_decay": DECAY,
                    "momentum": MOMENTUM, "lr_scaling": "linear, warmup auto",
-                   "seeds": args.seeds, "target": TARGET}, summary, {"runs": runs})
+                   "seeds": args.seeds, "target": TARGET,
+                   "cut_factor": args.factor or 2.0}, summary, {"runs": runs})
 
 
 if __name__ == "__main__":
