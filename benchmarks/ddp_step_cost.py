@@ -1,6 +1,6 @@
 """Where a DDP step's time goes on this machine with --world processes (2 by default, one
-a core): the thesis CNN at batch 16, one thread per process, the same fixed batch every step, for each way of averaging the gradients,
-outside Spark and inside spark_dl.run; medians over --repeats runs (interleaved) of --steps
+a core): the thesis CNN at batch 16, one thread per process, the same fixed batch every step,
+for each way of averaging the gradients, outside Spark and inside spark_dl.run; medians over --repeats runs (interleaved) of --steps
 steps (after 100 warm-up steps), each run's time the slower rank's:
 
   one         a single process, no averaging (the calibration)
@@ -38,6 +38,21 @@ MODES = ("one", "nocomm", "ddp", "ddp-shm", "flat-gloo", "flat-shm")
 SPARK_MODES = ("run-fixed", "run-ctx")
 IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
 LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
+
+
+def _time_steps(step, steps: int) -> tuple[float, list[float]]:
+    """100 warm-up steps, a barrier, then ``steps`` timed ones: (ms a step, each step's s)."""
+    import torch.distributed as dist
+    for _ in range(100):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return (time.perf_counter() - t0) / steps * 1e3, times
 
 
 def _worker(rank: int, world: int, mode: str, port: int, steps: int, queue) -> None:
@@ -78,16 +93,8 @@ def _worker(rank: int, world: int, mode: str, port: int, steps: int, queue) -> N
                 p.grad.copy_(flat[off:off + p.numel()].view_as(p.grad))
                 off += p.numel()
         opt.step()
-    for _ in range(100):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    queue.put(((time.perf_counter() - t0) / steps * 1e3, rank, times))
+    ms, times = _time_steps(step, steps)
+    queue.put((ms, rank, times))
     dist.barrier()
     if shm is not None:
         shm.close()
@@ -96,8 +103,6 @@ def _worker(rank: int, world: int, mode: str, port: int, steps: int, queue) -> N
 
 def run_step(steps: int, context: bool) -> float:
     """ddp-shm's loop inside spark_dl.run: ms a step, the slower rank's."""
-    import time
-
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -123,13 +128,7 @@ def run_step(steps: int, context: bool) -> float:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    for _ in range(100):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    ms = torch.tensor([(time.perf_counter() - t0) / steps * 1e3])
+    ms = torch.tensor([_time_steps(step, steps)[0]])
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)
     return float(ms)
 
@@ -213,6 +212,7 @@ def write(args, argv, world: int, ms: dict, barrier: list) -> None:
                   {"model": "thesis cnn", "batch": 16, "threads_per_process": 1,
                    "world": world, "steps": args.steps, "repeats": len(next(iter(
                        ms.values()), []))}, summary, {})
+
 
 if __name__ == "__main__":
     main()

@@ -38,10 +38,9 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
 
     from spark_dl.models import build_model
     from spark_dl.optim import clip as clip_rule
-    from spark_dl.optim.clip import GradClip
+    from spark_dl.optim.schedule import LRSchedule
     if factor is not None:
         clip_rule.FACTOR = factor
-    from spark_dl.optim.schedule import LRSchedule
     torch.set_num_threads(1)
     d = np.load(data)
     x, y = torch.from_numpy(d["x"]).reshape(-1, 1, 28, 28), torch.from_numpy(d["y"])
@@ -50,7 +49,7 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
     model = build_model("cnn")
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     schedule = LRSchedule(LR, k, "linear", "auto", DECAY, epochs)
-    cut = GradClip("auto" if clip else None, k > 1, "cpu")
+    cut = clip_rule.GradClip("auto" if clip else None, k > 1, "cpu")
     b = BATCH * k
     steps = len(x) // b
     marks = {round(steps * f) - 1 for f in (0.25, 0.5, 0.75, 1.0)}

@@ -143,7 +143,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     _check("lr_decay", 0 < lr_decay <= 1, lr_decay, "in (0, 1] (a per-epoch factor)")
     check_lr_scaling(lr_scaling, warmup_epochs, epochs)
     check_grad_clip(grad_clip)
-    if grad_clip not in (None, "auto", 0) and optimizer in ("lbfgs", "cg"):
+    fixed_clip = grad_clip not in (None, "auto", 0)           # a maximum norm
+    if fixed_clip and optimizer in ("lbfgs", "cg"):
         raise ConfigError(f"grad_clip={grad_clip!r} with optimizer {optimizer!r}: its line "
                           f"search picks its own steps from the gradient, so a cut does not "
                           f"apply; use grad_clip=None, or optimizer='sgd' or 'adam'")
@@ -197,7 +198,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
               run_dir=run_dir, progress=progress, log=log, tracker=Tracker(track),
               slots=task_slots(spark), partitions=num_partitions(df))
     job.plan["lr_scaling_auto"] = lr_scaling == "auto"      # a strategy may refine the rule
-    if grad_clip not in (None, "auto", 0) and strategy.name not in ("allreduce", "gossip"):
+    if fixed_clip and strategy.name not in ("allreduce", "gossip"):
         raise ConfigError(f"grad_clip={grad_clip!r} cuts the gradient a replica steps with "
                           f"(AllReduce, Gossip); {strategy.name}'s server steps instead: pass "
                           f"{type(strategy).__name__}(clip=...) for its server's cut (in "
