@@ -76,7 +76,7 @@ def spark_dl_run(spark, rows, batch, hook, runs: Path):
     from spark_dl.data import mnist_file_dataframe
     t0 = time.perf_counter()
     df = mnist_file_dataframe(spark, IMAGES, LABELS, 0, rows, REPLICAS)
-    out = spark_dl.run(ddp_train, IMAGES, LABELS, rows, EPOCHS, batch, LR, MOMENTUM, df=df,
+    out = spark_dl.run(ddp_train, IMAGES, LABELS, rows, EPOCHS, batch, LR, MOMENTUM, df=df, device="cpu",
                        shape=(1, 28, 28), batch_size=batch, shuffle=True,
                        comm_hook="shm" if hook else None, log=None,
                        run_dir=runs / f"{time.time()}")
@@ -175,6 +175,40 @@ def main(argv=None):
     spark_dl_run(spark, rows, batch, True, runs)                 # warm the workers
     rate = {k: [] for k in systems}
     wall = {k: [] for k in systems}
+
+    def report(done: int):
+        """The summary of the repeats so far, written after each (a run cut short keeps them)."""
+        def med(v):
+            ok = [x for x in v if x is not None]
+            return statistics.median(ok) if ok else None
+        ok = {k: [i for i, r in enumerate(rate[k]) if r is not None] for k in systems}
+        steady = {k: med(v) for k, v in rate.items()}
+        walls = {k: med([w for i, w in enumerate(wall[k]) if i in ok[k]]) for k in systems}
+
+        def ratio(a, b, table, scale=1.0):
+            pairs = [scale * table[a][i] / table[b][i] for i in ok[a] if i in ok[b]]
+            return round(statistics.median(pairs), 3) if pairs else None
+        summary = {"steady_samples_per_s": {k: v and round(v) for k, v in steady.items()},
+                   "wall_s": {k: v and round(v, 2) for k, v in walls.items()},
+                   "runs_ok": {k: f"{len(ok[k])}/{done}" for k in systems},
+                   "hook_vs_torchdist_steady": ratio("spark_dl+hook", "torchdist", rate),
+                   "hook_vs_torchdist_wall": ratio("spark_dl+hook", "torchdist", wall),
+                   "plain_vs_torchdist_steady": ratio("spark_dl", "torchdist", rate),
+                   "hook_vs_plain_steady": ratio("spark_dl+hook", "spark_dl", rate),
+                   "fraction_of_limit": {k: ratio(k, "plain-1t", rate, 1 / REPLICAS)
+                                         for k in systems if k != "plain-1t"},
+                   "ray": ray_note}
+        if "ray" in systems:
+            summary["hook_vs_ray_steady"] = ratio("spark_dl+hook", "ray", rate)
+            summary["hook_vs_ray_wall"] = ratio("spark_dl+hook", "ray", wall)
+        summary["failures"] = FAILURES
+        write_results(args.out, "bench_run.py", argv,
+                      {"torch": torch.__version__, "pyspark": spark.version, "rows": rows,
+                       "batch_per_replica": batch, "epochs": EPOCHS, "replicas": REPLICAS,
+                       "repeats": args.repeats, "repeats_done": done,
+                       "spark_startup_s": round(startup, 2)},
+                      summary, {"samples_per_s": rate, "wall_s": wall})
+
     try:
         for i in range(args.repeats):                      # interleaved A B C D A B C D ...
             for k, fn in systems.items():
@@ -182,40 +216,12 @@ def main(argv=None):
                 rate[k].append(r)
                 wall[k].append(w)
                 print(f"run {i + 1} {k}: {r and round(r)} samples/s, {w:.1f} s", flush=True)
+            report(i + 1)
     finally:
         if peer is not None:
             peer.close()
 
-    def med(v):
-        ok = [x for x in v if x is not None]
-        return statistics.median(ok) if ok else None
-    ok = {k: [i for i, r in enumerate(rate[k]) if r is not None] for k in systems}
-    steady = {k: med(v) for k, v in rate.items()}
-    walls = {k: med([w for i, w in enumerate(wall[k]) if i in ok[k]]) for k in systems}
-
-    def ratio(a, b, table, scale=1.0):
-        pairs = [scale * table[a][i] / table[b][i] for i in ok[a] if i in ok[b]]
-        return round(statistics.median(pairs), 3) if pairs else None
-    summary = {"steady_samples_per_s": {k: v and round(v) for k, v in steady.items()},
-               "wall_s": {k: v and round(v, 2) for k, v in walls.items()},
-               "runs_ok": {k: f"{len(ok[k])}/{args.repeats}" for k in systems},
-               "hook_vs_torchdist_steady": ratio("spark_dl+hook", "torchdist", rate),
-               "hook_vs_torchdist_wall": ratio("spark_dl+hook", "torchdist", wall),
-               "plain_vs_torchdist_steady": ratio("spark_dl", "torchdist", rate),
-               "hook_vs_plain_steady": ratio("spark_dl+hook", "spark_dl", rate),
-               "fraction_of_limit": {k: ratio(k, "plain-1t", rate, 1 / REPLICAS)
-                                     for k in systems if k != "plain-1t"},
-               "ray": ray_note}
-    if "ray" in systems:
-        summary["hook_vs_ray_steady"] = ratio("spark_dl+hook", "ray", rate)
-        summary["hook_vs_ray_wall"] = ratio("spark_dl+hook", "ray", wall)
-    summary["failures"] = FAILURES
     spark.stop()
-    write_results(args.out, "bench_run.py", argv,
-                  {"torch": torch.__version__, "pyspark": spark.version, "rows": rows,
-                   "batch_per_replica": batch, "epochs": EPOCHS, "replicas": REPLICAS,
-                   "repeats": args.repeats, "spark_startup_s": round(startup, 2)},
-                  summary, {"samples_per_s": rate, "wall_s": wall})
 
 
 if __name__ == "__main__":

@@ -205,6 +205,56 @@ def main(argv=None):
                 lambda seed, s=strategy, r=r: spark_dl_fit(spark, data, val, s, r, args, tmp,
                                                            seed))
     raw: dict[str, list[dict]] = {k: [] for k in systems}
+
+    def report(done: int):
+        """The summary of the repeats so far, written after each (a run cut short keeps them)."""
+        def med(values):
+            values = [v for v in values if v is not None]
+            return statistics.median(values) if values else None
+
+        plain_rate = med(r["samples_per_s"] for r in raw.get("plain-1t", ()))
+        summary = {}
+        for name, runs in raw.items():
+            r = 1 if name == "plain-1t" else int(name.rsplit("-", 1)[1])
+            reached = [x["time_to_target_s"] for x in runs]
+            rate = med(x["samples_per_s"] for x in runs)
+            epochs = [next((e["epoch"] for e in x["evals"] if e.get("val_accuracy", 0) >=
+                            args.target), None) for x in runs]
+            summary[name] = {
+                "replicas": r, "time_to_target_s": med(reached),
+                "reached": f"{sum(t is not None for t in reached)}/{len(runs)}",
+                "epochs_to_target": epochs, "median_epochs_to_target": med(epochs),
+                "samples_per_s": round(rate),
+                "fraction_of_limit": round(rate / (r * plain_rate), 3) if plain_rate else None,
+                "final_accuracy": med(x["final_accuracy"] for x in runs),
+                "final_accuracy_spread": round(max(x["final_accuracy"] for x in runs) -
+                                               min(x["final_accuracy"] for x in runs), 4)}
+        for strategy in args.strategies.split(","):
+            base = strategy.partition("=")[0].partition("~")[0].partition("+")[0]
+            one = summary.get(f"{base}-1") or summary.get("allreduce-1")
+            for r in counts:
+                row = summary.get(f"{strategy}-{r}")
+                if r > 1 and row and one and row["time_to_target_s"] and one["time_to_target_s"]:
+                    row["time_vs_one_replica"] = round(row["time_to_target_s"] /
+                                                       one["time_to_target_s"], 3)
+                ref = f"{base}-1" if f"{base}-1" in raw else "allreduce-1"
+                if r > 1 and f"{strategy}-{r}" in raw and ref in raw:     # seed by seed
+                    pairs = [a["time_to_target_s"] / b["time_to_target_s"]
+                             for a, b in zip(raw[f"{strategy}-{r}"], raw[ref])
+                             if a["time_to_target_s"] and b["time_to_target_s"]]
+                    row["time_vs_one_replica_same_seed"] = (
+                        round(statistics.median(pairs), 3) if pairs else None)
+                    row["fixed_time"] = fixed_time(raw[f"{strategy}-{r}"], raw[ref])
+        settings = {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
+                    "batch_per_replica": args.batch, "lr_one_replica": args.lr,
+                    "lr_decay": args.lr_decay,
+                    "momentum": MOMENTUM, "lr_scaling": "auto", "target": args.target,
+                    "validate_every": EVERY, "repeats": args.repeats, "repeats_done": done,
+                    "seeds": f"0..{args.repeats - 1}, one per repeat, shared by every system",
+                    "accuracy_only": args.accuracy_only,
+                    "spark_master": f"local[{max(counts)}]"}
+        write_results(args.out, "bench_scaling.py", argv, settings, summary, raw)
+
     for i in range(args.repeats):                      # interleaved A B C ... A B C ...
         for name, run in systems.items():
             out = run(i)
@@ -214,53 +264,8 @@ def main(argv=None):
             print(f"[{i + 1}/{args.repeats}] {name}: time to {args.target:.1%} "
                   f"{out['time_to_target_s']}, {out['samples_per_s']:,.0f} samples/s, final "
                   f"{out['final_accuracy']}", flush=True)
+        report(i + 1)
 
-    def med(values):
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
-    plain_rate = med(r["samples_per_s"] for r in raw.get("plain-1t", ()))
-    summary = {}
-    for name, runs in raw.items():
-        r = 1 if name == "plain-1t" else int(name.rsplit("-", 1)[1])
-        reached = [x["time_to_target_s"] for x in runs]
-        rate = med(x["samples_per_s"] for x in runs)
-        epochs = [next((e["epoch"] for e in x["evals"] if e.get("val_accuracy", 0) >=
-                        args.target), None) for x in runs]
-        summary[name] = {
-            "replicas": r, "time_to_target_s": med(reached),
-            "reached": f"{sum(t is not None for t in reached)}/{len(runs)}",
-            "epochs_to_target": epochs, "median_epochs_to_target": med(epochs),
-            "samples_per_s": round(rate),
-            "fraction_of_limit": round(rate / (r * plain_rate), 3) if plain_rate else None,
-            "final_accuracy": med(x["final_accuracy"] for x in runs),
-            "final_accuracy_spread": round(max(x["final_accuracy"] for x in runs) -
-                                           min(x["final_accuracy"] for x in runs), 4)}
-    for strategy in args.strategies.split(","):
-        base = strategy.partition("=")[0].partition("~")[0].partition("+")[0]
-        one = summary.get(f"{base}-1") or summary.get("allreduce-1")
-        for r in counts:
-            row = summary.get(f"{strategy}-{r}")
-            if r > 1 and row and one and row["time_to_target_s"] and one["time_to_target_s"]:
-                row["time_vs_one_replica"] = round(row["time_to_target_s"] /
-                                                   one["time_to_target_s"], 3)
-            ref = f"{base}-1" if f"{base}-1" in raw else "allreduce-1"
-            if r > 1 and f"{strategy}-{r}" in raw and ref in raw:     # seed by seed
-                pairs = [a["time_to_target_s"] / b["time_to_target_s"]
-                         for a, b in zip(raw[f"{strategy}-{r}"], raw[ref])
-                         if a["time_to_target_s"] and b["time_to_target_s"]]
-                row["time_vs_one_replica_same_seed"] = (
-                    round(statistics.median(pairs), 3) if pairs else None)
-                row["fixed_time"] = fixed_time(raw[f"{strategy}-{r}"], raw[ref])
-    settings = {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
-                "batch_per_replica": args.batch, "lr_one_replica": args.lr,
-                "lr_decay": args.lr_decay,
-                "momentum": MOMENTUM, "lr_scaling": "auto", "target": args.target,
-                "validate_every": EVERY, "repeats": args.repeats,
-                "seeds": f"0..{args.repeats - 1}, one per repeat, shared by every system",
-                "accuracy_only": args.accuracy_only,
-                "spark_master": f"local[{max(counts)}]"}
-    write_results(args.out, "bench_scaling.py", argv, settings, summary, raw)
     spark.stop()
 
 

@@ -184,7 +184,7 @@ def main(argv=None):
             if mode in SPARK_MODES:
                 ms[mode].append(spark_dl.run(
                     run_step, args.steps, mode == "run-ctx", df=df, shape=(1, 28, 28),
-                    batch_size=16, comm_hook="shm", log=None, progress=False))
+                    batch_size=16, comm_hook="shm", device="cpu", log=None, progress=False))
                 continue
             world = 1 if mode == "one" else W
             port = _free_port()

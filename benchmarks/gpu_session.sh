@@ -8,11 +8,13 @@
 #    AllReduce with and without grad_clip's relative cut, Gossip, Downpour "lr";
 # 2. bench_run at 16 processes (run-16.json): TorchDistributor against spark_dl.run;
 # 3. with GPU=1 first: gpu_check's GPU sections and the LSTM configurations (done 2026-11-27).
-# A second call while the machine is warm (it goes back after 30 s idle), about 3 minutes:
+# 4. with WITH_STEP_COST=1 (TOTAL, the call's seconds, 575 then), last and within about 150 s:
+#    ddp_step_cost at 16 processes (ddp-step-cost-16.json): one process, 16 without
+#    communication (and what a per-step barrier costs them), fit's flat shared-memory
+#    all-reduce, DDP with the hook, and the hook's loop inside spark_dl.run.
+# Or the same as a second call while the machine is warm (it goes back after 30 s idle):
 #   STEP_COST_ONLY=1 bash benchmarks/gpu_session.sh "$OUT"
-# ddp_step_cost at 16 processes (ddp-step-cost-16.json): one process, 16 without communication
-# (and what a per-step barrier costs them), fit's flat shared-memory all-reduce, DDP with the
-# hook, and the hook's loop inside spark_dl.run.
+# Every benchmark writes its results file after each repeat: one cut short keeps what it did.
 set -u
 O=$1
 t0=$(date +%s)
@@ -37,13 +39,22 @@ if [ -n "${GPU:-}" ]; then
 fi
 SCALING=1 SCALING_EPOCHS=3 SCALING_REPEATS=${SCALING_REPEATS:-2} \
   SCALING_STRATEGIES=${SCALING_STRATEGIES:-allreduce,allreduce=noclip,gossip,downpour+lr} \
-  timeout ${SCALING_S:-280} bash benchmarks/gpu_check.sh "" "$O" > "$O/log2.txt" 2>&1
+  timeout ${SCALING_S:-250} bash benchmarks/gpu_check.sh "" "$O" > "$O/log2.txt" 2>&1
 echo "scaling rc=$? at $(el) s"
-secs=$(( 540 - $(el) )); [ $secs -gt 200 ] && secs=200
+TOTAL=${TOTAL:-540}
+reserve=0; [ -n "${WITH_STEP_COST:-}" ] && reserve=150
+secs=$(( TOTAL - reserve - $(el) )); [ $secs -gt 200 ] && secs=200
 echo "bench_run seconds $secs"
 if [ $secs -gt 60 ]; then
   RUN=1 timeout $secs bash benchmarks/gpu_check.sh "" "$O" > "$O/log4.txt" 2>&1
   echo "bench_run rc=$? at $(el) s"
+fi
+if [ -n "${WITH_STEP_COST:-}" ]; then
+  secs=$(( TOTAL - $(el) ))
+  echo "step cost seconds $secs"
+  STEP_COST=1 timeout $secs bash benchmarks/gpu_check.sh "" "$O" > "$O/log5.txt" 2>&1
+  echo "step cost rc=$? at $(el) s"
+  grep -vE "^\s*$" "$O/log5.txt" | tail -n 15
 fi
 grep -E "^\[" "$O/log2.txt" | tail -30
 grep -E "^run |samples/s" "$O/log4.txt" | tail -20
