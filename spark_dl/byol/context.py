@@ -47,7 +47,8 @@ class RunContext:
         self._every, self._last = report_every_s, 0.0
 
     def batches(self, epoch: int = 0, batch_size: int | None = None) -> Iterator:
-        """This replica's mini-batches ``(x, y)`` of ``epoch`` as CPU tensors: the order fit's
+        """This replica's mini-batches ``(x, y)`` of ``epoch`` as tensors on ``device`` (on a
+        GPU the shard went there once, before the function started): the order fit's
         AllReduce draws them (run's ``shuffle`` and ``seed``, the same each time an epoch is
         drawn again), ``batch_size`` rows (default: run's ``batch_size``), the last one
         shorter; ``x`` as the DataFrame stores it (uint8 pixels stay uint8) or as run's
