@@ -30,9 +30,12 @@ MOMENTUM, LR, DECAY, BATCH, TARGET = 0.9, 0.02, 0.5, 16, 0.98
 
 
 def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
-             factor: float | None = None) -> dict:
+             factor: float | None = None, warmup: float | str = "auto",
+             stop: bool = False, lr_factor: float = 1.0) -> dict:
     """One run: accuracy per quarter epoch and the steps the cut changed (``factor``: the
-    cut's multiple of the running mean instead of fit's)."""
+    cut's multiple of the running mean instead of fit's; ``warmup``: the warmup's epochs
+    instead of fit's "auto"; ``stop``: end at the first validation at the target;
+    ``lr_factor``: the scheduled rate times this, warmup's start included)."""
     import numpy as np
     import torch
 
@@ -48,7 +51,7 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
     torch.manual_seed(seed)
     model = build_model("cnn")
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    schedule = LRSchedule(LR, k, "linear", "auto", DECAY, epochs)
+    schedule = LRSchedule(LR, k, "linear", warmup, DECAY, epochs)
     cut = clip_rule.GradClip("auto" if clip else None, k > 1, "cpu")
     b = BATCH * k
     steps = len(x) // b
@@ -57,7 +60,7 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
     for e in range(epochs):
         perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed * 1000 + e))
         for s in range(steps):
-            opt.param_groups[0]["lr"] = schedule.at(e + s / steps)
+            opt.param_groups[0]["lr"] = lr_factor * schedule.at(e + s / steps)
             idx = perm[s * b:(s + 1) * b]
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x[idx].float() / 255), y[idx]).backward()
@@ -68,8 +71,13 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
                 with torch.no_grad():
                     acc.append(round((model(vx).argmax(1) == vy).float().mean().item(), 4))
                 model.train()
+                if stop and acc[-1] >= TARGET:
+                    break
+        if stop and acc and acc[-1] >= TARGET:
+            break
     first = next((i for i, a in enumerate(acc) if a >= TARGET), None)
-    return {"k": k, "clip": clip, "seed": seed, "accuracy": acc,
+    return {"k": k, "clip": clip, "seed": seed, "warmup": warmup, "lr_factor": lr_factor,
+            "warmup_epochs": schedule.warmup, "accuracy": acc,
             "epochs_to_target": None if first is None else (first + 1) / 4,
             "final_accuracy": acc[-1], "clipped_steps": cut.describe()["clipped_steps"],
             "steps": steps * epochs}
@@ -102,23 +110,40 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--factor", type=float, default=None,
                     help="the cut at this multiple of the running mean (fit's: 2)")
+    ap.add_argument("--warmups", default="auto",
+                    help="comma-separated warmups in epochs ('auto': fit's rule), each a "
+                         "configuration of its own")
+    ap.add_argument("--cut", choices=("both", "on", "off"), default="both",
+                    help="run with the cut, without it, or both (the default)")
+    ap.add_argument("--stop", action="store_true",
+                    help="end each run at its first validation at 98%% (epochs to 98%% only)")
+    ap.add_argument("--lr-factors", default="1",
+                    help="comma-separated multiples of the linear rule's rate, each a "
+                         "configuration of its own")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/scaled-rate-clip.json"))
     args = ap.parse_args(argv)
+    factors = [float(f) for f in args.lr_factors.split(",")]
+    warmups = [w if w == "auto" else float(w) for w in args.warmups.split(",")]
+    cuts = {"both": (False, True), "on": (True,), "off": (False,)}[args.cut]
     from _results import write_results
     data = make_data(args.samples, Path(tempfile.mkdtemp(prefix="clip-sim-")))
-    jobs = [(k, clip, seed) for k in map(int, args.ks.split(","))
-            for seed in range(args.seeds) for clip in (False, True)]
+    jobs = [(k, clip, seed, w, f) for k in map(int, args.ks.split(",")) for w in warmups
+            for f in factors for seed in range(args.seeds) for clip in cuts]
     import multiprocessing
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) \
             as pool:
-        runs = list(pool.map(simulate, *zip(*[(data, k, c, args.epochs, s, args.factor)
-                                               for k, c, s in jobs])))
+        runs = list(pool.map(simulate, *zip(*[(data, k, c, args.epochs, s, args.factor, w,
+                                                args.stop, f) for k, c, s, w, f in jobs])))
     summary = {}
     for k in map(int, args.ks.split(",")):
-        for clip in (False, True):
-            mine = [r for r in runs if r["k"] == k and r["clip"] == clip]
+        for clip, w, f in ((c, w, f) for w in warmups for f in factors for c in cuts):
+            mine = [r for r in runs if r["k"] == k and r["clip"] == clip and r["warmup"] == w
+                    and r["lr_factor"] == f]
             reached = [r["epochs_to_target"] for r in mine if r["epochs_to_target"]]
-            summary[f"k={k} {'clip auto' if clip else 'no clip'}"] = {
+            name = f"k={k} {'clip auto' if clip else 'no clip'}"
+            name += "" if warmups == ["auto"] else f" warmup {w}"
+            summary[name + ("" if factors == [1.0] else f" lr x{f:g}")] = {
+                "warmup_epochs": mine[0]["warmup_epochs"],
                 "epochs_to_98": [r["epochs_to_target"] for r in mine],
                 "median_epochs_to_98": statistics.median(reached) if reached else None,
                 "reached": f"{len(reached)}/{len(mine)}",
@@ -128,7 +153,9 @@ def main(argv=None):
     write_results(args.out, "scaled_rate_clip.py", argv,
                   {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
                    "batch_per_replica": BATCH, "lr_one_replica": LR, "lr_decay": DECAY,
-                   "momentum": MOMENTUM, "lr_scaling": "linear, warmup auto",
+                   "momentum": MOMENTUM, "lr_scaling": "linear",
+                   "warmups": args.warmups, "lr_factors": args.lr_factors,
+                   "stop_at_target": args.stop,
                    "seeds": args.seeds, "target": TARGET,
                    "cut_factor": args.factor or 2.0}, summary, {"runs": runs})
 
