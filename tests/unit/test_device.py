@@ -78,6 +78,16 @@ def test_faults_a_retry_would_meet_again_are_not_transient():
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert not is_transient(oom) and "batch_size" in _with_fix(oom)
     assert _with_fix(oom).startswith("CUDA out of memory. Tried to allocate 2.00 GiB")
+    conv = ("Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should "
+            "be the same")
+    linear = ("Expected all tensors to be on the same device, but found at least two devices, "
+              "cuda:0 and cpu!")
+    for text in (conv, linear):
+        moved = RuntimeError(text)                   # a CPU model fed the task's GPU batches
+        assert not is_transient(moved) and "model.to(ctx.device)" in fix_for(moved)
+        assert _with_fix(moved).startswith(text) and "device='cpu'" in _with_fix(moved)
+    assert fix_for(RuntimeError("Input type (double) and bias type (float) should be the "
+                                "same")) is None
     # what a retry can get past stays transient
     lost = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
                         "[127.0.0.1]:1234: Connection reset by peer")
