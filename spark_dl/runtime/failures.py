@@ -68,6 +68,12 @@ def fix_for(e: BaseException) -> str | None:
     if "invalid usage" in text and "NCCL" in text:
         return ("NCCL rejected how it was called (its message says how); a retry would fail "
                 "the same way: fix the call or use the process group spark_dl set up")
+    if "Expected all tensors to be on the same device" in text or (
+            "Input type" in text and "weight type" in text and "cuda" in text.lower()):
+        return ("the model and its input are on different devices: fit's batches and "
+                "spark_dl.run's ctx.batches() are on the task's device (ctx.device: the GPU "
+                "Spark assigned, with device='auto' or 'cuda'); build the model there "
+                "(model.to(ctx.device)) and move other tensors with it, or pass device='cpu'")
     if "out of memory" in text and ("CUDA" in text or "cuda" in text):
         return ("the GPU ran out of memory at this batch: lower batch_size (AllReduce's "
                 "accumulate=k keeps the step's batch with batch_size/k rows a pass), use "
