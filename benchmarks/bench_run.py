@@ -76,8 +76,8 @@ def spark_dl_run(spark, rows, batch, hook, runs: Path):
     from spark_dl.data import mnist_file_dataframe
     t0 = time.perf_counter()
     df = mnist_file_dataframe(spark, IMAGES, LABELS, 0, rows, REPLICAS)
-    out = spark_dl.run(ddp_train, IMAGES, LABELS, rows, EPOCHS, batch, LR, MOMENTUM, df=df, device="cpu",
-                       shape=(1, 28, 28), batch_size=batch, shuffle=True,
+    out = spark_dl.run(ddp_train, IMAGES, LABELS, rows, EPOCHS, batch, LR, MOMENTUM, df=df,
+                       device="cpu", shape=(1, 28, 28), batch_size=batch, shuffle=True,
                        comm_hook="shm" if hook else None, log=None,
                        run_dir=runs / f"{time.time()}")
     return _steady(rows, out), time.perf_counter() - t0

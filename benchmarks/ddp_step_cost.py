@@ -1,7 +1,8 @@
 """Where a DDP step's time goes on this machine with --world processes (2 by default, one
 a core): the thesis CNN at batch 16, one thread per process, the same fixed batch every step,
-for each way of averaging the gradients, outside Spark and inside spark_dl.run; medians over --repeats runs (interleaved) of --steps
-steps (after 100 warm-up steps), each run's time the slower rank's:
+for each way of averaging the gradients, outside Spark and inside spark_dl.run; medians over
+--repeats runs (interleaved) of --steps steps (after 100 warm-up steps), each run's time the
+slowest rank's:
 
   one         a single process, no averaging (the calibration)
   nocomm      --world processes, no averaging (what sharing the machine costs by itself);
