@@ -500,3 +500,34 @@ def test_a_key_request_needs_a_fit_with_keys(server):
     with pytest.raises(ValueError, match="sequential"):
         from spark_dl.strategies.boosting.keys import KeyScheduler
         ParameterServer(torch.zeros(10), SECRET, mode="async", keys=KeyScheduler(2, 1, 1))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
+def test_a_shards_own_sgd_step_is_torchs_bit_for_bit_and_checkpoints_alike(optimizer):
+    """The shard steps SGD itself (no torch.optim wrapper per push): the values after every
+    push, scaled and cut, and the momentum buffer its state dict carries are torch's."""
+    from spark_dl.transport.ps.shard import Shard
+    start = torch.randn(300, generator=torch.Generator().manual_seed(1))
+    shard = Shard(start, optimizer, lr=0.05, momentum=0.9, clip=2.0)
+    param = torch.nn.Parameter(start.clone())
+    ref = torch.optim.SGD([param], lr=0.05, momentum=0.9 if optimizer == "momentum" else 0)
+    grads = torch.randn(40, 300, generator=torch.Generator().manual_seed(2))
+    grads[30] *= 50                                   # a spike the cut trims
+    for g in grads:
+        shard.apply(g, scale=0.25, epoch_steps=1000)   # constant rate: no schedule given
+        param.grad = shard.param.grad.clone()          # the step's gradient, scaled and cut
+        ref.step()
+        assert torch.equal(shard.param.detach(), param.detach())
+    assert shard.clipped >= 1
+    saved = shard.opt.state_dict()
+    if optimizer == "momentum":
+        assert torch.equal(saved["state"][0]["momentum_buffer"],
+                           ref.state_dict()["state"][0]["momentum_buffer"])
+    again = Shard(start, optimizer, lr=0.05, momentum=0.9)
+    again.param.data.copy_(shard.param.detach())
+    again.opt.load_state_dict(saved)
+    again.apply(grads[0], epoch_steps=1000)
+    ref.zero_grad()
+    param.grad = grads[0].clone()
+    ref.step()
+    assert torch.equal(again.param.detach(), param.detach())

@@ -328,13 +328,14 @@ class ParameterServer:
             t0 = time.perf_counter()
             if code == 3:
                 raise PSError("gradients must be float32, float64 or bfloat16")
-            itemsize = torch.empty((), dtype=DTYPES[code]).element_size()
+            itemsize = DTYPES[code].itemsize
             if len(payload) != s.param.numel() * itemsize:
                 raise PSError(f"push to shard {shard}: {len(payload)} bytes, expected "
                               f"{s.param.numel() * itemsize}")
-            raw = torch.frombuffer(payload, dtype=torch.uint8)
-            grad = raw.view(DTYPES[code]).to(self.dtype)
-            if not torch.isfinite(grad.sum()) and not torch.isfinite(grad).all():
+            grad = _as_tensor(payload, code)
+            if grad.dtype != self.dtype:
+                grad = grad.to(self.dtype)
+            if not _finite(grad):
                 raise PSError(f"push to shard {shard} holds NaN or inf; the worker diverged "
                               f"(lower the learning rate)")
             if shard == 0 and self.max_staleness is not None:
@@ -346,7 +347,9 @@ class ParameterServer:
                 self.pushes += 1                  # got its answer sees its push counted
                 self.pulls += pull
                 self.push_seconds += time.perf_counter() - t0
-            conn.send(OPS["ok"], None if values is None else values.to(DTYPES[code]),
+            if values is not None and values.dtype != DTYPES[code]:
+                values = values.to(DTYPES[code])
+            conn.send(OPS["ok"], values,
                       shard=shard, version=new_version, count=staleness)
             return True
         raise PSError(f"unknown op {op}")
@@ -354,7 +357,7 @@ class ParameterServer:
     def _on_buffers(self, worker: int, code: int, payload, trained: int) -> None:
         if code not in (0, 1, 2):
             raise PSError("buffer values must be float32, float64 or bfloat16")
-        itemsize = torch.empty((), dtype=DTYPES[code]).element_size()
+        itemsize = DTYPES[code].itemsize
         n = self.stats_of_buffers.numel
         if n == 0 or len(payload) != n * itemsize:
             raise PSError(f"a buffers report of {len(payload)} bytes, expected {n * itemsize} "
@@ -498,6 +501,24 @@ class ParameterServer:
                         raise PSError(f"sync mode: round {target} of shard incomplete after "
                                       f"{self.timeout_s} s (a worker is missing)")
             return s.version, 0, s.param.detach().clone() if pull else None
+
+
+def _as_tensor(payload, code: int) -> torch.Tensor:
+    """The payload's values, no copy (numpy's view where it has the dtype: a torch op's
+    dispatch costs more than a small model's values)."""
+    if code == 2:                                   # bfloat16: numpy has none
+        return torch.frombuffer(payload, dtype=torch.uint8).view(torch.bfloat16)
+    return torch.from_numpy(np.frombuffer(payload, np.float32 if code == 0 else np.float64))
+
+
+def _finite(grad: torch.Tensor) -> bool:
+    """No NaN nor inf in ``grad``: its sum is finite (one pass), or else every value is (a
+    finite sum can overflow)."""
+    if grad.dtype in (torch.float32, torch.float64):
+        a = grad.numpy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            return bool(np.isfinite(a.sum()) or np.isfinite(a).all())
+    return bool(torch.isfinite(grad.sum()) or torch.isfinite(grad).all())
 
 
 def _push_factor(rule: str, steps: int) -> float:
