@@ -156,6 +156,37 @@ def main(argv=None):
         roots = {rev: tree, **roots}
     runs: dict[str, list] = {"plain-1t": []}
     runs |= {f"server@{name} K={k}": [] for name in roots for k in ks}
+    summary: dict = {}
+
+    def report(done: int) -> dict:
+        """The summary of the repeats so far, written after each (a run cut short keeps them)."""
+        plain = statistics.median(r["steps_per_s"] for r in runs["plain-1t"])
+        summary = {"plain-1t": {"steps_per_s": round(plain),
+                                "demand_16_replicas": round(16 * plain)}}
+        for name, rows in runs.items():
+            if name == "plain-1t" or not rows:
+                continue
+            rate = statistics.median(r["pushes_per_s"] for r in rows)
+            cpu = statistics.median(r["server_cpu_us_per_push"] for r in rows)
+            summary[name] = {"pushes_per_s": round(rate), "server_cpu_us_per_push": round(cpu, 1),
+                             "of_16_replicas_demand": round(rate / (16 * plain), 3),
+                             "capacity_one_core_pushes_per_s": round(1e6 / cpu)}
+        for k in ks:
+            pairs = list(zip(*(runs[f"server@{n} K={k}"] for n in roots)))
+            if len(roots) == 2 and pairs:
+                summary[f"K={k} HEAD / baseline"] = {
+                    "pushes_per_s": round(statistics.median(
+                        y["pushes_per_s"] / x["pushes_per_s"] for x, y in pairs), 3),
+                    "server_cpu_per_push": round(statistics.median(
+                        y["server_cpu_us_per_push"] / x["server_cpu_us_per_push"]
+                        for x, y in pairs), 3)}
+        write_results(args.out, "bench_ps_capacity.py", argv,
+                      {"params": NUMEL, "batch": BATCH, "pushes_per_client": args.pushes,
+                       "clients": ks, "repeats": args.repeats, "repeats_done": done,
+                       "baseline": args.baseline, "server": "1 shard, momentum 0.9 - (1 - 1/K), "
+                       "clip 2, average 0.1, async"}, summary, {"runs": runs})
+        return summary
+
     try:
         for repeat in range(args.repeats):
             runs["plain-1t"].append({"steps_per_s": plain_steps_per_s()})
@@ -166,38 +197,11 @@ def main(argv=None):
                     print(f"repeat {repeat} K={k} server@{name}: {got['pushes_per_s']:,.0f} "
                           f"pushes/s, {got['server_cpu_us_per_push']:.0f} us CPU a push",
                           flush=True)
+            summary = report(repeat + 1)
     finally:
         if tree is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(tree)], check=False)
-    plain = statistics.median(r["steps_per_s"] for r in runs["plain-1t"])
-    summary = {"plain-1t": {"steps_per_s": round(plain), "demand_16_replicas": round(16 * plain)}}
-    for name, rows in runs.items():
-        if name == "plain-1t":
-            continue
-        rate = statistics.median(r["pushes_per_s"] for r in rows)
-        summary[name] = {
-            "pushes_per_s": round(rate),
-            "server_cpu_us_per_push": round(statistics.median(
-                r["server_cpu_us_per_push"] for r in rows), 1),
-            "of_16_replicas_demand": round(rate / (16 * plain), 3),
-            "capacity_one_core_pushes_per_s": round(1e6 / statistics.median(
-                r["server_cpu_us_per_push"] for r in rows))}
-    for k in ks:
-        names = [f"server@{n} K={k}" for n in roots]
-        if len(names) == 2:
-            a, b = (runs[n] for n in names)
-            summary[f"K={k} HEAD / baseline"] = {
-                "pushes_per_s": round(statistics.median(
-                    y["pushes_per_s"] / x["pushes_per_s"] for x, y in zip(a, b)), 3),
-                "server_cpu_per_push": round(statistics.median(
-                    y["server_cpu_us_per_push"] / x["server_cpu_us_per_push"]
-                    for x, y in zip(a, b)), 3)}
-    write_results(args.out, "bench_ps_capacity.py", argv,
-                  {"params": NUMEL, "batch": BATCH, "pushes_per_client": args.pushes,
-                   "clients": ks, "repeats": args.repeats, "baseline": args.baseline,
-                   "server": "1 shard, momentum 0.9 - (1 - 1/K), clip 2, average 0.1, async"},
-                  summary, {"runs": runs})
     for name, row in summary.items():
         print(name, row)
 

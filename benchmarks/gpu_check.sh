@@ -8,9 +8,10 @@
 #   SCALING=1 bash benchmarks/gpu_check.sh ""     # only bench_scaling at 1 and 16 replicas
 #   RUN=1 bash benchmarks/gpu_check.sh ""         # only bench_run (your own loop) at 16
 #   STEP_COST=1 bash benchmarks/gpu_check.sh ""   # only ddp_step_cost at 16 processes
+#   PS_CAPACITY=1 bash benchmarks/gpu_check.sh "" # only bench_ps_capacity, 1 and 16 clients
 # Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
 # SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS; RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
-# STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS.
+# STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS; PS_CAPACITY_REPEATS, PS_CAPACITY_PUSHES.
 set -uo pipefail
 SECTIONS=${1-one,amp,shared,lstm}
 RESULTS=${2:-benchmarks/results}
@@ -43,5 +44,10 @@ if [ -n "${STEP_COST:-}" ]; then     # where a step's time goes at CORES process
     --modes "${STEP_COST_MODES:-one,nocomm,flat-shm,ddp-shm,run-ctx}" \
     --repeats "${STEP_COST_REPEATS:-2}" --steps "${STEP_COST_STEPS:-400}" \
     --out "$RESULTS/ddp-step-cost-16.json" || rc=$?
+fi
+if [ -n "${PS_CAPACITY:-}" ]; then   # the parameter server's pushes a second (no Spark)
+  python3 benchmarks/bench_ps_capacity.py --clients "1,${CORES:-16}" \
+    --repeats "${PS_CAPACITY_REPEATS:-3}" --pushes "${PS_CAPACITY_PUSHES:-1500}" \
+    --out "$RESULTS/ps-capacity-16.json" || rc=$?
 fi
 exit $rc

@@ -5,10 +5,13 @@
 # (the call's $OUT):
 #   bash benchmarks/gpu_session.sh "$OUT"
 # 1. bench_scaling at 1 and 16 replicas (scaling-16.json), SCALING_REPEATS (2) seeds, 3 epochs:
-#    AllReduce with and without grad_clip's relative cut, Gossip, Downpour "lr";
-# 2. bench_run at 16 processes (run-16.json): TorchDistributor against spark_dl.run;
-# 3. with GPU=1 first: gpu_check's GPU sections and the LSTM configurations (done 2026-11-27).
-# 4. with WITH_STEP_COST=1 (TOTAL, the call's seconds, 575 then), last and within about 150 s:
+#    AllReduce, Gossip, Downpour with its default staleness rule and with "lr";
+# 2. bench_ps_capacity at 1 and 16 clients (ps-capacity-16.json): the parameter server's
+#    pushes a second against what 16 replicas need (no Spark; about 2 minutes);
+# 3. with WITH_RUN=1: bench_run at 16 processes (run-16.json): TorchDistributor against
+#    spark_dl.run (issue 37, measured 2026-11-27);
+# 4. with GPU=1 first: gpu_check's GPU sections and the LSTM configurations (done 2026-11-27).
+# 5. with WITH_STEP_COST=1 (TOTAL, the call's seconds, 575 then), last and within about 150 s:
 #    ddp_step_cost at 16 processes (ddp-step-cost-16.json): one process, 16 without
 #    communication (and what a per-step barrier costs them), fit's flat shared-memory
 #    all-reduce, DDP with the hook, and the hook's loop inside spark_dl.run.
@@ -38,16 +41,21 @@ if [ -n "${GPU:-}" ]; then
   echo "lstm rc=$? at $(el) s"
 fi
 SCALING=1 SCALING_EPOCHS=3 SCALING_REPEATS=${SCALING_REPEATS:-2} \
-  SCALING_STRATEGIES=${SCALING_STRATEGIES:-allreduce,allreduce=noclip,gossip,downpour+lr} \
+  SCALING_STRATEGIES=${SCALING_STRATEGIES:-allreduce,gossip,downpour,downpour+lr} \
   timeout ${SCALING_S:-250} bash benchmarks/gpu_check.sh "" "$O" > "$O/log2.txt" 2>&1
 echo "scaling rc=$? at $(el) s"
 TOTAL=${TOTAL:-540}
 reserve=0; [ -n "${WITH_STEP_COST:-}" ] && reserve=150
 secs=$(( TOTAL - reserve - $(el) )); [ $secs -gt 200 ] && secs=200
-echo "bench_run seconds $secs"
-if [ $secs -gt 60 ]; then
+if [ -n "${WITH_RUN:-}" ] && [ $secs -gt 60 ]; then
+  echo "bench_run seconds $secs"
   RUN=1 timeout $secs bash benchmarks/gpu_check.sh "" "$O" > "$O/log4.txt" 2>&1
   echo "bench_run rc=$? at $(el) s"
+elif [ $secs -gt 30 ]; then
+  echo "ps capacity seconds $secs"
+  PS_CAPACITY=1 timeout $secs bash benchmarks/gpu_check.sh "" "$O" > "$O/log6.txt" 2>&1
+  echo "ps capacity rc=$? at $(el) s"
+  grep -E "^server|^plain" "$O/log6.txt" | tail -n 6
 fi
 if [ -n "${WITH_STEP_COST:-}" ]; then
   secs=$(( TOTAL - $(el) ))
@@ -57,4 +65,4 @@ if [ -n "${WITH_STEP_COST:-}" ]; then
   grep -vE "^\s*$" "$O/log5.txt" | tail -n 15
 fi
 grep -E "^\[" "$O/log2.txt" | tail -30
-grep -E "^run |samples/s" "$O/log4.txt" | tail -20
+[ -f "$O/log4.txt" ] && grep -E "^run |samples/s" "$O/log4.txt" | tail -20
