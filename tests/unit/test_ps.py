@@ -531,3 +531,18 @@ def test_a_shards_own_sgd_step_is_torchs_bit_for_bit_and_checkpoints_alike(optim
     param.grad = grads[0].clone()
     ref.step()
     assert torch.equal(again.param.detach(), param.detach())
+
+
+@pytest.mark.parametrize("n", [10, 1 << 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_nan_check_of_small_and_large_pushes(n, dtype):
+    """numpy sums small pushes, torch large ones: both refuse NaN and inf anywhere and take
+    finite values whose sum overflows."""
+    from spark_dl.transport.ps.server import _finite
+    big = torch.finfo(dtype).max / 2
+    assert _finite(torch.zeros(n, dtype=dtype))
+    assert _finite(torch.full((n,), big, dtype=dtype))          # the sum is inf, no value is
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        g = torch.zeros(n, dtype=dtype)
+        g[n // 2] = bad
+        assert not _finite(g)

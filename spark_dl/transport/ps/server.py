@@ -513,8 +513,9 @@ def _as_tensor(payload, code: int) -> torch.Tensor:
 
 def _finite(grad: torch.Tensor) -> bool:
     """No NaN nor inf in ``grad``: its sum is finite (one pass), or else every value is (a
-    finite sum can overflow)."""
-    if grad.dtype in (torch.float32, torch.float64):
+    finite sum can overflow). Small pushes sum in numpy (a few µs, where torch's three ops
+    cost ~40); large ones in torch, whose sum uses every thread."""
+    if grad.numel() < 1 << 20 and grad.dtype in (torch.float32, torch.float64):
         a = grad.numpy()
         with np.errstate(over="ignore", invalid="ignore"):
             return bool(np.isfinite(a.sum()) or np.isfinite(a).all())
