@@ -105,7 +105,8 @@ def server_run(root: Path, k: int, pushes: int) -> dict:
         server.stdin.close()
         applied = int(server.stdout.readline())
     finally:
-        server.kill() if server.poll() is None else None
+        if server.poll() is None:                    # a failure before the server closed
+            server.kill()
         server.wait()
     if applied != k * pushes:
         raise RuntimeError(f"the server applied {applied} pushes, the clients sent {k * pushes}")
