@@ -17,7 +17,9 @@ over real run-to-run variation, not over one trajectory timed again:
                     steps lr / tau and the server keeps fit's momentum; its one-replica
                     reference is Downpour's; "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
-                    "auto", the relative cut of the scaled rate's gradient turned off)
+                    "auto", the relative cut of the scaled rate's gradient turned off;
+                    "gossip+exp": Gossip(topology="exponential", alpha=1.0), whole models
+                    averaged on the one-peer exponential graph)
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
@@ -154,7 +156,10 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     strategy, _, clip = strategy.partition("=")         # "allreduce=noclip": grad_clip=None
     strategy, _, scaling = strategy.partition("~")      # "allreduce~sqrt": lr_scaling="sqrt"
     name, _, rule = strategy.partition("+")             # "downpour+lr": staleness="lr"
-    spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
+    if name == "gossip" and rule == "exp":              # the exponential graph, whole models
+        spec = make_strategy(name, topology="exponential", alpha=1.0)
+    else:
+        spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
     res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
               epochs=args.epochs, lr_scaling=scaling or "auto",

@@ -12,7 +12,7 @@ import torch
 
 from spark_dl import Gossip, fit
 from spark_dl.errors import ConfigError
-from spark_dl.strategies.gossip.rounds import mask_indices, ring_peers
+from spark_dl.strategies.gossip.rounds import exponential_peers, mask_indices, ring_peers
 
 from .test_allreduce import assert_same_weights, data, frame, small_fc
 
@@ -25,7 +25,23 @@ def small_bn():
                                torch.nn.Sigmoid(), torch.nn.Linear(9, 3))
 
 
-def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc, clip=None):
+def _mixing(world, topology, k):
+    """Round k's W: the ring's, or the one-peer exponential graph's (from exponential_peers)."""
+    w = torch.zeros(world, world, dtype=torch.float64)
+    for i in range(world):
+        if topology == "exponential":
+            w[i, i] += 0.5
+            w[i, exponential_peers(i, world, k)[0]] += 0.5
+            continue
+        peers, own = ring_peers(i, world)
+        w[i, i] = own
+        for j, wj in peers:
+            w[i, j] += wj
+    return w
+
+
+def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc, clip=None,
+                     topology="ring"):
     """RD-PSGD by hand: every replica's gradient at x_k on its batch k, the masked coordinates
     mixed with the ring's W, then each replica's own SGD step (momentum, lr decay per epoch);
     returns (the replicas' average as a model, its floating-point buffers their mean and the
@@ -39,12 +55,6 @@ def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc, clip=No
     bounds = np.cumsum([0] + list(splits))
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
     steps = max(-(-n // BATCH) for n in splits)
-    w = torch.zeros(len(splits), len(splits), dtype=torch.float64)
-    for i in range(len(splits)):
-        peers, own = ring_peers(i, len(splits))
-        w[i, i] = own
-        for j, wj in peers:
-            w[i, j] += wj
     sent = [0] * len(splits)
     vec = torch.nn.utils.parameters_to_vector
     for e in range(epochs):
@@ -59,10 +69,12 @@ def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc, clip=No
             with torch.no_grad():
                 flats = torch.stack([vec(m.parameters()) for m in models])
                 mask = mask_indices(flats.shape[1], alpha, seed, e * steps + s)
+                w = _mixing(len(splits), topology, e * steps + s)
                 flats[:, mask] = w @ flats[:, mask]
                 for i, m in enumerate(models):
                     torch.nn.utils.vector_to_parameters(flats[i].clone(), m.parameters())
-                    sent[i] += len(mask) * 8 * len(ring_peers(i, len(splits))[0])
+                    sent[i] += len(mask) * 8 * (1 if topology == "exponential" else
+                                                len(ring_peers(i, len(splits))[0]))
             for m, o, h in zip(models, opts, has):
                 if h and clip is not None:
                     grads = [p.grad for p in m.parameters()]
@@ -82,21 +94,26 @@ def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc, clip=No
     return avg, sent
 
 
-def _fit(spark, x, y, alpha, epochs, run_dir, **kw):
-    return fit(frame(spark, x, y, SPLITS), small_fc, strategy=Gossip(alpha=alpha),
+def _fit(spark, x, y, alpha, epochs, run_dir, topology="ring", **kw):
+    return fit(frame(spark, x, y, SPLITS), small_fc,
+               strategy=Gossip(alpha=alpha, topology=topology),
                batch_size=BATCH, epochs=epochs, lr=LR, lr_decay=DECAY, momentum=MOMENTUM,
                shuffle=False, dtype="float64", lr_scaling=None, run_dir=run_dir, log=None,
                **kw)
 
 
-@pytest.mark.parametrize("alpha", [1.0, 0.3])
-def test_gossip_fit_is_rd_psgd_computed_by_hand(spark, tmp_path, alpha):
+@pytest.mark.parametrize("alpha, topology", [(1.0, "ring"), (0.3, "ring"),
+                                             (0.3, "exponential")])
+def test_gossip_fit_is_rd_psgd_computed_by_hand(spark, tmp_path, alpha, topology):
     """alpha = 1 is D-PSGD; 0.3 mixes the shared random mask of each round only. The fit
     returns the replicas' average, reports their consensus distance per epoch, and counts the
-    bytes each replica sent exactly (one neighbour on a ring of 2)."""
+    bytes each replica sent exactly (one neighbour on a ring of 2). Two replicas on the
+    exponential graph take half of each other's masked values (the ring: 2/3)."""
     x, y = data(40, seed=21)
-    res = _fit(spark, x, y, alpha, 2, tmp_path / "run", validation=(x[:11], y[:11]))
-    ref, sent = reference_gossip(x, y, SPLITS, 2, alpha)
+    res = _fit(spark, x, y, alpha, 2, tmp_path / "run", topology=topology,
+               validation=(x[:11], y[:11]))
+    ref, sent = reference_gossip(x, y, SPLITS, 2, alpha, topology=topology)
+    assert res.info["topology"] == topology
     assert_same_weights(res.model, ref)
     # the average is validated by both replicas, 5 and 6 of the 11 rows each
     assert res.info["validated_by"] == "2 replicas, a part each"

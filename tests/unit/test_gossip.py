@@ -1,13 +1,20 @@
 """RD-PSGD's gossip round (strategies/gossip/rounds.py) on real processes (gloo on 127.0.0.1,
-float64): alpha = 1 is D-PSGD computed by hand, any alpha keeps the replicas' average, every
-replica draws the same mask, and a round sends alpha x the model to each neighbour."""
+float64): alpha = 1 is D-PSGD computed by hand, on the ring and on the one-peer exponential
+graph, any alpha keeps the replicas' average, every replica draws the same mask, and a round
+sends alpha x the model to each neighbour."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from spark_dl.strategies.gossip.rounds import Rounds, consensus_distance, mask_indices, ring_peers
+from spark_dl.strategies.gossip.rounds import (
+    Rounds,
+    consensus_distance,
+    exponential_peers,
+    mask_indices,
+    ring_peers,
+)
 
 from .ranks import run_on_ranks
 
@@ -30,10 +37,10 @@ def _start(rank):
     return torch.randn(N, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
 
 
-def _rank_main(rank, world, alpha):
+def _rank_main(rank, world, alpha, topology="ring"):
     import torch.distributed as dist
     x = _start(rank)
-    gossip = Rounds(x, alpha, SEED)
+    gossip = Rounds(x, alpha, SEED, topology=topology)
     report = {"masks": [], "mean_error": 0.0, "trajectory": []}
     for k in range(ROUNDS):
         g = _grad(x, rank)                          # at x_k, before the round (Alg. 2)
@@ -84,6 +91,56 @@ def test_alpha_one_is_d_psgd_by_hand(world, tmp_path):
         assert r["bytes_sent"] == ROUNDS * N * 8 * (1 if world == 2 else 2)
 
 
+def _w_exponential(world, k):
+    """Round k's mixing matrix on the one-peer exponential graph, from exponential_peers."""
+    w = torch.zeros(world, world, dtype=torch.float64)
+    for i in range(world):
+        src, _ = exponential_peers(i, world, k)
+        w[i, i] += 0.5
+        w[i, src] += 0.5
+    return w
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_the_exponential_graph_is_d_psgd_by_hand(world, tmp_path):
+    """Round k: x_i <- (x_i + x_(i - 2^(k mod h))) / 2, then the local step; to 1e-9, one
+    peer's worth of bytes a round."""
+    reports = run_on_ranks(_rank_main, world, tmp_path, 1.0, "exponential")
+    x = torch.stack([_start(r) for r in range(world)])
+    for k in range(ROUNDS):
+        w = _w_exponential(world, k)
+        ones = torch.ones(world, dtype=w.dtype)
+        assert torch.allclose(w.sum(0), ones) and torch.allclose(w.sum(1), ones)
+        g = torch.stack([_grad(x[r], r) for r in range(world)])
+        x = w @ x - LR * g
+        for r in range(world):
+            got = torch.tensor(reports[r]["trajectory"][k], dtype=torch.float64)
+            assert float((got - x[r]).abs().max()) <= 1e-9, (world, k, r)
+    for r in reports:
+        assert r["bytes_sent"] == ROUNDS * N * 8
+
+
+def test_the_exponential_graph_averages_exactly_in_log2_rounds():
+    """For a power of two, h = log2(n) rounds in a row make the exact average (from any
+    round on); a ring of 8 is far from it after as many rounds. Sender and receiver agree."""
+    for world in (2, 4, 8, 16):
+        h = world.bit_length() - 1
+        for start in (0, 1, 5):
+            prod = torch.eye(world, dtype=torch.float64)
+            for k in range(start, start + h):
+                prod = _w_exponential(world, k) @ prod
+            assert torch.allclose(prod, torch.full_like(prod, 1 / world)), (world, start)
+        for k in range(h):
+            for i in range(world):
+                _, dst = exponential_peers(i, world, k)
+                assert exponential_peers(dst, world, k)[0] == i
+    ring = torch.linalg.matrix_power(_w(8), 3)
+    assert float((ring - 1 / 8).abs().max()) > 0.1
+    assert exponential_peers(0, 1, 3) == (0, 0)
+    with pytest.raises(ValueError, match="rank 4 is not in a graph of 4"):
+        exponential_peers(4, 4, 0)
+
+
 @pytest.mark.parametrize("alpha", [0.5, 0.1])
 def test_any_alpha_keeps_the_average_with_one_mask_for_all(alpha, tmp_path):
     reports = _run(3, alpha, tmp_path)
@@ -122,3 +179,6 @@ def test_bad_alpha_and_rings():
         ring_peers(3, 3)
     assert ring_peers(0, 1) == ([], 1.0)
     assert ring_peers(0, 5) == ([(4, 1 / 3), (1, 1 / 3)], 1 / 3)
+    with pytest.raises(ValueError, match="topology must be one of 'ring', 'exponential', got "
+                                         "'torus'"):
+        Rounds(torch.zeros(3), 0.5, 0, rank=0, world=2, topology="torus")

@@ -88,6 +88,10 @@ def test_gossip_auto_rule_is_sqrt_from_eight_replicas():
     assert auto_rule("linear", False, 16) == "linear"    # asked for by name: kept
     assert auto_rule("sqrt", True, 2) == "sqrt"          # Adam-like: already sqrt
     assert auto_rule("none", True, 16) == "none"
+    # the exponential graph averaging whole models mixes fast enough for the linear rate
+    assert auto_rule("linear", True, 16, "exponential", 1.0) == "linear"
+    assert auto_rule("linear", True, 16, "exponential", 0.1) == "sqrt"
+    assert auto_rule("linear", True, 16, "ring", 1.0) == "sqrt"
 
 
 @pytest.mark.parametrize("tensors", [False, True])     # a CPU's bookkeeping, a GPU's

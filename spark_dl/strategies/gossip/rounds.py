@@ -14,6 +14,14 @@ every coordinate; α = 1 is D-PSGD (Algorithm 1). A replica sends α·N values t
 neighbour instead of N. On a ring of n ≥ 3 replicas W gives 1/3 to itself and 1/3 to each
 neighbour; with n = 2 both ring edges join the same pair: 1/3 itself, 2/3 the other.
 
+The one-peer exponential graph (Ying et al., 2021, "Exponential graph is provably efficient
+for decentralized deep training") changes its edges every round: round k of n replicas,
+with h = ceil(log2 n) and s = 2^(k mod h), replica i takes half its own value and half that
+of replica i − s, and sends its own to replica i + s (mod n). Each round's W is doubly
+stochastic (a permutation averaged with the identity), so the average is kept; for n a power
+of two, h consecutive rounds of α = 1 leave every replica at the exact average (a ring needs
+on the order of n² rounds), and a replica sends to one peer a round instead of two.
+
 The mask is drawn as its gaps (eq. 22): the distance between consecutive selected
 coordinates is Geometric(α), so a round draws about α·N random numbers instead of N, and the
 values go out by one index_select and come back by one index_copy_ (no loop over
@@ -30,10 +38,11 @@ import math
 import torch
 import torch.distributed as dist
 
-__all__ = ["Rounds", "average", "average_and_distance", "consensus_distance", "mask_indices",
-           "ring_peers"]
+__all__ = ["TOPOLOGIES", "Rounds", "average", "average_and_distance", "consensus_distance",
+           "exponential_peers", "mask_indices", "ring_peers"]
 
 _ROUND_STRIDE = 1_000_003            # seed, round -> one generator seed (a prime stride)
+TOPOLOGIES = ("ring", "exponential")
 
 
 def check_alpha(alpha: float) -> None:
@@ -74,20 +83,39 @@ def ring_peers(rank: int, world: int) -> tuple[list[tuple[int, float]], float]:
     return [((rank - 1) % world, 1 / 3), ((rank + 1) % world, 1 / 3)], 1 / 3
 
 
+def exponential_peers(rank: int, world: int, round_: int) -> tuple[int, int]:
+    """(the replica ``rank`` takes half its value from, the one it sends its own to) in round
+    ``round_`` of the one-peer exponential graph of ``world`` replicas."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not in a graph of {world} replicas")
+    if world == 1:
+        return rank, rank
+    shift = 1 << (round_ % math.ceil(math.log2(world)))
+    return (rank - shift) % world, (rank + shift) % world
+
+
 class Rounds:
     """The gossip rounds of one replica over ``flat`` (its parameters, updated in place),
-    in the current torch.distributed group (or ``group``), ring topology."""
+    in the current torch.distributed group (or ``group``), on ``topology`` ("ring" or
+    "exponential")."""
 
     def __init__(self, flat: torch.Tensor, alpha: float, seed: int, rank: int | None = None,
-                 world: int | None = None, group=None, shm=None):
+                 world: int | None = None, group=None, shm=None, topology: str = "ring"):
         check_alpha(alpha)
         if flat.dim() != 1:
             raise ValueError(f"Rounds needs the parameters as one flat vector, got shape "
                              f"{tuple(flat.shape)}")
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {', '.join(map(repr, TOPOLOGIES))}, "
+                             f"got {topology!r}")
         self.flat, self.alpha, self.seed, self.group = flat, float(alpha), int(seed), group
         self.rank = dist.get_rank(group) if rank is None else rank
         self.world = dist.get_world_size(group) if world is None else world
-        self.peers, self.self_weight = ring_peers(self.rank, self.world)
+        self.topology = topology
+        if topology == "ring":
+            self.peers, self.self_weight = ring_peers(self.rank, self.world)
+        else:                                        # one peer a round, which changes
+            self.peers, self.self_weight = ([(None, 0.5)], 0.5) if self.world > 1 else ([], 1.0)
         self.shm = shm              # a ShmAllReduce of the group when it shares one host
         self.transport = "shm" if shm is not None else \
             dist.get_backend(group) if self.world > 1 else "none"
@@ -98,14 +126,18 @@ class Rounds:
         """Round ``k``: average the masked coordinates with the neighbours; returns the mask."""
         idx = mask_indices(self.flat.numel(), self.alpha, self.seed, k).to(self.flat.device)
         mine = self.flat.index_select(0, idx)
+        sources = targets = [p for p, _ in self.peers]
+        if self.topology == "exponential" and self.peers:
+            src, dst = exponential_peers(self.rank, self.world, k)
+            sources, targets = [src], [dst]
         if self.peers and self.shm is not None:     # one host: every row in shared memory
             rows = self.shm.gather(mine)             # host memory: to this replica's device
-            theirs = [rows[p].to(mine.device) for p, _ in self.peers]
+            theirs = [rows[p].to(mine.device) for p in sources]
         elif self.peers:
-            theirs = [torch.empty_like(mine) for _ in self.peers]
+            theirs = [torch.empty_like(mine) for _ in sources]
             reqs = [dist.irecv(buf, self._global(p), group=self.group)
-                    for (p, _), buf in zip(self.peers, theirs)]
-            reqs += [dist.isend(mine, self._global(p), group=self.group) for p, _ in self.peers]
+                    for p, buf in zip(sources, theirs)]
+            reqs += [dist.isend(mine, self._global(p), group=self.group) for p in targets]
             for r in reqs:
                 r.wait()
         if self.peers:

@@ -53,6 +53,7 @@ class GossipConfig(LocalStepConfig):
     alpha: float = 0.1
     sync_every: int = 1
     amp: str | None = None
+    topology: str = "ring"
 
 
 def make_task(cfg: GossipConfig, model_fn: Callable[[], nn.Module], loss_fn: Callable,
@@ -115,7 +116,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     if name is not None:                 # one host: the rounds go through shared memory
         from spark_dl.transport.shm import ShmAllReduce
         shm = ShmAllReduce(flat.numel(), flat.dtype, name, cfg.timeout_s)
-    rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world, shm=shm)
+    rounds = Rounds(flat, cfg.alpha, cfg.seed, rank, world, shm=shm, topology=cfg.topology)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
 
     # Resume: replica 0 reads the checkpoint, every replica takes its own model from it.
@@ -223,6 +224,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     numel, item = flat.numel(), flat.element_size()
     info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
             "alpha": cfg.alpha, "sync_every": cfg.sync_every, "rounds": rounds.rounds,
+            "topology": cfg.topology,
             "transport": rounds.transport,
             "neighbours": len(rounds.peers), "parameters": numel,
             "bytes_sent": [int(s) for s in sent],
