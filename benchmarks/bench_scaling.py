@@ -19,7 +19,9 @@ over real run-to-run variation, not over one trajectory timed again:
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;
                     "gossip+exp": Gossip(topology="exponential", alpha=1.0), whole models
-                    averaged on the one-peer exponential graph)
+                    averaged on the one-peer exponential graph; "gossip+expN": the same
+                    every N steps, sync_every=N: with 2 replicas each round is their
+                    exact average, so that is local SGD)
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
@@ -156,8 +158,9 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     strategy, _, clip = strategy.partition("=")         # "allreduce=noclip": grad_clip=None
     strategy, _, scaling = strategy.partition("~")      # "allreduce~sqrt": lr_scaling="sqrt"
     name, _, rule = strategy.partition("+")             # "downpour+lr": staleness="lr"
-    if name == "gossip" and rule == "exp":              # the exponential graph, whole models
-        spec = make_strategy(name, topology="exponential", alpha=1.0)
+    if name == "gossip" and rule.startswith("exp"):     # the exponential graph, whole models,
+        spec = make_strategy(name, topology="exponential", alpha=1.0,   # every N steps
+                             sync_every=int(rule[3:] or 1))
     else:
         spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
     res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
