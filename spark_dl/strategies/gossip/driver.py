@@ -19,11 +19,12 @@ from ..base import (
     run_barrier,
 )
 from . import task as _task
+from .rounds import TOPOLOGIES as ROUND_TOPOLOGIES
 from .rounds import check_alpha
 
 __all__ = ["TOPOLOGIES", "Gossip"]
 
-TOPOLOGIES = {"ring": 2, "exponential": 2}   # topology -> the fewest replicas it needs
+TOPOLOGIES = dict.fromkeys(ROUND_TOPOLOGIES, 2)   # topology -> the fewest replicas
 SQRT_FROM = 8                            # "auto" scales by sqrt(replicas) from this many on
 
 

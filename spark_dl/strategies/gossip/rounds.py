@@ -112,10 +112,9 @@ class Rounds:
         self.rank = dist.get_rank(group) if rank is None else rank
         self.world = dist.get_world_size(group) if world is None else world
         self.topology = topology
-        if topology == "ring":
-            self.peers, self.self_weight = ring_peers(self.rank, self.world)
-        else:                                        # one peer a round, which changes
-            self.peers, self.self_weight = ([(None, 0.5)], 0.5) if self.world > 1 else ([], 1.0)
+        # the ring's edges are fixed; the exponential graph has one peer a round, which changes
+        self._ring = ring_peers(self.rank, self.world)
+        self.neighbours = len(self._ring[0]) if topology == "ring" else min(self.world - 1, 1)
         self.shm = shm              # a ShmAllReduce of the group when it shares one host
         self.transport = "shm" if shm is not None else \
             dist.get_backend(group) if self.world > 1 else "none"
@@ -126,28 +125,34 @@ class Rounds:
         """Round ``k``: average the masked coordinates with the neighbours; returns the mask."""
         idx = mask_indices(self.flat.numel(), self.alpha, self.seed, k).to(self.flat.device)
         mine = self.flat.index_select(0, idx)
-        sources = targets = [p for p, _ in self.peers]
-        if self.topology == "exponential" and self.peers:
-            src, dst = exponential_peers(self.rank, self.world, k)
-            sources, targets = [src], [dst]
-        if self.peers and self.shm is not None:     # one host: every row in shared memory
-            rows = self.shm.gather(mine)             # host memory: to this replica's device
-            theirs = [rows[p].to(mine.device) for p in sources]
-        elif self.peers:
-            theirs = [torch.empty_like(mine) for _ in sources]
-            reqs = [dist.irecv(buf, self._global(p), group=self.group)
-                    for p, buf in zip(sources, theirs)]
-            reqs += [dist.isend(mine, self._global(p), group=self.group) for p in targets]
-            for r in reqs:
-                r.wait()
-        if self.peers:
-            mixed = mine * self.self_weight
-            for (_, w), buf in zip(self.peers, theirs):
+        if self.neighbours:
+            peers, own, targets = self._edges(k)
+            if self.shm is not None:                 # one host: every row in shared memory
+                rows = self.shm.gather(mine)         # host memory: to this replica's device
+                theirs = [rows[p].to(mine.device) for p, _ in peers]
+            else:
+                theirs = [torch.empty_like(mine) for _ in peers]
+                reqs = [dist.irecv(buf, self._global(p), group=self.group)
+                        for (p, _), buf in zip(peers, theirs)]
+                reqs += [dist.isend(mine, self._global(p), group=self.group) for p in targets]
+                for r in reqs:
+                    r.wait()
+            mixed = mine * own
+            for (_, w), buf in zip(peers, theirs):
                 mixed.add_(buf, alpha=w)
             self.flat.index_copy_(0, idx, mixed)
-            self.bytes_sent += mine.numel() * mine.element_size() * len(self.peers)
+            self.bytes_sent += mine.numel() * mine.element_size() * len(targets)
         self.rounds += 1
         return idx
+
+    def _edges(self, k: int) -> tuple[list[tuple[int, float]], float, list[int]]:
+        """Round ``k``'s ([(replica taken from, its weight W_ji)], own weight W_ii, [replicas
+        sent to])."""
+        if self.topology == "exponential":
+            src, dst = exponential_peers(self.rank, self.world, k)
+            return [(src, 0.5)], 0.5, [dst]
+        peers, own = self._ring
+        return peers, own, [p for p, _ in peers]
 
     def _global(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
