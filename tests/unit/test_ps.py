@@ -304,6 +304,26 @@ def test_staleness_aware_server_steps_lr_over_tau(server, staleness_lr):
 
 
 
+def test_the_staleness_rules_set_the_server_momentum():
+    """"step" (Downpour's default): the server's effective step lr / (1 - m) is the single
+    process's divided by R, 2R when the pushes overlap, not below momentum 0; "momentum":
+    lowered by 1 - 1/R; "lr" and "none" keep it; one worker, sync and sequential keep it."""
+    from spark_dl.strategies.downpour.driver import _server_momentum
+    step = [_server_momentum(0.9, r, "async", "step") for r in (1, 2, 4, 8, 10, 16)]
+    assert step == pytest.approx([0.9, 0.8, 0.6, 0.2, 0.0, 0.0])
+    assert (1 - step[2]) == pytest.approx(4 * (1 - 0.9))      # effective step / 4
+    assert _server_momentum(0.9, 2, "async", "step", overlap=True) == pytest.approx(0.6)
+    assert _server_momentum(0.9, 1, "async", "step", overlap=True) == 0.9
+    assert _server_momentum(0.99, 4, "async", "step") == pytest.approx(0.96)
+    rule = [_server_momentum(0.9, r, "async", "momentum") for r in (1, 2, 4, 16)]
+    assert rule == pytest.approx([0.9, 0.4, 0.15, 0.0])
+    assert _server_momentum(0.9, 4, "async", "lr+momentum") == pytest.approx(0.15)
+    for staleness in ("lr", "none"):
+        assert _server_momentum(0.9, 4, "async", staleness) == 0.9
+    for mode in ("sync", "sequential"):
+        assert _server_momentum(0.9, 4, mode, "step") == 0.9
+
+
 def test_clip_cuts_a_push_to_a_multiple_of_the_running_norm_and_resumes_it(server):
     """SGD lr 1, clip 2: the first 20 steps (norm 1 each) only build the running norm r = 1;
     a push of norm 10 then steps 2 (r <- r + 0.05 (2 - r)), one of norm 1.5 is left alone; a

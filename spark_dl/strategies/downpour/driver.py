@@ -25,7 +25,7 @@ from . import task as _task
 
 __all__ = ["MODES", "STALENESS_RULES", "Downpour"]
 
-STALENESS_RULES = ("none", "lr", "momentum", "lr+momentum")
+STALENESS_RULES = ("step", "momentum", "lr", "lr+momentum", "none")
 
 
 @options
@@ -47,10 +47,15 @@ class Downpour(Strategy):
     more step of staleness, no waiting for the round trip (default None: on for workers on a
     GPU, where the host is otherwise idle while the GPU computes; off on CPUs, where the round
     trip takes the cores the step needs, with partitions > 1, and where it diverges, below).
-    staleness (async): how the server allows for stale pushes: "momentum" (default): its
-    momentum is fit's ``momentum`` lowered by the momentum asynchrony adds of itself,
-    1 - 1/replicas, so that single-process settings carry over; "lr": a push computed tau >= 2
-    versions ago steps lr / tau; "lr+momentum": both; "none": every push a plain step. average
+    staleness (async): how the server allows for stale pushes: "step" (default): its momentum
+    m' makes its effective step lr / (1 - m') the single process's lr / (1 - momentum) divided
+    by the replicas R (2R when the pushes overlap), not below momentum 0: R workers pushing in
+    turn land each push about R - 1 versions late, and a delay of tau cuts the effective step
+    that stays stable by about tau + 1 (0.8 for 2 replicas at momentum 0.9, 0 from 10);
+    "momentum": fit's ``momentum`` lowered by the momentum asynchrony adds of itself,
+    1 - 1/replicas (0.4 for 2 replicas at 0.9; the default before 2026-11-28); "lr": a push
+    computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both; "none": every push a
+    plain step. average
     (async): the model validated and returned is the server's moving average over this fraction
     of an epoch's pushes (default 0.1 with several replicas, 0 with one: plain SGD); the workers
     always fetch the last values. clip (async, sequential): the server cuts a push's step
@@ -82,7 +87,7 @@ class Downpour(Strategy):
     amp: str | None = None
     max_staleness: int | None = None
     overlap: bool | None = None
-    staleness: str = "momentum"
+    staleness: str = "step"
     average: float | None = None
     clip: float | None = None
     partitions: int | str = 1
@@ -184,8 +189,8 @@ class Downpour(Strategy):
                 f"overlap=True with staleness={self.staleness!r} and server momentum "
                 f"{momentum} over {replicas} replicas diverges (in 2 of 3 benchmark runs to "
                 f"chance): every push is one step more stale, and the server's momentum adds "
-                f"to the momentum the asynchrony makes; use staleness='momentum' (the "
-                f"default) or 'lr+momentum'")
+                f"to the momentum the asynchrony makes; use staleness='step' (the "
+                f"default), 'momentum' or 'lr+momentum'")
         if partitions > 1 and replicas * partitions > job.slots:
             raise ResourceError(
                 f"replicas={replicas} x partitions={partitions} = {replicas * partitions} "
@@ -201,6 +206,24 @@ class Downpour(Strategy):
             (self.server_optimizer or _server_optimizer(job.train["optimizer"], momentum)) \
             == "momentum"
 
+    def _overlaps(self, job: Job, replicas: int, partitions: int) -> bool:
+        """Whether the workers' pushes will travel while their next step computes (overlap=None:
+        on for workers on a GPU, as the task decides; guessed here from the fit's device, and
+        for device='auto' from this machine's GPUs in local mode or the GPUs Spark assigns to
+        tasks on a cluster)."""
+        if self.overlap is not None:
+            return bool(self.overlap)
+        if self.mode != "async" or partitions != 1 or self._overlap_diverges(job, replicas):
+            return False
+        device = job.stage["device"]
+        if device != "auto":
+            return device == "cuda"
+        from ...compat import master
+        where = master(job.spark)
+        if where.startswith("local") and not where.startswith("local-cluster"):
+            return torch.cuda.is_available()
+        return float(job.spark.conf.get("spark.task.resource.gpu.amount", None) or 0) > 0
+
     def run(self, job: Job) -> FitResult:
         """Downpour SGD: a parameter server here, workers as Spark tasks (see spark_dl.transport.ps)."""
         from ...transport.ps import ParameterServer
@@ -211,7 +234,8 @@ class Downpour(Strategy):
         server_optimizer = self.server_optimizer or \
             _server_optimizer(job.train["optimizer"], momentum)
         average = _server_average(self.average, replicas, mode)
-        server_momentum = _server_momentum(momentum, replicas, mode, staleness)
+        server_momentum = _server_momentum(momentum, replicas, mode, staleness,
+                                           self._overlaps(job, replicas, partitions))
         clip = server_clip(self.clip, replicas, mode)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
@@ -506,14 +530,26 @@ def server_clip(clip: float | None, replicas: int, mode: str) -> float | None:
     return float(clip) or None
 
 
-def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str) -> float:
-    """The server's momentum: ``momentum``, or (rule "momentum", async) lowered by the
+def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str,
+                     overlap: bool = False) -> float:
+    """The server's momentum (async; other modes and one worker keep ``momentum``):
+    rule "step": m' with lr / (1 - m') = lr / (1 - momentum) / D, D = replicas (2 x replicas
+    when the pushes overlap the next step: a version more late each), not below 0. A push
+    lands about R - 1 versions after the values it was computed on, and with a delay of tau
+    heavy-ball SGD stays stable only while its effective step is below about 1/(tau + 1) of the
+    curvature's limit, whatever its momentum (benchmarks/delay_stability.py), so the step a
+    single process was tuned with is divided by tau + 1. Rule "momentum": lowered by the
     momentum that asynchrony adds of itself, 1 - 1/replicas (Mitliagkas et al., 2016:
-    asynchronous SGD on R workers behaves in expectation as momentum SGD with
-    mu = 1 - 1/R), not below 0."""
-    if mode != "async" or "momentum" not in staleness.split("+"):
+    asynchronous SGD on R workers behaves in expectation as momentum SGD with mu = 1 - 1/R),
+    not below 0."""
+    rules = staleness.split("+")
+    if mode != "async" or replicas <= 1:
         return momentum
-    return max(0.0, momentum - (1.0 - 1.0 / max(replicas, 1)))
+    if "step" in rules:
+        return max(0.0, 1.0 - replicas * (2 if overlap else 1) * (1.0 - momentum))
+    if "momentum" in rules:
+        return max(0.0, momentum - (1.0 - 1.0 / replicas))
+    return momentum
 
 
 def _checkpoint_downpour(path: Path, ps, history: list[dict], replicas: int,
