@@ -50,8 +50,9 @@ class Downpour(Strategy):
     staleness (async): how the server allows for stale pushes: "step" (default): its momentum
     m' makes its effective step lr / (1 - m') the single process's lr / (1 - momentum) divided
     by the replicas R (2R when the pushes overlap), not below momentum 0: R workers pushing in
-    turn land each push about R - 1 versions late, and a delay of tau cuts the effective step
-    that stays stable by about tau + 1 (0.8 for 2 replicas at momentum 0.9, 0 from 10);
+    turn land each push about R - 1 versions late, and the effective step that stays stable
+    falls about as 1 / (tau + 1) with a delay of tau (0.8 for 2 replicas at momentum 0.9, 0
+    from 10);
     "momentum": fit's ``momentum`` lowered by the momentum asynchrony adds of itself,
     1 - 1/replicas (0.4 for 2 replicas at 0.9; the default before 2026-11-28); "lr": a push
     computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both; "none": every push a
@@ -535,10 +536,11 @@ def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str,
     """The server's momentum (async; other modes and one worker keep ``momentum``):
     rule "step": m' with lr / (1 - m') = lr / (1 - momentum) / D, D = replicas (2 x replicas
     when the pushes overlap the next step: a version more late each), not below 0. A push
-    lands about R - 1 versions after the values it was computed on, and with a delay of tau
-    heavy-ball SGD stays stable only while its effective step is below about 1/(tau + 1) of the
-    curvature's limit, whatever its momentum (benchmarks/delay_stability.py), so the step a
-    single process was tuned with is divided by tau + 1. Rule "momentum": lowered by the
+    lands about R - 1 versions after the values it was computed on; with a delay of one the
+    effective step heavy-ball SGD tolerates no longer grows with the momentum (1 / curvature,
+    38 / curvature without delay at 0.9: benchmarks/delay_stability.py), and for plain SGD it
+    falls as 2 sin(pi / (4 tau + 2)) with tau, about pi / (2 tau + 1); so the step a single
+    process was tuned with is divided by tau + 1. Rule "momentum": lowered by the
     momentum that asynchrony adds of itself, 1 - 1/replicas (Mitliagkas et al., 2016:
     asynchronous SGD on R workers behaves in expectation as momentum SGD with mu = 1 - 1/R),
     not below 0."""
