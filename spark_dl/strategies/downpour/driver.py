@@ -47,26 +47,26 @@ class Downpour(Strategy):
     more step of staleness, no waiting for the round trip (default None: on for workers on a
     GPU, where the host is otherwise idle while the GPU computes; off on CPUs, where the round
     trip takes the cores the step needs, with partitions > 1, and where it diverges, below).
-    staleness (async): how the server allows for stale pushes: "step" (default): its momentum
-    m' makes its effective step lr / (1 - m') the single process's lr / (1 - momentum) divided
-    by the replicas R (2R when the pushes overlap), not below momentum 0: R workers pushing in
-    turn land each push about R - 1 versions late, and the effective step that stays stable
-    falls about as 1 / (tau + 1) with a delay of tau (0.8 for 2 replicas at momentum 0.9, 0
-    from 10); "momentum": fit's ``momentum`` lowered by the momentum asynchrony adds of
-    itself, 1 - 1/replicas (0.4 for 2 replicas at 0.9; the default before 2026-11-28); "lr": a
-    push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both; "none": every push
-    a plain step. average (async): the model validated and returned is the server's moving
-    average over this fraction of an epoch's pushes (default 0.1 with several replicas, 0 with
-    one: plain SGD); the workers always fetch the last values. clip (async, sequential): the
-    server cuts a push's step gradient to at most this multiple of the running mean of the
-    steps' gradient norms (spark_dl.transport.ps.shard, "Clipped pushes"): a stale push of an
-    oscillation the delay has made unstable can no longer run away (docs/quality.md,
-    "Clipped pushes"); default 2 with several asynchronous replicas, off otherwise (one
-    worker stays plain SGD); 0: off. partitions: F > 1 splits every replica's model by columns over F tasks, which train it
-    together on the union of their micro-batches and each push and fetch their own slice
-    (a barrier stage of replicas x F tasks; modes async and sequential); "auto": the cost
-    model's planner picks F and the replicas, with the link measured by a probe job and a
-    task's memory from spark.executor.pyspark.memory. model_parallel (partitions > 1):
+    staleness (async): how the server allows for stale pushes: "step" (default): its momentum m'
+    makes its effective step lr / (1 - m') the single process's lr / (1 - momentum) divided by
+    the replicas R (2R when the pushes overlap), not below momentum 0: R workers pushing in turn
+    land each push about R - 1 versions late, and the effective step that stays stable falls
+    about as 1 / (tau + 1) with a delay of tau (0.8 for 2 replicas at momentum 0.9, 0 from 10);
+    "momentum": fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 -
+    1/replicas (0.4 for 2 replicas at 0.9; the default before 2026-11-28); "lr": a push computed
+    tau >= 2 versions ago steps lr / tau; "lr+momentum": both; "none": every push a plain step.
+    average (async): the model validated and returned is the server's moving average over this
+    fraction of an epoch's pushes (default 0.1 with several replicas, 0 with one: plain SGD);
+    the workers always fetch the last values. clip (async, sequential): the server cuts a push's
+    step gradient to at most this multiple of the running mean of the steps' gradient norms
+    (spark_dl.transport.ps.shard, "Clipped pushes"): a stale push of an oscillation the delay
+    has made unstable can no longer run away (docs/quality.md, "Clipped pushes"); default 2 with
+    several asynchronous replicas, off otherwise (one worker stays plain SGD); 0: off.
+    partitions: F > 1 splits every replica's model by columns over F tasks, which train it
+    together on the union of their micro-batches and each push and fetch their own slice (a
+    barrier stage of replicas x F tasks; modes async and sequential); "auto": the cost model's
+    planner picks F and the replicas, with the link measured by a probe job and a task's memory
+    from spark.executor.pyspark.memory. model_parallel (partitions > 1):
     "collective" (each layer's all-gather and all-reduce, any supported model) or "thesis"
     (the thesis's master algorithm of §3.2 for FC nets with cross-entropy). widths
     (collective): each partition's share of every layer's columns, e.g. [2, 1] when partition
