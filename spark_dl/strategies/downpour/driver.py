@@ -205,15 +205,11 @@ class Downpour(Strategy):
             (self.server_optimizer or _server_optimizer(job.train["optimizer"], momentum)) \
             == "momentum"
 
-    def _overlaps(self, job: Job, replicas: int, partitions: int) -> bool:
-        """Whether the workers' pushes will travel while their next step computes (overlap=None:
-        on for workers on a GPU, as the task decides; guessed here from the fit's device, and
-        for device='auto' from this machine's GPUs in local mode or the GPUs Spark assigns to
-        tasks on a cluster)."""
-        if self.overlap is not None:
-            return bool(self.overlap)
-        if self.mode != "async" or partitions != 1 or self._overlap_diverges(job, replicas):
-            return False
+    @staticmethod
+    def _on_gpus(job: Job) -> bool:
+        """Whether the tasks will run on GPUs, where overlap=None turns overlap on (the task
+        decides by its device; guessed here from the fit's device, and for device='auto' from
+        this machine's GPUs in local mode or the GPUs Spark assigns to tasks on a cluster)."""
         device = job.stage["device"]
         if device != "auto":
             return device == "cuda"
@@ -233,8 +229,12 @@ class Downpour(Strategy):
         server_optimizer = self.server_optimizer or \
             _server_optimizer(job.train["optimizer"], momentum)
         average = _server_average(self.average, replicas, mode)
+        overlap = self.overlap          # None: the task turns it on if it runs on a GPU
+        if overlap is None and (mode != "async" or partitions != 1 or
+                                self._overlap_diverges(job, replicas)):
+            overlap = False
         server_momentum = _server_momentum(momentum, replicas, mode, staleness,
-                                           self._overlaps(job, replicas, partitions))
+                                           self._on_gpus(job) if overlap is None else overlap)
         clip = server_clip(self.clip, replicas, mode)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
@@ -244,7 +244,6 @@ class Downpour(Strategy):
         kept = run.path / "widths.json"
         if widths == "speed" and kept.exists() and job.stage["resume"]:  # a resumed fit
             widths = json.loads(kept.read_text())                           # keeps its layout
-            widths = json.loads(kept.read_text())
         elif widths == "speed":               # each partition's tasks' matmul rate, measured
             from ...planning.cost_model import partition_speeds, probe_task_speeds
             measured = probe_task_speeds(job.spark, replicas * partitions)
@@ -252,10 +251,6 @@ class Downpour(Strategy):
             kept.write_text(json.dumps(widths))
             job.say(f"downpour: column widths ∝ the partitions' measured speeds "
                     f"{[round(w / 1e9, 2) for w in widths]} GFLOP/s")
-        overlap = self.overlap          # None: the task turns it on if it runs on a GPU
-        if overlap is None and (mode != "async" or partitions != 1 or
-                                self._overlap_diverges(job, replicas)):
-            overlap = False
         cfg = _task.DownpourConfig(
             **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
             mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
