@@ -8,15 +8,16 @@ of --repeats runs:
   plain-1t            single-process loop, 1 thread (the calibration)
   allreduce           spark_dl.fit(strategy="allreduce")
   downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.9 as the
-                      others, the defaults: staleness rule "step" (since 2026-11-28: the
-                      server runs 1 - 2 x (1 - 0.9) = 0.8, half the single process's effective
-                      step, as a push lands a version late) and average=0.1 (the model
-                      returned and validated is the server's moving average over a tenth of
-                      an epoch), and clip=2 (a push's step at most twice the running gradient
-                      norm; since 2026-11-27)
-  downpour-1-1-mom    the same with staleness="momentum", the default before 2026-11-28 (the
-                      server runs 0.9 - (1 - 1/2) = 0.4: two asynchronous replicas add
-                      momentum of their own)
+                      others, the defaults: staleness rule "momentum" (the server runs
+                      0.9 - (1 - 1/2) = 0.4: two asynchronous replicas add momentum of their
+                      own) and average=0.1 (the model returned and validated is the server's
+                      moving average over a tenth of an epoch), and clip=2 (a push's step at
+                      most twice the running gradient norm; since 2026-11-27)
+  downpour-1-1-step   the same with staleness="step" (the server runs 1 - 2 x (1 - 0.9) = 0.8,
+                      half the single process's effective step, as a push lands a version
+                      late; the default for a few hours on 2026-11-28, when
+                      results/downpour_step.json recorded it as downpour-1-1 and the default
+                      as downpour-1-1-mom)
   downpour-1-1-noclip the same with clip=0 (the defaults before 2026-11-27)
   downpour-1-1-last   the same with average=0: the server's last values
   downpour-1-1-plain  the plain rule (staleness="none", average=0) with server momentum 0.8,
@@ -173,8 +174,8 @@ def main(argv=None):
         "plain-1t": lambda: (plain(R, E), {}),
         "allreduce": lambda: engine(spark, R, E, runs),
         "downpour-1-1": lambda: engine(spark, R, E, runs, strategy=Downpour()),
-        "downpour-1-1-mom": lambda: engine(spark, R, E, runs,
-                                           strategy=Downpour(staleness="momentum")),
+        "downpour-1-1-step": lambda: engine(spark, R, E, runs,
+                                            strategy=Downpour(staleness="step")),
         "downpour-1-1-last": lambda: engine(spark, R, E, runs, strategy=Downpour(average=0)),
         "downpour-1-1-noclip": lambda: engine(spark, R, E, runs, strategy=Downpour(clip=0)),
         "downpour-1-1-plain": lambda: engine(spark, R, E, runs, momentum=0.8,

@@ -14,9 +14,11 @@ over real run-to-run variation, not over one trajectory timed again:
                     (the calibration: the limit of R replicas is R x its samples/s)
   <strategy>-<R>    spark_dl.fit(strategy=..., replicas=R) on local[max R], 1 thread a replica
                     ("downpour+lr": Downpour(staleness="lr"), a push tau >= 2 versions old
-                    steps lr / tau and the server keeps fit's momentum; "downpour+momentum":
-                    the rule that was the default before 2026-11-28, the server's momentum
-                    lowered by 1 - 1/R; their one-replica reference is Downpour's;
+                    steps lr / tau and the server keeps fit's momentum; "downpour+step":
+                    Downpour(staleness="step"), the server's effective step the single
+                    process's divided by R (the default for a few hours on 2026-11-28, when
+                    "downpour" meant it and "downpour+momentum" the default rule); their
+                    one-replica reference is Downpour's;
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;

@@ -276,22 +276,21 @@ def test_downpour_argument_errors(spark):
 
 
 def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
-    """Two async replicas with momentum 0.9: by default (staleness="step") the server runs
+    """Two async replicas with momentum 0.9: by default (staleness="momentum") the server's
+    momentum is lowered by the asynchrony's own, 0.9 - (1 - 1/2) = 0.4; "step" runs
     1 - 2 x (1 - 0.9) = 0.8 on CPUs, half the single process's effective step (the driver
     guesses device='auto' from this machine: GPU workers overlap their pushes, a version more
-    stale, and get a quarter: 0.6); "momentum" lowers it by the asynchrony's own,
-    0.9 - (1 - 1/2) = 0.4; "none" keeps 0.9; sync rounds keep 0.9."""
+    stale, and get a quarter: 0.6); "none" keeps 0.9; sync rounds keep 0.9."""
     x, y = data(32, seed=12)
     df = frame(spark, x, y, [16, 16])
     kw = dict(replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9, log=None)
     default = fit(df, small_fc, strategy="downpour", run_dir=tmp_path / "a", **kw)
+    assert default.info["staleness"] == "momentum"
+    assert default.info["server_momentum"] == pytest.approx(0.4)
     gpu = torch.cuda.is_available()
-    assert default.info["staleness"] == "step"
-    assert default.info["server_momentum"] == pytest.approx(0.6 if gpu else 0.8)
-    assert default.info["overlap"] == [gpu, gpu]
-    rule = fit(df, small_fc, strategy=Downpour(staleness="momentum"), run_dir=tmp_path / "d",
-               **kw)
-    assert rule.info["server_momentum"] == pytest.approx(0.4)
+    step = fit(df, small_fc, strategy=Downpour(staleness="step"), run_dir=tmp_path / "d", **kw)
+    assert step.info["server_momentum"] == pytest.approx(0.6 if gpu else 0.8)
+    assert step.info["overlap"] == [gpu, gpu]
     plain = fit(df, small_fc, strategy=Downpour(staleness="none"), run_dir=tmp_path / "b",
                 **kw)
     assert plain.info["server_momentum"] == 0.9
