@@ -46,9 +46,9 @@ class Boosting(Strategy):
     bfloat16 on the wire). staleness: how the server allows for the pushes computed on values
     the other workers' pushes have moved since (with W equally fast workers every push is
     W - 1 versions old), Downpour's rules: "momentum" (default): the server's momentum is
-    fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/W; "step"
-    (Downpour's default since 2026-11-28; not measured here): the server's effective step
-    lr / (1 - m) that of fit's momentum divided by W; "lr": a push tau >= 2 versions old steps
+    fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/W; "step":
+    the server's effective step lr / (1 - m) that of fit's momentum divided by W (faster on
+    the thesis CNN, not on the ships U-Net: docs/guides/boosting.md); "lr": a push tau >= 2 versions old steps
     lr / tau; "lr+momentum"; "none". local (SGD servers, default
     True): a worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k

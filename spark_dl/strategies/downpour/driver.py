@@ -190,8 +190,8 @@ class Downpour(Strategy):
                 f"overlap=True with staleness={self.staleness!r} and server momentum "
                 f"{momentum} over {replicas} replicas diverges (in 2 of 3 benchmark runs to "
                 f"chance): every push is one step more stale, and the server's momentum adds "
-                f"to the momentum the asynchrony makes; use staleness='step' (the "
-                f"default), 'momentum' or 'lr+momentum'")
+                f"to the momentum the asynchrony makes; use staleness='momentum' (the "
+                f"default), 'step' or 'lr+momentum'")
         if partitions > 1 and replicas * partitions > job.slots:
             raise ResourceError(
                 f"replicas={replicas} x partitions={partitions} = {replicas * partitions} "
