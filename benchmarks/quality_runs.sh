@@ -11,7 +11,7 @@
 # ships-seeds (the ships group's systems at train.seed 1..4), ships-clip (Downpour with and
 # without clipped pushes, interleaved, then over seeds),
 # ships-fresh (Boosting with fresh values mid-key and the cap against without, interleaved,
-# then over seeds), ships-step (Downpour's staleness rules "step" and "momentum", interleaved),
+# then over seeds), ships-step (Downpour's and Boosting's staleness rules "step" and "momentum", interleaved),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
@@ -226,14 +226,16 @@ if [ "$group" = ships-fresh ]; then
   run_named ships-bn-boosting-fresh "${SHIPS[@]}" --set train.norm=batch
 fi
 if [ "$group" = ships-step ]; then
-  # Downpour (async, 2 workers) on the ships job with staleness="step" against the default
-  # "momentum", interleaved, RUNS runs (default 3) of seed 0 each
-  # (results/quality/ships-downpour-step/, 2026-11-28).
+  # Downpour (async), then Boosting, 2 workers each, on the ships job with staleness="step"
+  # against the default "momentum", interleaved, RUNS runs (default 3) of seed 0 each
+  # (results/quality/ships-downpour-step/ and ships-boosting-step/, 2026-11-28).
   SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml --set train.replicas=2)
-  for i in $(seq 1 "${RUNS:-3}"); do
-    for rule in step momentum; do
-      run_named "ships-downpour-$rule-$i" "${SHIPS[@]}" \
-          --set "train.strategy={'name': 'downpour', 'staleness': '$rule'}"
+  for st in downpour boosting; do
+    for i in $(seq 1 "${RUNS:-3}"); do
+      for rule in step momentum; do
+        run_named "ships-$st-$rule-$i" "${SHIPS[@]}" \
+            --set "train.strategy={'name': '$st', 'staleness': '$rule'}"
+      done
     done
   done
 fi
