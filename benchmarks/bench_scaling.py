@@ -37,7 +37,7 @@ those where one replica had validated by then; medians over the seeds).
 
     .venv/bin/python benchmarks/bench_scaling.py [--replicas 1,2] [--repeats 3]
         [--strategies allreduce,downpour,gossip,boosting] [--epochs 2] [--samples 48000]
-        [--accuracy-only] [--out ...]
+        [--accuracy-only] [--first-seed 0] [--out ...]
 
 --accuracy-only runs the strategies at the replica counts given and nothing else (no plain
 calibration, no one-replica reference): their curves, e.g. 16 replicas on local[16] on a
@@ -196,6 +196,8 @@ def main(argv=None):
     ap.add_argument("--lr-decay", type=float, default=0.5)
     ap.add_argument("--target", type=float, default=0.98)
     ap.add_argument("--accuracy-only", action="store_true")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="repeat i runs with seed first_seed + i (more seeds for a run kept)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/scaling.json"))
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -262,15 +264,16 @@ def main(argv=None):
                     "lr_decay": args.lr_decay,
                     "momentum": MOMENTUM, "lr_scaling": "auto", "target": args.target,
                     "validate_every": EVERY, "repeats": args.repeats, "repeats_done": done,
-                    "seeds": f"0..{args.repeats - 1}, one per repeat, shared by every system",
+                    "seeds": f"{args.first_seed}..{args.first_seed + args.repeats - 1}, one "
+                             f"per repeat, shared by every system",
                     "accuracy_only": args.accuracy_only,
                     "spark_master": f"local[{max(counts)}]"}
         write_results(args.out, "bench_scaling.py", argv, settings, summary, raw)
 
     for i in range(args.repeats):                      # interleaved A B C ... A B C ...
         for name, run in systems.items():
-            out = run(i)
-            out["seed"] = i
+            out = run(args.first_seed + i)
+            out["seed"] = args.first_seed + i
             out["time_to_target_s"] = first_at(out["evals"], args.target)
             raw[name].append(out)
             print(f"[{i + 1}/{args.repeats}] {name}: time to {args.target:.1%} "
