@@ -23,7 +23,9 @@ over real run-to-run variation, not over one trajectory timed again:
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;
                     "gossip+exp": Gossip(topology="exponential", alpha=1.0), whole models
-                    averaged on the one-peer exponential graph; "gossip+expN": the same
+                    averaged on the one-peer exponential graph (Gossip's defaults since
+                    2026-11-28; "gossip" was the ring with alpha 0.1 before);
+                    "gossip+ring": Gossip(topology="ring", alpha=0.1), the paper's setting; "gossip+expN": the same
                     every N steps, sync_every=N: with 2 replicas each round is their
                     exact average, so that is local SGD)
 
@@ -165,6 +167,8 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     if name == "gossip" and rule.startswith("exp"):     # the exponential graph, whole models,
         spec = make_strategy(name, topology="exponential", alpha=1.0,   # every N steps
                              sync_every=int(rule[3:] or 1))
+    elif name == "gossip" and rule == "ring":           # the paper's setting
+        spec = make_strategy(name, topology="ring", alpha=0.1)
     else:
         spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
     res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,

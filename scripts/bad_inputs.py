@@ -167,7 +167,7 @@ def cases(spark, tmp: Path):
         lambda rd: fit(df, fc, strategy=Downpour(mode="fast"), run_dir=rd, **kw)
     yield "gossip alpha out of (0, 1]", "Gossip(alpha=0)", \
         lambda rd: fit(df, fc, strategy=Gossip(alpha=0), run_dir=rd, **kw)
-    yield "gossip ring of one replica", "Gossip(), replicas=1", \
+    yield "gossip of one replica", "Gossip(), replicas=1", \
         f(strategy=Gossip(), replicas=1)
     yield "gossip with model parallelism", "Gossip with partitions=2", \
         f(strategy="gossip", partitions=2)

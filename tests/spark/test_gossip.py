@@ -154,7 +154,7 @@ def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp
     with the average of their parameters, validates with them, and a resumed fit carries
     every replica's own statistics on (2 + 1 epochs equal 3)."""
     x, y = data(40, seed=23)
-    kw = dict(strategy=Gossip(alpha=1.0), batch_size=BATCH, lr=LR, lr_decay=DECAY,
+    kw = dict(strategy=Gossip(alpha=1.0, topology="ring"), batch_size=BATCH, lr=LR, lr_decay=DECAY,
               momentum=MOMENTUM, shuffle=False, dtype="float64", lr_scaling=None, log=None,
               validation=(x[:11], y[:11]))
     res = fit(frame(spark, x, y, SPLITS), small_bn, epochs=3, run_dir=tmp_path / "w", **kw)
@@ -198,8 +198,8 @@ def test_gossip_refuses_what_it_cannot_run(spark, tmp_path):
         Gossip(partitions=2)
     with pytest.raises(ConfigError, match="partitions is an option of the Downpour strategy"):
         fit(df, small_fc, strategy="gossip", partitions=2)
-    with pytest.raises(ConfigError, match="topology 'ring' needs at least 2 replicas, got "
-                                          "replicas=1"):
+    with pytest.raises(ConfigError, match="topology 'exponential' needs at least 2 replicas, "
+                                          "got replicas=1"):
         fit(df, small_fc, strategy="gossip", replicas=1, log=None)
     with pytest.raises(ConfigError, match="optimizer 'lbfgs' takes several evaluations"):
         fit(df, small_fc, strategy="gossip", optimizer="lbfgs", log=None)

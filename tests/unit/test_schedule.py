@@ -92,6 +92,11 @@ def test_gossip_auto_rule_is_sqrt_from_eight_replicas():
     assert auto_rule("linear", True, 16, "exponential", 1.0) == "linear"
     assert auto_rule("linear", True, 16, "exponential", 0.1) == "sqrt"
     assert auto_rule("linear", True, 16, "ring", 1.0) == "sqrt"
+    # Gossip's defaults are that graph with whole models: linear at any number of replicas
+    from spark_dl import Gossip
+    default = Gossip()
+    assert (default.topology, default.alpha) == ("exponential", 1.0)
+    assert auto_rule("linear", True, 16, default.topology, default.alpha) == "linear"
 
 
 @pytest.mark.parametrize("tensors", [False, True])     # a CPU's bookkeeping, a GPU's

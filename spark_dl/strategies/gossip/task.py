@@ -50,10 +50,10 @@ __all__ = ["GossipConfig", "make_task"]
 class GossipConfig(LocalStepConfig):
     """Plain values shipped to the tasks (see ``spark_dl.strategies.Gossip``)."""
 
-    alpha: float = 0.1
+    alpha: float = 1.0
     sync_every: int = 1
     amp: str | None = None
-    topology: str = "ring"
+    topology: str = "exponential"
 
 
 def make_task(cfg: GossipConfig, model_fn: Callable[[], nn.Module], loss_fn: Callable,
