@@ -25,8 +25,8 @@ over real run-to-run variation, not over one trajectory timed again:
                     "gossip+exp": Gossip(topology="exponential", alpha=1.0), whole models
                     averaged on the one-peer exponential graph (Gossip's defaults since
                     2026-11-28; "gossip" was the ring with alpha 0.1 before);
-                    "gossip+ring": Gossip(topology="ring", alpha=0.1), the paper's setting; "gossip+expN": the same
-                    every N steps, sync_every=N: with 2 replicas each round is their
+                    "gossip+ring": Gossip(topology="ring", alpha=0.1), the paper's setting;
+                    "gossip+expN": the same every N steps, sync_every=N: with 2 replicas each round is their
                     exact average, so that is local SGD)
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target

@@ -11,7 +11,8 @@
 # ships-seeds (the ships group's systems at train.seed 1..4), ships-clip (Downpour with and
 # without clipped pushes, interleaved, then over seeds),
 # ships-fresh (Boosting with fresh values mid-key and the cap against without, interleaved,
-# then over seeds), ships-step (Downpour's and Boosting's staleness rules "step" and "momentum", interleaved),
+# then over seeds), ships-step (Downpour's and Boosting's staleness rules "step" and
+# "momentum", interleaved),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist

@@ -81,13 +81,13 @@ def test_mid_epoch_validation_steps(steps, every, marks):
 def test_gossip_auto_rule_is_sqrt_from_eight_replicas():
     from spark_dl.strategies.gossip.driver import SQRT_FROM, auto_rule
     assert SQRT_FROM == 8
-    assert auto_rule("linear", True, 2) == "linear"
-    assert auto_rule("linear", True, 7) == "linear"
-    assert auto_rule("linear", True, 8) == "sqrt"
-    assert auto_rule("linear", True, 16) == "sqrt"
-    assert auto_rule("linear", False, 16) == "linear"    # asked for by name: kept
-    assert auto_rule("sqrt", True, 2) == "sqrt"          # Adam-like: already sqrt
-    assert auto_rule("none", True, 16) == "none"
+    assert auto_rule("linear", True, 2, "ring", 0.1) == "linear"
+    assert auto_rule("linear", True, 7, "ring", 0.1) == "linear"
+    assert auto_rule("linear", True, 8, "ring", 0.1) == "sqrt"
+    assert auto_rule("linear", True, 16, "ring", 0.1) == "sqrt"
+    assert auto_rule("linear", False, 16, "ring", 0.1) == "linear"    # asked for by name: kept
+    assert auto_rule("sqrt", True, 2, "ring", 0.1) == "sqrt"          # Adam-like: already sqrt
+    assert auto_rule("none", True, 16, "ring", 0.1) == "none"
     # the exponential graph averaging whole models mixes fast enough for the linear rate
     assert auto_rule("linear", True, 16, "exponential", 1.0) == "linear"
     assert auto_rule("linear", True, 16, "exponential", 0.1) == "sqrt"

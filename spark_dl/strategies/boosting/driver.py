@@ -48,9 +48,9 @@ class Boosting(Strategy):
     W - 1 versions old), Downpour's rules: "momentum" (default): the server's momentum is
     fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/W; "step":
     the server's effective step lr / (1 - m) that of fit's momentum divided by W (faster on
-    the thesis CNN, not on the ships U-Net: docs/guides/boosting.md); "lr": a push tau >= 2 versions old steps
-    lr / tau; "lr+momentum"; "none". local (SGD servers, default
-    True): a worker steps its copy by each mini-batch of a key (plain SGD at the server's
+    the thesis CNN, not on the ships U-Net: docs/guides/boosting.md); "lr": a push tau >= 2
+    versions old steps lr / tau; "lr+momentum"; "none". local (SGD servers, default True): a
+    worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k
     sequential steps; False: k gradients of the values the worker holds (docs/quality.md,
     ships). fresh (default: True with several workers): before each mini-batch of a key, a

@@ -28,8 +28,7 @@ TOPOLOGIES = dict.fromkeys(ROUND_TOPOLOGIES, 2)   # topology -> the fewest repli
 SQRT_FROM = 8                            # "auto" scales by sqrt(replicas) from this many on
 
 
-def auto_rule(rule: str, auto: bool, replicas: int, topology: str = "ring",
-              alpha: float = 0.1) -> str:
+def auto_rule(rule: str, auto: bool, replicas: int, topology: str, alpha: float) -> str:
     """Gossip's rule for fit's lr_scaling: "auto" is the optimizer's rule, but square-root
     scaling for SGD from SQRT_FROM replicas on, where a ring mixes too slowly for the linearly
     scaled rate (the thesis CNN, one seed each: 8 replicas, sqrt 98.0% after 2 epochs, linear
@@ -57,8 +56,8 @@ class Gossip(Strategy):
     0-3: 98% after 2.25, 2.0 and 2.0 epochs and once not in 3, where the paper's ring with
     alpha 0.1 got there twice, after 2.5 and 3.0; at 2 replicas they were within a quarter
     epoch of each other: docs/guides/gossip.md); ``topology="ring", alpha=0.1`` is the
-    paper's setting, a fifth of the bytes a round. The result is the replicas' average; the history reports the
-    consensus distance (mean squared distance of the replicas to it) and the bytes each
+    paper's setting, a fifth of the bytes a round. The result is the replicas' average; the
+    history reports the consensus distance (mean squared distance of the replicas to it) and the bytes each
     replica sent. ``amp``: None, "bf16" or "fp16" autocast of the local steps (float32 weights;
     the rounds mix float32 values)."""
 
