@@ -10,7 +10,8 @@
 #   STEP_COST=1 bash benchmarks/gpu_check.sh ""   # only ddp_step_cost at 16 processes
 #   PS_CAPACITY=1 bash benchmarks/gpu_check.sh "" # only bench_ps_capacity, 1 and 16 clients
 # Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
-# SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS; RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
+# SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS, SCALING_FIRST_SEED, SCALING_OUT (a file
+# name in RESULTS); RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
 # STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS; PS_CAPACITY_REPEATS, PS_CAPACITY_PUSHES.
 set -uo pipefail
 SECTIONS=${1-one,amp,shared,lstm}
@@ -32,7 +33,8 @@ if [ -n "${SCALING:-}" ]; then
   python3 benchmarks/bench_scaling.py --replicas "1,${CORES:-16}" --repeats "${SCALING_REPEATS:-1}" \
     --epochs "${SCALING_EPOCHS:-2}" \
     --strategies "${SCALING_STRATEGIES:-allreduce,downpour+lr,gossip}" \
-    --out "$RESULTS/scaling-16.json" || rc=$?
+    --first-seed "${SCALING_FIRST_SEED:-0}" \
+    --out "$RESULTS/${SCALING_OUT:-scaling-16.json}" || rc=$?
 fi
 if [ -n "${RUN:-}" ]; then           # TorchDistributor and spark_dl.run at CORES processes
   python3 benchmarks/bench_run.py --replicas "${CORES:-16}" --no-ray \

@@ -7,7 +7,8 @@
 # 1. bench_scaling at 1 and 16 replicas (scaling-16.json), SCALING_REPEATS (2) seeds, 3 epochs:
 #    AllReduce, Gossip (its defaults, the exponential graph with alpha 1, and the paper's ring
 #    with alpha 0.1), Downpour
-#    with its default staleness rule and with "lr";
+#    with its default staleness rule and with "lr" (run 2026-11-28 on an H200 machine's CPUs with
+#    SCALING_REPEATS=3 and downpour+step for downpour+lr: scaling-16-2026-11-28.json);
 # 2. bench_ps_capacity at 1 and 16 clients (ps-capacity-16.json): the parameter server's
 #    pushes a second against what 16 replicas need (no Spark; about 2 minutes);
 # 3. with WITH_RUN=1: bench_run at 16 processes (run-16.json): TorchDistributor against
