@@ -17,7 +17,10 @@ over real run-to-run variation, not over one trajectory timed again:
                     steps lr / tau and the server keeps fit's momentum; "downpour+step":
                     Downpour(staleness="step"), the server's effective step the single
                     process's divided by R (the default for a few hours on 2026-11-28, when
-                    "downpour" meant it and "downpour+momentum" the default rule); their
+                    "downpour" meant it and "downpour+momentum" the default rule);
+                    "downpour+momentum": the rule that was the default before and after
+                    that, until "halfway" (the mean of the two) became it on 2026-11-28, so
+                    "downpour" in runs before then is "downpour+momentum" now; their
                     one-replica reference is Downpour's;
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of

@@ -12,7 +12,7 @@
 # without clipped pushes, interleaved, then over seeds),
 # ships-fresh (Boosting with fresh values mid-key and the cap against without, interleaved,
 # then over seeds), ships-step (Downpour's and Boosting's staleness rules "step" and
-# "momentum", interleaved),
+# "momentum", interleaved), ships-halfway (Downpour's "halfway" and "momentum", interleaved),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
@@ -226,19 +226,28 @@ if [ "$group" = ships-fresh ]; then
   done
   run_named ships-bn-boosting-fresh "${SHIPS[@]}" --set train.norm=batch
 fi
-if [ "$group" = ships-step ]; then
-  # Downpour (async), then Boosting, 2 workers each, on the ships job with staleness="step"
-  # against the default "momentum", interleaved, RUNS runs (default 3) of seed 0 each
-  # (results/quality/ships-downpour-step/ and ships-boosting-step/, 2026-11-28).
-  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml --set train.replicas=2)
-  for st in downpour boosting; do
-    for i in $(seq 1 "${RUNS:-3}"); do
-      for rule in step momentum; do
-        run_named "ships-$st-$rule-$i" "${SHIPS[@]}" \
-            --set "train.strategy={'name': '$st', 'staleness': '$rule'}"
-      done
+ships_rules() {                   # STRATEGY RULE...: 2 workers, the rules interleaved, RUNS runs
+  local st="$1"; shift
+  local i rule
+  for i in $(seq 1 "${RUNS:-3}"); do
+    for rule in "$@"; do
+      run_named "ships-$st-$rule-$i" jobs/segment_ships.py --config conf/jobs/ships.toml \
+          --set train.replicas=2 --set "train.strategy={'name': '$st', 'staleness': '$rule'}"
     done
   done
+}
+if [ "$group" = ships-halfway ]; then
+  # Downpour on the ships job with staleness="halfway" (the default since 2026-11-28)
+  # against "momentum", seed 0 each. The runs of 2026-11-28 (results/downpour-halfway/)
+  # forced the same server momenta by a scratch switch (0.6 and 0.4 at 2 workers).
+  ships_rules downpour halfway momentum
+fi
+if [ "$group" = ships-step ]; then
+  # Downpour (async), then Boosting, on the ships job with staleness="step" against
+  # "momentum" (the default of both then), seed 0 each (results/quality/ships-downpour-step/
+  # and ships-boosting-step/, 2026-11-28).
+  ships_rules downpour step momentum
+  ships_rules boosting step momentum
 fi
 if [ "$group" = cnn-bn ]; then
   # The thesis CNN with BatchNorm (train.model=cnn_bn) on a quarter of the digits (50,000

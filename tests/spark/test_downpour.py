@@ -266,7 +266,7 @@ def test_downpour_argument_errors(spark):
         Downpour(average=-0.1)
     with pytest.raises(ConfigError, match=r"average=0.1 needs mode='async'"):
         Downpour(mode="sync", average=0.1)
-    with pytest.raises(ConfigError, match=r"staleness must be one of 'step', 'momentum', 'lr', "
+    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'step', 'momentum', 'lr', "
                                           r"'lr\+momentum', 'none'"):
         Downpour(staleness="tau")
     with pytest.raises(ConfigError, match=r"overlap=True with staleness='none' and server "
@@ -276,18 +276,22 @@ def test_downpour_argument_errors(spark):
 
 
 def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
-    """Two async replicas with momentum 0.9: by default (staleness="momentum") the server's
-    momentum is lowered by the asynchrony's own, 0.9 - (1 - 1/2) = 0.4; "step" runs
-    1 - 2 x (1 - 0.9) = 0.8 on CPUs, half the single process's effective step (the driver
-    guesses device='auto' from this machine: GPU workers overlap their pushes, a version more
-    stale, and get a quarter: 0.6); "none" keeps 0.9; sync rounds keep 0.9."""
+    """Two async replicas with momentum 0.9: "momentum" lowers the server's momentum by the
+    asynchrony's own, 0.9 - (1 - 1/2) = 0.4; "step" runs 1 - 2 x (1 - 0.9) = 0.8 on CPUs,
+    half the single process's effective step (the driver guesses device='auto' from this
+    machine: GPU workers overlap their pushes, a version more stale, and get a quarter: 0.6);
+    the default, "halfway", runs their mean, 0.6 on CPUs (0.5 on GPUs); "none" keeps 0.9;
+    sync rounds keep 0.9."""
     x, y = data(32, seed=12)
     df = frame(spark, x, y, [16, 16])
     kw = dict(replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9, log=None)
     default = fit(df, small_fc, strategy="downpour", run_dir=tmp_path / "a", **kw)
-    assert default.info["staleness"] == "momentum"
-    assert default.info["server_momentum"] == pytest.approx(0.4)
     gpu = torch.cuda.is_available()
+    assert default.info["staleness"] == "halfway"
+    assert default.info["server_momentum"] == pytest.approx(0.5 if gpu else 0.6)
+    rule = fit(df, small_fc, strategy=Downpour(staleness="momentum"), run_dir=tmp_path / "e",
+               **kw)
+    assert rule.info["server_momentum"] == pytest.approx(0.4)
     step = fit(df, small_fc, strategy=Downpour(staleness="step"), run_dir=tmp_path / "d", **kw)
     assert step.info["server_momentum"] == pytest.approx(0.6 if gpu else 0.8)
     assert step.info["overlap"] == [gpu, gpu]

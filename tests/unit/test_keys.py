@@ -83,7 +83,7 @@ def test_concurrent_workers_see_each_key_once():
 
 def test_boosting_options_name_the_value_and_the_choices():
     from spark_dl import Boosting
-    with pytest.raises(ConfigError, match=r"staleness must be one of 'step', 'momentum', 'lr', "
+    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'step', 'momentum', 'lr', "
                                           r"'lr\+momentum', 'none'"):
         Boosting(staleness="fast")
     with pytest.raises(ConfigError, match="local must be True or False, got 1"):

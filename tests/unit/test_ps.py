@@ -306,8 +306,9 @@ def test_staleness_aware_server_steps_lr_over_tau(server, staleness_lr):
 
 def test_the_staleness_rules_set_the_server_momentum():
     """"step": the server's effective step lr / (1 - m) is the single process's divided by R,
-    2R when the pushes overlap, not below momentum 0; "momentum" (the default): lowered by
-    1 - 1/R; "lr" and "none" keep it; one worker, sync and sequential keep it."""
+    2R when the pushes overlap, not below momentum 0; "momentum": lowered by 1 - 1/R;
+    "halfway" (the default): the mean of those two; "lr" and "none" keep it; one worker, sync
+    and sequential keep it."""
     from spark_dl.strategies.downpour.driver import _server_momentum
     step = [_server_momentum(0.9, r, "async", "step") for r in (1, 2, 4, 8, 10, 16)]
     assert step == pytest.approx([0.9, 0.8, 0.6, 0.2, 0.0, 0.0])
@@ -318,6 +319,10 @@ def test_the_staleness_rules_set_the_server_momentum():
     rule = [_server_momentum(0.9, r, "async", "momentum") for r in (1, 2, 4, 16)]
     assert rule == pytest.approx([0.9, 0.4, 0.15, 0.0])
     assert _server_momentum(0.9, 4, "async", "lr+momentum") == pytest.approx(0.15)
+    halfway = [_server_momentum(0.9, r, "async", "halfway") for r in (1, 2, 4, 8, 10, 16)]
+    assert halfway == pytest.approx([0.9, 0.6, 0.375, 0.1125, 0.0, 0.0])
+    assert _server_momentum(0.9, 2, "async", "halfway", overlap=True) == pytest.approx(0.5)
+    assert _server_momentum(0.9, 2, "sync", "halfway") == 0.9
     for staleness in ("lr", "none"):
         assert _server_momentum(0.9, 4, "async", staleness) == 0.9
     for mode in ("sync", "sequential"):
