@@ -8,9 +8,10 @@ of --repeats runs:
   plain-1t            single-process loop, 1 thread (the calibration)
   allreduce           spark_dl.fit(strategy="allreduce")
   downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.9 as the
-                      others, the defaults: staleness rule "momentum" (the server runs
-                      0.9 - (1 - 1/2) = 0.4: two asynchronous replicas add momentum of their
-                      own) and average=0.1 (the model returned and validated is the server's
+                      others, the defaults: staleness rule "halfway" (since 2026-11-28;
+                      the server runs 0.6, the mean of the "step" rule's 0.8 and the
+                      "momentum" rule's 0.4; runs before then had "momentum" here) and
+                      average=0.1 (the model returned and validated is the server's
                       moving average over a tenth of an epoch), and clip=2 (a push's step at
                       most twice the running gradient norm; since 2026-11-27)
   downpour-1-1-step   the same with staleness="step" (the server runs 1 - 2 x (1 - 0.9) = 0.8,

@@ -3,6 +3,7 @@ one thread each; every rank's body returns a JSON-able report, which the test ge
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -23,6 +24,11 @@ def _entry(rank, world, port, out_dir, body, args):
                             world_size=world)
     try:
         report = body(rank, world, *args)
+        # Rank 0 of a DDP test once ended in std::terminate (SIGABRT) at teardown in CI
+        # (2026-11-28): free what the body made and wait for every rank before any of them
+        # takes the group (and rank 0 its TCP store) down.
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
