@@ -29,8 +29,8 @@ over real run-to-run variation, not over one trajectory timed again:
                     averaged on the one-peer exponential graph (Gossip's defaults since
                     2026-11-28; "gossip" was the ring with alpha 0.1 before);
                     "gossip+ring": Gossip(topology="ring", alpha=0.1), the paper's setting;
-                    "gossip+expN": the same every N steps, sync_every=N: with 2 replicas each round is their
-                    exact average, so that is local SGD)
+                    "gossip+expN": the same every N steps, sync_every=N: with 2
+                    replicas each round is their exact average, so that is local SGD)
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,

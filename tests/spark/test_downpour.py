@@ -266,8 +266,8 @@ def test_downpour_argument_errors(spark):
         Downpour(average=-0.1)
     with pytest.raises(ConfigError, match=r"average=0.1 needs mode='async'"):
         Downpour(mode="sync", average=0.1)
-    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'step', 'momentum', 'lr', "
-                                          r"'lr\+momentum', 'none'"):
+    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'step', "
+                                          r"'momentum', 'lr', 'lr\+momentum', 'none'"):
         Downpour(staleness="tau")
     with pytest.raises(ConfigError, match=r"overlap=True with staleness='none' and server "
                                           r"momentum 0.9 over 2 replicas diverges"):

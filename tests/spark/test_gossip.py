@@ -155,8 +155,8 @@ def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp
     every replica's own statistics on (2 + 1 epochs equal 3)."""
     x, y = data(40, seed=23)
     kw = dict(strategy=Gossip(alpha=1.0, topology="ring"), batch_size=BATCH, lr=LR,
-              lr_decay=DECAY, momentum=MOMENTUM, shuffle=False, dtype="float64", lr_scaling=None, log=None,
-              validation=(x[:11], y[:11]))
+              lr_decay=DECAY, momentum=MOMENTUM, shuffle=False, dtype="float64",
+              lr_scaling=None, log=None, validation=(x[:11], y[:11]))
     res = fit(frame(spark, x, y, SPLITS), small_bn, epochs=3, run_dir=tmp_path / "w", **kw)
     ref, _ = reference_gossip(x, y, SPLITS, 3, 1.0, make=small_bn)
     assert_same_weights(res.model, ref)                 # running_mean / running_var included

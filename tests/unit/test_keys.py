@@ -83,8 +83,8 @@ def test_concurrent_workers_see_each_key_once():
 
 def test_boosting_options_name_the_value_and_the_choices():
     from spark_dl import Boosting
-    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'step', 'momentum', 'lr', "
-                                          r"'lr\+momentum', 'none'"):
+    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'step', "
+                                          r"'momentum', 'lr', 'lr\+momentum', 'none'"):
         Boosting(staleness="fast")
     with pytest.raises(ConfigError, match="local must be True or False, got 1"):
         Boosting(local=1)

@@ -49,7 +49,9 @@ class Boosting(Strategy):
     fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/W; "step":
     the server's effective step lr / (1 - m) that of fit's momentum divided by W (faster on
     the thesis CNN, not on the ships U-Net: docs/guides/boosting.md); "lr": a push tau >= 2
-    versions old steps lr / tau; "lr+momentum"; "none". local (SGD servers, default True): a
+    versions old steps lr / tau; "lr+momentum"; "none"; "halfway" (Downpour's default, the
+    mean of "step" and "momentum": faster on the thesis CNN, a little lower on the ships
+    U-Net, docs/guides/boosting.md). local (SGD servers, default True): a
     worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k
     sequential steps; False: k gradients of the values the worker holds (docs/quality.md,

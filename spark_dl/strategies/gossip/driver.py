@@ -57,9 +57,9 @@ class Gossip(Strategy):
     alpha 0.1 got there twice, after 2.5 and 3.0; at 2 replicas they were within a quarter
     epoch of each other: docs/guides/gossip.md); ``topology="ring", alpha=0.1`` is the
     paper's setting, a fifth of the bytes a round. The result is the replicas' average; the
-    history reports the consensus distance (mean squared distance of the replicas to it) and the bytes each
-    replica sent. ``amp``: None, "bf16" or "fp16" autocast of the local steps (float32 weights;
-    the rounds mix float32 values)."""
+    history reports the consensus distance (mean squared distance of the replicas to it) and
+    the bytes each replica sent. ``amp``: None, "bf16" or "fp16" autocast of the local steps
+    (float32 weights; the rounds mix float32 values)."""
 
     name = "gossip"
     alpha: float = 1.0

@@ -12,8 +12,8 @@ frame is (op, shard, version, length), but an attacker on the network path betwe
 the driver could still alter a payload's values in flight, as it could gloo's all-reduce
 traffic between replicas; such a network needs encryption underneath (an overlay, IPsec).
 Payloads are raw arrays (float32, float64 or bfloat16 parameters and gradients, int64 for
-control data), never pickled, and their length must equal what the op and shard imply, so a frame claiming 10 GB
-is refused before a byte of it is read.
+control data), never pickled, and their length must equal what the op and shard imply, so a
+frame claiming 10 GB is refused before a byte of it is read.
 """
 
 from __future__ import annotations
