@@ -9,10 +9,12 @@
 #   RUN=1 bash benchmarks/gpu_check.sh ""         # only bench_run (your own loop) at 16
 #   STEP_COST=1 bash benchmarks/gpu_check.sh ""   # only ddp_step_cost at 16 processes
 #   PS_CAPACITY=1 bash benchmarks/gpu_check.sh "" # only bench_ps_capacity, 1 and 16 clients
+#   PS_SERVING=1 bash benchmarks/gpu_check.sh ""  # only bench_ps_serving (LOOP_FROM's evidence)
 # Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
 # SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS, SCALING_FIRST_SEED, SCALING_OUT (a file
 # name in RESULTS); RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
-# STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS; PS_CAPACITY_REPEATS, PS_CAPACITY_PUSHES.
+# STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS; PS_CAPACITY_REPEATS, PS_CAPACITY_PUSHES;
+# PS_SERVING_WORKERS, PS_SERVING_REPEATS.
 set -uo pipefail
 SECTIONS=${1-one,amp,shared,lstm}
 RESULTS=${2:-benchmarks/results}
@@ -51,5 +53,9 @@ if [ -n "${PS_CAPACITY:-}" ]; then   # the parameter server's pushes a second (n
   python3 benchmarks/bench_ps_capacity.py --clients "1,${CORES:-16}" \
     --repeats "${PS_CAPACITY_REPEATS:-3}" --pushes "${PS_CAPACITY_PUSHES:-1500}" \
     --out "$RESULTS/ps-capacity-16.json" || rc=$?
+fi
+if [ -n "${PS_SERVING:-}" ]; then    # threads against the event loop, training workers (no Spark)
+  python3 benchmarks/bench_ps_serving.py --workers "${PS_SERVING_WORKERS:-4,8,16}" \
+    --repeats "${PS_SERVING_REPEATS:-2}" --steps 2000 --out "$RESULTS/ps-serving-16.json" || rc=$?
 fi
 exit $rc

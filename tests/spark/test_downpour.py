@@ -214,6 +214,25 @@ def test_sequential_mode_applies_every_push_in_turn(spark, tmp_path):
     assert res.info["server"]["versions"] == [8]
 
 
+@pytest.mark.parametrize("mode", ["async", "sequential"])
+def test_a_fit_served_from_the_event_loop_applies_every_push(spark, tmp_path, monkeypatch,
+                                                             mode):
+    """From LOOP_FROM workers on (8) the server serves them from one event-loop thread
+    (docs/benchmarks.md, "One thread serves many workers"); the shared session runs 2 tasks
+    at once, so the threshold comes down to 2 here: every push of the tasks applied once."""
+    from spark_dl.transport.ps import server as ps_server
+    monkeypatch.setattr(ps_server, "LOOP_FROM", 2)
+    x, y = data(128, seed=5)
+    res = fit(frame(spark, x, y, [64, 64]), small_fc, strategy=Downpour(mode=mode),
+              batch_size=4, epochs=2, lr=0.05, run_dir=tmp_path / "run", log=None)
+    server = res.info["server"]
+    assert server["serving"] == "loop" and server["rejected_connections"] == 0
+    pushes = sum(w["pushes"] for w in res.info["workers"])
+    assert pushes == 2 * 16 * 2 and server["versions"] == [pushes] == [server["pushes"]]
+    assert sum(res.info["staleness_histogram"].values()) == pushes
+    assert all(np.isfinite(h["loss"]) for h in res.history)
+
+
 def test_thesis_algorithm_refuses_what_it_cannot_run(spark):
     x, y = data(16)
     df = frame(spark, x, y, [8, 8])

@@ -65,6 +65,7 @@ class Conn:
         self.send_seq = self.recv_seq = 0
         self.bytes_sent = self.bytes_received = 0
         self.worker: int | None = None           # bound by the hello (server side)
+        self.sink = None        # (head, payload) -> None: who writes the frames, if not send
 
     def send(self, op: int, payload: torch.Tensor | np.ndarray | bytes | None = None, *,
              worker=0, shard=0, version=0, count=0, steps=0, code=0):
@@ -81,6 +82,11 @@ class Conn:
         view = memoryview(data).cast("B") if len(data) else b""
         head = _HEAD.pack(MAGIC, op, code, steps, worker, shard, version, count, len(view))
         head += _mac(self.secret, self.nonce, self.send_seq, head)
+        self.send_seq += 1
+        self.bytes_sent += HEADER_BYTES + len(view)
+        if self.sink is not None:                     # the server's event loop writes it
+            self.sink(head, view)
+            return
         # one gather-write for header and payload: no small segment left for Nagle to hold
         sent = self.sock.sendmsg([head, view] if len(view) else [head])
         if sent < len(head):                          # a partial write: finish it
@@ -88,18 +94,29 @@ class Conn:
             sent = len(head)
         if sent - len(head) < len(view):
             self.sock.sendall(view[sent - len(head):])
-        self.send_seq += 1
-        self.bytes_sent += HEADER_BYTES + len(view)
 
     def recv(self, max_payload: int, into: memoryview | None = None):
         """(op, dtype, steps, worker, shard, version, count, payload memoryview)."""
-        raw = bytes(recv_exact(self.sock, HEADER_BYTES))
+        fields = self.header(bytes(recv_exact(self.sock, HEADER_BYTES)), max_payload)
+        length = fields[-1]
+        if fields[0] == OPS["error"]:
+            into = None
+        if isinstance(into, Growing):
+            into = into.get(length)
+        payload = recv_exact(self.sock, length, into) if length else memoryview(b"")
+        self.received(length)
+        return (*fields[:-1], payload)
+
+    def header(self, raw: bytes, max_payload: int) -> tuple:
+        """The next frame's header checked (magic, MAC, dtype, length): (op, dtype, steps,
+        worker, shard, version, count, payload length). Then read the payload and call
+        ``received``."""
         head, mac = raw[:_HEAD.size], raw[_HEAD.size:]
         magic, op, code, steps, worker, shard, version, count, length = _HEAD.unpack(head)
         if magic != MAGIC:
             raise PSError("bad magic: not a spark_dl parameter-server frame")
         if op == OPS["error"]:
-            max_payload, into = max(max_payload, 4096), None
+            max_payload = max(max_payload, 4096)
         if not hmac.compare_digest(mac, _mac(self.secret, self.nonce, self.recv_seq, head)):
             raise PSError("bad MAC: the peer does not know this fit's secret (or replayed a "
                           "frame)")
@@ -108,12 +125,12 @@ class Conn:
         if length > max_payload:
             raise PSError(f"frame announces {length} payload bytes, more than the {max_payload} "
                           f"this request may carry")
-        if isinstance(into, Growing):
-            into = into.get(length)
-        payload = recv_exact(self.sock, length, into) if length else memoryview(b"")
+        return op, code, steps, worker, shard, version, count, length
+
+    def received(self, length: int) -> None:
+        """A frame whose header ``header`` checked has arrived whole."""
         self.recv_seq += 1
         self.bytes_received += HEADER_BYTES + length
-        return op, code, steps, worker, shard, version, count, payload
 
 
 class Growing:

@@ -1,0 +1,194 @@
+"""The parameter server's event loop (spark_dl.transport.ps.loop): once a worker's hello is
+done, one thread serves its frames, and no worker can hold up the others."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from spark_dl.transport.ps import ParameterServer, PSClient, PSError
+from spark_dl.transport.ps.server import LOOP_FROM
+from spark_dl.transport.ps.wire import OPS
+
+SECRET = b"s" * 32
+
+
+@pytest.fixture
+def server():
+    servers = []
+
+    def make(n=1000, **kw):
+        kw.setdefault("loop", None if "workers" in kw else True)
+        ps = ParameterServer(torch.linspace(-1, 1, n, dtype=torch.float64), SECRET, **kw)
+        servers.append(ps)
+        return ps
+    yield make
+    for ps in servers:
+        ps.close()
+
+
+def _client(ps, worker: int) -> PSClient:
+    c = PSClient(ps.address, SECRET, worker, dtype=torch.float64, timeout_s=10)
+    c.hello(rows=100, batch_size=1)
+    return c
+
+
+def _frame(c: PSClient, op: int, payload: torch.Tensor, **kw) -> bytes:
+    """The bytes ``c`` would send for this frame (its sequence number moves on)."""
+    out = []
+    c.conn.sink = lambda head, view: out.append(bytes(head) + bytes(view))
+    try:
+        c.conn.send(op, payload, worker=c.worker, **kw)
+    finally:
+        c.conn.sink = None
+    return out[0]
+
+
+def _until(check, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("mode", ["async", "sequential"])
+def test_after_the_hello_one_thread_serves_every_worker(server, mode):
+    ps = server(n=1000, optimizer="sgd", lr=0.1, mode=mode, workers=16)
+    initial = ps.parameters()
+    clients = [_client(ps, w) for w in range(16)]
+    _until(lambda: ps._loop.connections == 16)
+    # the connections' own threads have handed them over and ended
+    _until(lambda: not [t for t in threading.enumerate() if "_handle" in t.name])
+    grads = torch.randn(16, 30, 1000, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(0))
+    errors = []
+
+    def pushes(w):
+        try:
+            out = torch.empty(1000, dtype=torch.float64)
+            for k in range(30):
+                clients[w].push(grads[w, k], samples=1, pull_into=out)
+        except Exception as e:                      # pragma: no cover - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=pushes, args=(w,)) for w in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and ps.versions == [480] and ps.pushes == 480
+    assert torch.allclose(ps.parameters(), initial - 0.1 * grads.sum(dim=(0, 1)), atol=1e-9)
+    for c in clients[:8]:
+        c.close()                                   # bye: the loop closes those
+    _until(lambda: ps._loop.connections == 8)
+    ps.close()                                      # and the server the others
+    with pytest.raises((PSError, ConnectionError, OSError)):
+        clients[8].push(grads[8, 0], samples=1, pull_into=torch.empty(1000, dtype=torch.float64))
+
+
+def test_a_worker_stalled_mid_frame_holds_up_nobody(server):
+    ps = server(n=1000, optimizer="sgd", lr=0.1)
+    initial = ps.parameters()
+    a, b = _client(ps, 0), _client(ps, 1)
+    frame = _frame(a, OPS["pushpull"], torch.ones(1000, dtype=torch.float64), count=1,
+                   steps=1)
+    a.conn.sock.sendall(frame[:100])              # the header and a few values, then nothing
+    out = torch.empty(1000, dtype=torch.float64)
+    b.push(torch.full((1000,), 2.0, dtype=torch.float64), samples=1, pull_into=out)
+    assert ps.versions == [1] and torch.allclose(out, initial - 0.2)
+    a.conn.sock.sendall(frame[100:])
+    mine = torch.empty(1000, dtype=torch.float64)
+    a._read_values(0, mine)
+    assert ps.versions == [2] and torch.allclose(mine, initial - 0.3)
+
+
+def test_a_reply_the_socket_cannot_take_at_once_waits_for_its_reader(server):
+    """A worker that sends a push and reads the reply late (Downpour's overlap) does not stall
+    the loop: its 32 MB reply is written as it reads, and the others are served meanwhile."""
+    n = 4 << 20
+    ps = server(n=n, optimizer="sgd", lr=0.5)
+    initial = ps.parameters()
+    a, b = _client(ps, 0), _client(ps, 1)
+    a.conn.sock.sendall(_frame(a, OPS["pushpull"], torch.ones(n, dtype=torch.float64),
+                               count=1, steps=1))
+    _until(lambda: ps.versions == [1])
+    out = torch.empty(n, dtype=torch.float64)
+    b.push(torch.full((n,), 2.0, dtype=torch.float64), samples=1, pull_into=out)
+    assert ps.versions == [2] and torch.allclose(out, initial - 1.5)
+    late = torch.empty(n, dtype=torch.float64)
+    a._read_values(0, late)                          # the values right after a's own push
+    assert a.versions == [1] and torch.allclose(late, initial - 0.5)
+
+
+def test_a_bad_frame_after_the_hello_closes_that_connection_only(server):
+    ps = server(n=100, optimizer="sgd", lr=1.0)
+    before = ps.parameters()
+    bad, good = _client(ps, 0), _client(ps, 1)
+    frame = bytearray(_frame(bad, OPS["push"], torch.ones(100, dtype=torch.float64), count=1,
+                             steps=1))
+    frame[60] ^= 0xFF                                # the MAC no longer matches
+    bad.conn.sock.sendall(bytes(frame))
+    with pytest.raises(PSError, match="bad MAC"):
+        bad._reply(0)
+    with pytest.raises((ConnectionError, OSError)):
+        bad._reply(0)                                # and the connection is gone
+    nan = _client(ps, 2)
+    with pytest.raises(PSError, match="NaN or inf"):
+        nan.push(torch.full((100,), float("nan"), dtype=torch.float64), samples=1)
+    assert ps.rejected == 2 and ps.versions == [0]
+    out = torch.empty(100, dtype=torch.float64)
+    good.pull(out)
+    assert torch.equal(out, before)
+    _until(lambda: ps._loop.connections == 1)
+
+
+def test_which_servers_serve_from_the_loop(server):
+    """From 8 workers on (a thread each below: a waiting worker's thread runs on its idle
+    core), and only where no push waits for another worker's and one shard takes them all."""
+    assert server(mode="async", workers=2)._loop is None
+    assert server(mode="async", workers=LOOP_FROM)._loop is not None
+    assert server(mode="sequential", workers=16)._loop is not None
+    assert server(mode="async", workers=2, loop=True)._loop is not None
+    assert server(mode="async", workers=16, loop=False)._loop is None
+    assert server(mode="sync", workers=16, loop=True)._loop is None
+    assert server(mode="async", workers=16, max_staleness=2)._loop is None
+    assert server(workers=16, shards=4)._loop is None    # big models: shards in parallel
+
+
+def test_a_fault_serving_one_worker_is_told_to_it_and_the_loop_serves_on():
+    """A dispatch that fails (a server bug, not a bad request) closes that connection with an
+    error frame naming it; the loop thread lives on for the others."""
+    import socket
+
+    from spark_dl.transport.ps.loop import EventLoop
+    from spark_dl.transport.ps.wire import Conn
+
+    def dispatch(conn, op, code, steps, worker, shard, version, count, payload):
+        if worker == 0:
+            raise ZeroDivisionError("a bug")
+        conn.send(OPS["ok"], bytes(payload))      # echo
+        return True
+    refused, closed = [], []
+    loop = EventLoop(dispatch, 1 << 10, refused.append, closed.append)
+    pairs = []
+    try:
+        for _ in range(2):
+            a, b = socket.socketpair()
+            b.settimeout(10)
+            server_side, client_side = Conn(a, SECRET, b"n" * 16), Conn(b, SECRET, b"n" * 16)
+            loop.adopt(server_side)
+            pairs.append(client_side)
+        pairs[0].send(OPS["push"], b"x" * 8, worker=0)
+        op, *_, payload = pairs[0].recv(1 << 10)
+        assert op == OPS["error"] and bytes(payload).decode() == (
+            "the parameter server failed serving this request: ZeroDivisionError: a bug")
+        with pytest.raises(ConnectionError):
+            pairs[0].recv(1 << 10)                # and the connection is closed
+        pairs[1].send(OPS["push"], b"hello", worker=1)
+        op, *_, payload = pairs[1].recv(1 << 10)
+        assert op == OPS["ok"] and bytes(payload) == b"hello"
+        assert not refused and len(closed) == 1
+    finally:
+        loop.close()
