@@ -11,6 +11,9 @@
 #    SCALING_REPEATS=3 and downpour+step for downpour+lr: scaling-16-2026-11-28.json);
 # 2. bench_ps_capacity at 1 and 16 clients (ps-capacity-16.json): the parameter server's
 #    pushes a second against what 16 replicas need (no Spark; about 2 minutes);
+# 2b. with WITH_PS_SERVING=1, in the time left: bench_ps_serving at 4, 8 and 16 training
+#    workers (ps-serving-16.json): the server's thread per connection against its event loop
+#    (LOOP_FROM's evidence; 2 repeats of 2,000 steps, about 2 minutes);
 # 3. with WITH_RUN=1: bench_run at 16 processes (run-16.json): TorchDistributor against
 #    spark_dl.run (issue 37, measured 2026-11-27);
 # 4. with GPU=1 first: gpu_check's GPU sections and the LSTM configurations (done 2026-11-27).
@@ -59,6 +62,13 @@ elif [ $secs -gt 30 ]; then
   PS_CAPACITY=1 timeout $secs bash benchmarks/gpu_check.sh "" "$O" > "$O/log6.txt" 2>&1
   echo "ps capacity rc=$? at $(el) s"
   grep -E "^server|^plain" "$O/log6.txt" | tail -n 6
+fi
+if [ -n "${WITH_PS_SERVING:-}" ]; then   # threads against the event loop, 4, 8, 16 workers
+  secs=$(( TOTAL - $(el) ))
+  echo "ps serving seconds $secs"
+  [ $secs -gt 30 ] && PS_SERVING=1 timeout $secs bash benchmarks/gpu_check.sh "" "$O" \
+    > "$O/log7.txt" 2>&1
+  grep -E "^repeat" "$O/log7.txt" | tail -n 12
 fi
 if [ -n "${WITH_STEP_COST:-}" ]; then
   secs=$(( TOTAL - $(el) ))
