@@ -562,12 +562,25 @@ def test_a_shards_own_sgd_step_is_torchs_bit_for_bit_and_checkpoints_alike(optim
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_the_nan_check_of_small_and_large_pushes(n, dtype):
     """numpy sums small pushes, torch large ones: both refuse NaN and inf anywhere and take
-    finite values whose sum overflows."""
-    from spark_dl.transport.ps.server import _finite
+    finite values whose sum overflows, without a warning in the serving threads (which
+    quiet numpy's, each for itself)."""
+    import warnings
+
+    from spark_dl.transport.ps.server import _finite, quiet_numpy
     big = torch.finfo(dtype).max / 2
-    assert _finite(torch.zeros(n, dtype=dtype))
-    assert _finite(torch.full((n,), big, dtype=dtype))          # the sum is inf, no value is
-    for bad in (float("nan"), float("inf"), -float("inf")):
-        g = torch.zeros(n, dtype=dtype)
-        g[n // 2] = bad
-        assert not _finite(g)
+    got = []
+
+    def serving_thread():
+        quiet_numpy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")              # a warning fails the check
+            got.append(_finite(torch.zeros(n, dtype=dtype)))
+            got.append(_finite(torch.full((n,), big, dtype=dtype)))   # the sum is inf
+            for bad in (float("nan"), float("inf"), -float("inf")):
+                g = torch.zeros(n, dtype=dtype)
+                g[n // 2] = bad
+                got.append(_finite(g))
+    t = threading.Thread(target=serving_thread)
+    t.start()
+    t.join()
+    assert got == [True, True, False, False, False]

@@ -73,12 +73,13 @@ class _Peer:
 class EventLoop:
     """Serves adopted connections on one thread: ``dispatch(conn, *frame)`` as the threaded
     handler calls it (False: close the connection), ``on_refused(error)`` when it raises a bad
-    request, ``on_close(conn)`` once per connection closed."""
+    request, ``on_close(conn)`` once per connection closed, ``on_start()`` first in the loop's
+    thread."""
 
     def __init__(self, dispatch: Callable[..., bool], max_payload: int,
                  on_refused: Callable[[Exception], None], on_close: Callable[[Conn], None],
-                 name: str = "spark_dl-ps-loop"):
-        self.dispatch, self.max_payload = dispatch, max_payload
+                 name: str = "spark_dl-ps-loop", on_start: Callable[[], None] | None = None):
+        self.dispatch, self.max_payload, self.on_start = dispatch, max_payload, on_start
         self.on_refused, self.on_close = on_refused, on_close
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -123,6 +124,8 @@ class EventLoop:
             pass
 
     def _run(self) -> None:
+        if self.on_start is not None:             # the loop thread's own settings
+            self.on_start()
         while not self._stop.is_set():
             for key, events in self._sel.select(timeout=0.5):
                 peer = key.data
