@@ -104,6 +104,29 @@ def test_a_worker_stalled_mid_frame_holds_up_nobody(server):
     assert ps.versions == [2] and torch.allclose(mine, initial - 0.3)
 
 
+def test_a_worker_killed_mid_frame_is_dropped_and_its_retry_served(server):
+    """A task killed in the middle of a push (its socket closed, no bye) leaves nothing
+    applied; Spark's retry connects again under its worker id and goes on from the steps the
+    server has."""
+    ps = server(n=1000, optimizer="sgd", lr=0.1)
+    initial = ps.parameters()
+    a = _client(ps, 3)
+    out = torch.empty(1000, dtype=torch.float64)
+    a.push(torch.ones(1000, dtype=torch.float64), samples=1, pull_into=out)
+    frame = _frame(a, OPS["pushpull"], torch.ones(1000, dtype=torch.float64), count=1,
+                   steps=1)
+    a.conn.sock.sendall(frame[:500])
+    a.conn.sock.close()                               # killed mid-frame
+    _until(lambda: ps._loop.connections == 0)
+    retry = PSClient(ps.address, SECRET, 3, dtype=torch.float64, timeout_s=10)
+    retry.hello(rows=100, batch_size=1)
+    assert retry.done_steps == 1 and ps.versions == [1]
+    retry.push(torch.ones(1000, dtype=torch.float64), samples=1, pull_into=out)
+    assert ps.versions == [2] and torch.allclose(out, initial - 0.2)
+    _until(lambda: ps._loop.connections == 1)
+    assert ps.rejected == 0
+
+
 def test_a_reply_the_socket_cannot_take_at_once_waits_for_its_reader(server):
     """A worker that sends a push and reads the reply late (Downpour's overlap) does not stall
     the loop: its 32 MB reply is written as it reads, and the others are served meanwhile."""

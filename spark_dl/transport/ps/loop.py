@@ -153,10 +153,15 @@ class EventLoop:
         while self._new:
             conn = self._new.popleft()
             peer = _Peer(conn)
-            conn.sock.setblocking(False)
+            try:
+                conn.sock.setblocking(False)
+                self._sel.register(conn.sock, selectors.EVENT_READ, peer)
+            except (OSError, ValueError):        # gone before the loop took it
+                self.on_close(conn)
+                conn.sock.close()
+                continue
             conn.sink = lambda head, view, p=peer: self._send(p, head, view)
             self._peers.add(peer)
-            self._sel.register(conn.sock, selectors.EVENT_READ, peer)
 
     def _read(self, peer: _Peer) -> None:
         """Read what has arrived; dispatch every frame that is whole."""
