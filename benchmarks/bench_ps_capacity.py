@@ -5,7 +5,9 @@ shard, server momentum 0.9 - (1 - 1/K), clip 2, average 0.1), K client processes
 fast as they can, each N times. With a model this small a push is all fixed cost (Python,
 torch's per-op dispatch, two socket calls), and one server, which serializes the pushes under
 its locks and the GIL, is what caps Downpour's replicas: 16 replicas of one thread each need
-16 x (plain PyTorch's steps a second) pushes a second.
+16 x (plain PyTorch's steps a second) pushes a second. The server serves as `Downpour`'s
+does: a thread per connection below 8 clients, one event-loop thread from 8 on (LOOP_FROM in
+spark_dl/transport/ps/server.py; a --baseline before f24e1dd has threads only).
 
 Side by side, interleaved, medians of --repeats runs:
   plain-1t       single-process PyTorch, 1 thread, the thesis CNN at batch 16 (random digits):
