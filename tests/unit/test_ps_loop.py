@@ -180,38 +180,95 @@ def test_which_servers_serve_from_the_loop(server):
     assert server(workers=16, shards=4)._loop is None    # big models: shards in parallel
 
 
+def _echo(conn, op, code, steps, worker, shard, version, count, payload):
+    """A dispatch for the loop alone: worker 0's requests fail (a fault of the server's, not
+    a bad request), the others' payloads come back."""
+    if worker == 0:
+        raise ZeroDivisionError("a bug")
+    conn.send(OPS["ok"], bytes(payload))
+    return True
+
+
+def _pair(loop=None):
+    """(the server's end, the worker's end) of a connection, the first adopted by ``loop``."""
+    import socket
+
+    from spark_dl.transport.ps.wire import Conn
+    a, b = socket.socketpair()
+    b.settimeout(10)
+    server_side, worker_side = Conn(a, SECRET, b"n" * 16), Conn(b, SECRET, b"n" * 16)
+    if loop is not None:
+        loop.adopt(server_side)
+    return server_side, worker_side
+
+
 def test_a_fault_serving_one_worker_is_told_to_it_and_the_loop_serves_on():
     """A dispatch that fails (a server bug, not a bad request) closes that connection with an
     error frame naming it; the loop thread lives on for the others."""
-    import socket
-
     from spark_dl.transport.ps.loop import EventLoop
-    from spark_dl.transport.ps.wire import Conn
-
-    def dispatch(conn, op, code, steps, worker, shard, version, count, payload):
-        if worker == 0:
-            raise ZeroDivisionError("a bug")
-        conn.send(OPS["ok"], bytes(payload))      # echo
-        return True
     refused, closed = [], []
-    loop = EventLoop(dispatch, 1 << 10, refused.append, closed.append)
-    pairs = []
+    loop = EventLoop(_echo, 1 << 10, refused.append, closed.append)
     try:
-        for _ in range(2):
-            a, b = socket.socketpair()
-            b.settimeout(10)
-            server_side, client_side = Conn(a, SECRET, b"n" * 16), Conn(b, SECRET, b"n" * 16)
-            loop.adopt(server_side)
-            pairs.append(client_side)
-        pairs[0].send(OPS["push"], b"x" * 8, worker=0)
-        op, *_, payload = pairs[0].recv(1 << 10)
+        _, bad = _pair(loop)
+        _, good = _pair(loop)
+        bad.send(OPS["push"], b"x" * 8, worker=0)
+        op, *_, payload = bad.recv(1 << 10)
         assert op == OPS["error"] and bytes(payload).decode() == (
             "the parameter server failed serving this request: ZeroDivisionError: a bug")
         with pytest.raises(ConnectionError):
-            pairs[0].recv(1 << 10)                # and the connection is closed
-        pairs[1].send(OPS["push"], b"hello", worker=1)
-        op, *_, payload = pairs[1].recv(1 << 10)
+            bad.recv(1 << 10)                     # and the connection is closed
+        good.send(OPS["push"], b"hello", worker=1)
+        op, *_, payload = good.recv(1 << 10)
         assert op == OPS["ok"] and bytes(payload) == b"hello"
         assert not refused and len(closed) == 1
     finally:
         loop.close()
+
+
+def test_frames_a_turn_leaves_in_the_buffer_are_served_next_turn():
+    """A peer's frames beyond one turn's share (8) that one receive already brought in are
+    served on the next turns, though no new byte arrives for them."""
+    from spark_dl.transport.ps.loop import _FRAMES_PER_TURN, EventLoop
+    loop = EventLoop(_echo, 1 << 10, list.append.__get__([]), list.append.__get__([]))
+    try:
+        server_side, worker = _pair()
+        n = 2 * _FRAMES_PER_TURN + 3
+        for i in range(n):                        # all sent before the loop reads any
+            worker.send(OPS["push"], str(i).encode(), worker=1)
+        loop.adopt(server_side)
+        got = [bytes(worker.recv(1 << 10)[-1]).decode() for _ in range(n)]
+        assert got == [str(i) for i in range(n)]
+    finally:
+        loop.close()
+
+
+def test_a_connection_handed_over_as_the_loop_closes_is_closed_not_left():
+    from spark_dl.transport.ps.loop import EventLoop
+    closed = []
+    loop = EventLoop(_echo, 1 << 10, list.append.__get__([]), closed.append)
+    loop.close()
+    server_side, worker = _pair(loop)             # a hello that finished just now
+    assert closed == [server_side]
+    with pytest.raises((ConnectionError, OSError)):
+        worker.send(OPS["push"], b"x", worker=1)
+        worker.recv(1 << 10)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_fault_of_the_threaded_server_closes_that_workers_connection(server):
+    """Below LOOP_FROM (a thread per connection) too: a fault of the server's own closes the
+    connection at once, the worker does not wait out its timeout for a reply."""
+    ps = server(n=10, mode="async", workers=2)
+    assert ps._loop is None
+
+    def fault(*frame):
+        raise ZeroDivisionError("a bug")
+    ps._dispatch = fault
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64, timeout_s=30)
+    t0 = time.monotonic()
+    with pytest.raises(PSError, match="failed serving this request: ZeroDivisionError: a bug"):
+        c.hello(rows=1, batch_size=1)
+    with pytest.raises((ConnectionError, OSError)):
+        c._reply(0)                               # and the connection is closed
+    assert time.monotonic() - t0 < 20             # at once, not after the 30 s timeout
+    _until(lambda: ps.stats()["bytes_in"] > 0)    # and counted as closed

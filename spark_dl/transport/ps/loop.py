@@ -20,18 +20,21 @@ there is no idle timeout (a worker may validate or checkpoint for long between p
 from __future__ import annotations
 
 import collections
+import itertools
 import selectors
 import socket
 import threading
+import traceback
 from collections.abc import Callable
 
 from .wire import HEADER_BYTES, OPS, Conn, PSError
 
-__all__ = ["EventLoop"]
+__all__ = ["EventLoop", "fault"]
 
 _REFUSED = (PSError, ValueError, KeyError, IndexError)   # the dispatch's "bad request"
 _FRAMES_PER_TURN = 8               # a peer's frames handled before the others get a turn
 _FIRST_BUFFER = 1 << 16            # bytes; a peer's receive buffer grows to its largest frame
+_MAX_QUEUED = 256                  # reply pieces waiting for a peer that reads none: refused
 
 
 class _Peer:
@@ -87,18 +90,29 @@ class EventLoop:
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._new: collections.deque = collections.deque()
+        self._adopting = threading.Lock()       # adopt() against close(): none left behind
+        self._closing = False
         self._peers: set[_Peer] = set()
+        self._backlog: set[_Peer] = set()        # peers with whole frames left in their buffer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def adopt(self, conn: Conn) -> None:
-        """Serve ``conn`` from now on (called by its thread, which then leaves it alone)."""
-        self._new.append(conn)
-        self._wake()
+        """Serve ``conn`` from now on (called by its thread, which then leaves it alone); once
+        the loop is closing, close it instead."""
+        with self._adopting:
+            if not self._closing:
+                self._new.append(conn)
+                self._wake()
+                return
+        self.on_close(conn)
+        conn.sock.close()
 
     def close(self) -> None:
         """Stop serving and close every adopted connection."""
+        with self._adopting:
+            self._closing = True
         self._stop.set()
         self._wake()
         self._thread.join(timeout=5)
@@ -127,22 +141,30 @@ class EventLoop:
         if self.on_start is not None:             # the loop thread's own settings
             self.on_start()
         while not self._stop.is_set():
-            for key, events in self._sel.select(timeout=0.5):
-                peer = key.data
-                if peer is None:
+            ready = self._sel.select(timeout=0 if self._backlog else 0.5)
+            for key, events in ready:
+                if key.data is None:
                     self._take_new()
-                    continue
-                try:
-                    if events & selectors.EVENT_WRITE:
-                        self._flush(peer)
-                    if events & selectors.EVENT_READ and not peer.closed:
-                        self._read(peer)
-                except _REFUSED as e:
-                    self._refuse(peer, e)
-                except OSError:                  # the peer went away (e.g. a killed task)
-                    self._drop(peer)
-                except Exception as e:           # a fault of the server's: that worker is
-                    self._refuse(peer, e, counted=False)    # told, the others served on
+                else:
+                    self._serve(key.data, events)
+            for peer in list(self._backlog):     # frames its last turn left unhandled
+                self._backlog.discard(peer)
+                if not peer.closed:
+                    self._serve(peer, selectors.EVENT_READ)
+
+    def _serve(self, peer: _Peer, events: int) -> None:
+        try:
+            if events & selectors.EVENT_WRITE:
+                self._flush(peer)
+            if events & selectors.EVENT_READ and not peer.closed:
+                self._read(peer)
+        except _REFUSED as e:
+            self._refuse(peer, e)
+        except OSError:                          # the peer went away (e.g. a killed task)
+            self._drop(peer)
+        except Exception as e:                   # a fault of the server's: that worker is
+            traceback.print_exc()                # told, its traceback goes to the driver's
+            self._refuse(peer, e, counted=False)     # log, the others are served on
 
     def _take_new(self) -> None:
         try:
@@ -164,8 +186,12 @@ class EventLoop:
             self._peers.add(peer)
 
     def _read(self, peer: _Peer) -> None:
-        """Read what has arrived; dispatch every frame that is whole."""
-        for _ in range(_FRAMES_PER_TURN):
+        """Read what has arrived; dispatch every frame that is whole (at most
+        ``_FRAMES_PER_TURN``, then the others' turn: the rest waits in the backlog)."""
+        for turn in range(_FRAMES_PER_TURN + 1):
+            if turn == _FRAMES_PER_TURN:
+                self._backlog.add(peer)
+                return
             if peer.fields is None:                  # the header
                 if not peer.fill(HEADER_BYTES):
                     return
@@ -193,6 +219,8 @@ class EventLoop:
         """Conn.send's writer here: write now what the socket takes, keep the rest."""
         if peer.closed:
             return
+        if len(peer.out) > _MAX_QUEUED:
+            raise PSError("this worker reads no replies: more than 256 are waiting for it")
         parts = [head, view] if len(view) else [head]
         if not peer.out:
             try:
@@ -207,33 +235,33 @@ class EventLoop:
 
     def _flush(self, peer: _Peer) -> None:
         while peer.out:
-            parts = list(peer.out)
+            parts = list(itertools.islice(peer.out, 64))     # below any system's IOV_MAX
             try:
                 sent = peer.sock.sendmsg(parts)
             except BlockingIOError:
                 return
-            rest = _rest(parts, sent)
-            peer.out.clear()
-            peer.out.extend(rest)
+            for _ in parts:
+                peer.out.popleft()
+            peer.out.extendleft(reversed(_rest(parts, sent)))
         if not peer.closed:
             self._sel.modify(peer.sock, selectors.EVENT_READ, peer)
 
     def _refuse(self, peer: _Peer, error: Exception, counted: bool = True) -> None:
-        """A bad request (``counted``), or a fault serving it: the error frame (best effort),
-        then the connection closes."""
+        """A bad request (``counted``), or a fault serving it: the error frame, when the
+        socket takes it at once and no reply is half written, then the connection closes."""
         if counted:
             self.on_refused(error)
         else:
-            error = RuntimeError(f"the parameter server failed serving this request: "
-                                 f"{type(error).__name__}: {error}")
-        try:
-            peer.out.clear()
-            peer.sock.setblocking(True)
-            peer.sock.settimeout(1.0)
-            peer.conn.sink = None
-            peer.conn.send(OPS["error"], str(error).encode()[:4000])
-        except OSError:
-            pass
+            error = fault(error)
+        if not peer.out and not peer.closed:
+            frames = []
+            peer.conn.sink = lambda head, view: frames.append([head, view] if len(view)
+                                                              else [head])
+            try:
+                peer.conn.send(OPS["error"], str(error).encode()[:4000])
+                peer.sock.sendmsg(frames[0])
+            except OSError:                      # the socket is full or gone: just close
+                pass
         self._drop(peer)
 
     def _drop(self, peer: _Peer) -> None:
@@ -247,6 +275,13 @@ class EventLoop:
             pass
         self.on_close(peer.conn)
         peer.sock.close()
+
+
+def fault(error: Exception) -> RuntimeError:
+    """What a worker is told when serving its request failed on the server's side (not a bad
+    request of its own)."""
+    return RuntimeError(f"the parameter server failed serving this request: "
+                        f"{type(error).__name__}: {error}")
 
 
 def _rest(parts: list, sent: int) -> list:

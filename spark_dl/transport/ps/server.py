@@ -64,7 +64,7 @@ import torch
 
 from ..channel import accept_loop, stop_listening
 from .buffers import BufferMean
-from .loop import EventLoop
+from .loop import EventLoop, fault
 from .shard import SERVER_OPTIMIZERS, Shard
 from .wire import DTYPES, OPS, Conn, Growing, PSError
 
@@ -284,6 +284,7 @@ class ParameterServer:
         nonce = os.urandom(16)
         conn = Conn(sock, self.secret, nonce)
         buf = Growing()
+        adopted = False
         try:
             sock.settimeout(self.timeout_s)
             sock.sendall(nonce)
@@ -292,6 +293,7 @@ class ParameterServer:
                 if not self._dispatch(conn, *frame):
                     break
                 if self._loop is not None and conn.worker is not None:
+                    adopted = True               # the loop serves (or closes) it from now
                     self._loop.adopt(conn)
                     return
         except (PSError, ValueError, KeyError, IndexError) as e:
@@ -302,8 +304,16 @@ class ParameterServer:
                 pass
         except OSError:
             pass                                         # peer went away (e.g. a killed task)
-        self._closed(conn)
-        sock.close()
+        except Exception as e:           # a fault of the server's: the worker is told, the
+            try:                         # traceback goes to the driver's log (the thread's)
+                conn.send(OPS["error"], str(fault(e)).encode()[:4000])
+            except OSError:
+                pass
+            raise
+        finally:            # whatever ended the thread (a fault of ours too): the worker's
+            if not adopted:                 # connection closes, it does not wait for a reply
+                self._closed(conn)
+                sock.close()
 
     def _refused(self, error: Exception) -> None:
         with self._stats_lock:
