@@ -81,35 +81,46 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_run(root: Path, k: int, pushes: int) -> dict:
-    """K clients x ``pushes`` against the server of ``root``: pushes/s and its CPU per push."""
+def drive(server: str, argv: list[str], client, clients_args: list[tuple]) -> tuple:
+    """Run the ``server`` snippet (``python -c server *argv``: it prints its port, serves until
+    its stdin closes, then prints the pushes it applied) and one spawned process per
+    ``clients_args`` running ``client(port, secret, *args, go, done)``, which puts a ready
+    message on ``done``, waits for ``go`` and puts a finished one. Returns (the finished
+    messages, and from go to the last of them the seconds and the server's CPU seconds, the
+    pushes applied)."""
     secret = os.urandom(32)
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(root), str(k), str(NUMEL)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PS_SECRET": secret.hex()})
+    proc = subprocess.Popen([sys.executable, "-c", server, *argv], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PS_SECRET": secret.hex()})
     try:
-        port = int(server.stdout.readline())
+        port = int(proc.stdout.readline())
         ctx = mp.get_context("spawn")
         go, done = ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=_client, args=(port, secret, w, pushes, go, done))
-                 for w in range(k)]
+        procs = [ctx.Process(target=client, args=(port, secret, *args, go, done))
+                 for args in clients_args]
         for p in procs:
             p.start()
         for _ in procs:                              # every client imported and said hello
             done.get(timeout=600)
-        cpu0, t0 = _cpu_seconds(server.pid), time.perf_counter()
+        cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()
         go.set()
-        for _ in procs:
-            done.get(timeout=600)
-        wall, cpu = time.perf_counter() - t0, _cpu_seconds(server.pid) - cpu0
+        ends = [done.get(timeout=600) for _ in procs]
+        wall, cpu = time.perf_counter() - t0, _cpu_seconds(proc.pid) - cpu0
         for p in procs:
             p.join()
-        server.stdin.close()
-        applied = int(server.stdout.readline())
+        proc.stdin.close()
+        applied = int(proc.stdout.readline())
     finally:
-        if server.poll() is None:                    # a failure before the server closed
-            server.kill()
-        server.wait()
+        if proc.poll() is None:                      # a failure before the server closed
+            proc.kill()
+        proc.wait()
+    return ends, wall, cpu, applied
+
+
+def server_run(root: Path, k: int, pushes: int) -> dict:
+    """K clients x ``pushes`` against the server of ``root``: pushes/s and its CPU per push."""
+    _, wall, cpu, applied = drive(SERVER, [str(root), str(k), str(NUMEL)], _client,
+                                  [(w, pushes) for w in range(k)])
     if applied != k * pushes:
         raise RuntimeError(f"the server applied {applied} pushes, the clients sent {k * pushes}")
     return {"pushes_per_s": k * pushes / wall, "server_cpu_us_per_push": cpu / applied * 1e6}

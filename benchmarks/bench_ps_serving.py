@@ -21,10 +21,7 @@ asynchronous replicas (one shard, momentum 0.9 - (1 - 1/K), clip 2, average 0.1)
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,36 +77,12 @@ def _worker(port: int, secret: bytes, worker: int, steps: int, go, done) -> None
 
 
 def run(k: int, system: str, steps: int) -> dict:
-    from bench_ps_capacity import _cpu_seconds
+    from bench_ps_capacity import drive
 
     from spark_dl.models import build_model
     numel = sum(p.numel() for p in build_model("cnn").parameters())
-    secret = os.urandom(32)
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(ROOT), str(k), str(numel),
-                               system], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "PS_SECRET": secret.hex()})
-    try:
-        port = int(server.stdout.readline())
-        ctx = mp.get_context("spawn")
-        go, done = ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(port, secret, w, steps, go, done))
-                 for w in range(k)]
-        for p in procs:
-            p.start()
-        for _ in procs:
-            done.get(timeout=600)
-        cpu0 = _cpu_seconds(server.pid)
-        go.set()
-        ends = [done.get(timeout=600) for _ in procs]
-        cpu = _cpu_seconds(server.pid) - cpu0
-        for p in procs:
-            p.join()
-        server.stdin.close()
-        applied = int(server.stdout.readline())
-    finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait()
+    ends, _, cpu, applied = drive(SERVER, [str(ROOT), str(k), str(numel), system], _worker,
+                                  [(w, steps) for w in range(k)])
     if applied != k * steps:
         raise RuntimeError(f"the server applied {applied} pushes, the workers sent {k * steps}")
     return {"samples_per_s": k * steps * BATCH / max(e[1] for e in ends),

@@ -14,20 +14,12 @@ import torch
 from spark_dl.transport.ps import ParameterServer, PSClient, PSError
 from spark_dl.transport.ps.wire import HEADER_BYTES, MAGIC, OPS
 
-SECRET = b"s" * 32
+from .conftest import SECRET
 
 
 @pytest.fixture
-def server():
-    servers = []
-
-    def make(n=1000, **kw):
-        ps = ParameterServer(torch.linspace(-1, 1, n, dtype=torch.float64), SECRET, **kw)
-        servers.append(ps)
-        return ps
-    yield make
-    for ps in servers:
-        ps.close()
+def server(ps_servers):
+    return ps_servers
 
 
 def test_32_clients_x_50_pushes_apply_every_update(server):

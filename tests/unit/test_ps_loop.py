@@ -9,25 +9,21 @@ import time
 import pytest
 import torch
 
-from spark_dl.transport.ps import ParameterServer, PSClient, PSError
+from spark_dl.transport.ps import PSClient, PSError
 from spark_dl.transport.ps.server import LOOP_FROM
 from spark_dl.transport.ps.wire import OPS
 
-SECRET = b"s" * 32
+from .conftest import SECRET
 
 
 @pytest.fixture
-def server():
-    servers = []
-
+def server(ps_servers):
+    """test_ps.py's servers, serving from the loop unless the test gives ``workers`` (then
+    LOOP_FROM decides) or ``loop``."""
     def make(n=1000, **kw):
         kw.setdefault("loop", None if "workers" in kw else True)
-        ps = ParameterServer(torch.linspace(-1, 1, n, dtype=torch.float64), SECRET, **kw)
-        servers.append(ps)
-        return ps
-    yield make
-    for ps in servers:
-        ps.close()
+        return ps_servers(n, **kw)
+    return make
 
 
 def _client(ps, worker: int) -> PSClient:
@@ -229,7 +225,8 @@ def test_frames_a_turn_leaves_in_the_buffer_are_served_next_turn():
     """A peer's frames beyond one turn's share (8) that one receive already brought in are
     served on the next turns, though no new byte arrives for them."""
     from spark_dl.transport.ps.loop import _FRAMES_PER_TURN, EventLoop
-    loop = EventLoop(_echo, 1 << 10, list.append.__get__([]), list.append.__get__([]))
+    refused, closed = [], []
+    loop = EventLoop(_echo, 1 << 10, refused.append, closed.append)
     try:
         server_side, worker = _pair()
         n = 2 * _FRAMES_PER_TURN + 3
@@ -244,8 +241,8 @@ def test_frames_a_turn_leaves_in_the_buffer_are_served_next_turn():
 
 def test_a_connection_handed_over_as_the_loop_closes_is_closed_not_left():
     from spark_dl.transport.ps.loop import EventLoop
-    closed = []
-    loop = EventLoop(_echo, 1 << 10, list.append.__get__([]), closed.append)
+    refused, closed = [], []
+    loop = EventLoop(_echo, 1 << 10, refused.append, closed.append)
     loop.close()
     server_side, worker = _pair(loop)             # a hello that finished just now
     assert closed == [server_side]
@@ -272,3 +269,5 @@ def test_a_fault_of_the_threaded_server_closes_that_workers_connection(server):
         c._reply(0)                               # and the connection is closed
     assert time.monotonic() - t0 < 20             # at once, not after the 30 s timeout
     _until(lambda: ps.stats()["bytes_in"] > 0)    # and counted as closed
+    # its thread ends with the fault's traceback: within this test, whose mark expects it
+    _until(lambda: not [t for t in threading.enumerate() if "_handle" in t.name])

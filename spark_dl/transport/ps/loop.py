@@ -147,8 +147,8 @@ class EventLoop:
                     self._take_new()
                 else:
                     self._serve(key.data, events)
-            for peer in list(self._backlog):     # frames its last turn left unhandled
-                self._backlog.discard(peer)
+            backlog, self._backlog = self._backlog, set()
+            for peer in backlog:                 # frames its last turn left unhandled
                 if not peer.closed:
                     self._serve(peer, selectors.EVENT_READ)
 
@@ -188,10 +188,7 @@ class EventLoop:
     def _read(self, peer: _Peer) -> None:
         """Read what has arrived; dispatch every frame that is whole (at most
         ``_FRAMES_PER_TURN``, then the others' turn: the rest waits in the backlog)."""
-        for turn in range(_FRAMES_PER_TURN + 1):
-            if turn == _FRAMES_PER_TURN:
-                self._backlog.add(peer)
-                return
+        for _ in range(_FRAMES_PER_TURN):
             if peer.fields is None:                  # the header
                 if not peer.fill(HEADER_BYTES):
                     return
@@ -214,6 +211,7 @@ class EventLoop:
             peer.got = extra
             if not extra:             # the peer waits for its reply: back to the selector
                 return
+        self._backlog.add(peer)              # a whole turn: the rest waits for the next
 
     def _send(self, peer: _Peer, head: bytes, view) -> None:
         """Conn.send's writer here: write now what the socket takes, keep the rest."""
@@ -254,12 +252,9 @@ class EventLoop:
         else:
             error = fault(error)
         if not peer.out and not peer.closed:
-            frames = []
-            peer.conn.sink = lambda head, view: frames.append([head, view] if len(view)
-                                                              else [head])
+            peer.conn.sink = None                # straight to the non-blocking socket
             try:
                 peer.conn.send(OPS["error"], str(error).encode()[:4000])
-                peer.sock.sendmsg(frames[0])
             except OSError:                      # the socket is full or gone: just close
                 pass
         self._drop(peer)

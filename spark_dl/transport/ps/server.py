@@ -2,16 +2,16 @@
 
 The parameters live on the server as one flat vector cut into ``shards`` contiguous blocks
 (shard.py); workers are ordinary Spark tasks that talk to it over TCP in the frames of wire.py
-(client.py). Each connection's thread reads its nonce and hello; from ``LOOP_FROM`` workers
-on, where no push ever waits for another worker's (modes async and sequential without
+(client.py). Each connection's thread reads its nonce and hello; from ``LOOP_FROM`` workers on,
+where no push ever waits for another worker's (modes async and sequential without
 max_staleness) and one shard's lock serialises them anyway, one event-loop thread then serves
 every worker's frames (loop.py: a thread each made 8.6 context switches a push at 16 workers).
-Any malformed frame closes that connection only. A push may ask for the shard's values after it in the same reply (op
-"pushpull"): a worker that fetches right after pushing pays one round trip, not two. A pull
-with steps=1 asks "if newer than the version I hold": an unchanged shard replies with its
-version and no values (a header's bytes). The server counts the mini-batch steps it applied per
-worker id; the hello reply says how many, so that a task Spark retries goes on from there
-instead of redoing its shard.
+Any malformed frame closes that connection only. A push may ask for the shard's values after it
+in the same reply (op "pushpull"): a worker that fetches right after pushing pays one round
+trip, not two. A pull with steps=1 asks "if newer than the version I hold": an unchanged shard
+replies with its version and no values (a header's bytes). The server counts the mini-batch
+steps it applied per worker id; the hello reply says how many, so that a task Spark retries
+goes on from there instead of redoing its shard.
 
 The server-side learning rate follows ``schedule`` (spark_dl.optim.schedule: its warmup and
 per-epoch decay) over the fractional epochs applied: an epoch is the mini-batch steps of all
