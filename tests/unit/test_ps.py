@@ -477,6 +477,30 @@ def test_the_server_averages_its_values_over_a_fraction_of_an_epoch(server):
         server(n=4, average=-1)
 
 
+def test_the_average_spans_a_fraction_of_an_epoch_whatever_the_push_size(server):
+    """Pushes of k = 2 mini-batch steps (a Boosting key, a Downpour push of n_push=2): after
+    the push that brings the steps to t, x̄ <- x̄ + k (x - x̄) / (0.5 min(8, t)), x̄ = x while
+    that span is <= k; so average=0.5 covers half an epoch's mini-batch steps, not half an
+    epoch's pushes (which would be a whole epoch here)."""
+    ps = server(n=4, optimizer="sgd", lr=0.5, average=0.5)
+    x = ps.parameters()
+    avg = x.clone()
+    g = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    c.hello(rows=8, batch_size=1)                     # 8 steps an epoch: a span of 4 steps
+    weights = []
+    for k, grad in enumerate(g):
+        c.push(2 * grad, samples=2, steps=2, versions=[k])   # 2 steps of mean gradient grad
+        x = x - 0.5 * 2 * grad                        # linear push scaling: 2 x the mean
+        span = 0.5 * min(8, 2 * (k + 1))
+        weights.append(2 / span if span > 2 else 1.0)
+        avg = avg + (x - avg) * weights[-1]
+    c.close()
+    assert weights == [1.0, 1.0, 2 / 3, 0.5]
+    assert torch.allclose(ps.parameters(averaged=False), x, atol=1e-12)
+    assert torch.allclose(ps.parameters(), avg, atol=1e-12)
+
+
 def test_data_keys_a_push_counts_only_under_its_lease_and_epochs_keep_their_state(server):
     from spark_dl.strategies.boosting.keys import KeyScheduler
     keys = KeyScheduler(3, epochs=2, workers=2, seed=0, lease_s=0.2)

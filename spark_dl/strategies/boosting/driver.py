@@ -61,9 +61,9 @@ class Boosting(Strategy):
     key behind; the staleness the server counts (and the "lr" rules divide by) is then the
     versions since that worker's last fresh values.
     average: the model validated, checkpointed and returned is the server's moving average
-    over its last average x E pushes, E an epoch's mini-batch steps (Downpour's ``average``;
-    with n_push=4 the default 0.1 spans 0.4 of an epoch's pushes; default 0.1 with several
-    workers, 0 with one); the workers fetch the last values. clip: a push's step gradient at
+    over its last average x E mini-batch steps, E an epoch's (Downpour's ``average``: that
+    fraction of an epoch whatever n_push; default 0.1 with several workers, 0 with one); the
+    workers fetch the last values. clip: a push's step gradient at
     most this multiple of the running mean norm (Downpour's ``clip``; default 2 with several
     workers, off with one; 0: off). With ``fresh`` the fit moves faster and, as Downpour's,
     needs the cap late in the fit (docs/quality.md, "Fresh values mid-key")."""

@@ -61,7 +61,8 @@ class Downpour(Strategy):
     push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both; "none": every
     push a plain step.
     average (async): the model validated and returned is the server's moving average over this
-    fraction of an epoch's pushes (default 0.1 with several replicas, 0 with one: plain SGD);
+    fraction of an epoch (its mini-batch steps, whatever n_push; default 0.1 with several
+    replicas, 0 with one: plain SGD);
     the workers always fetch the last values. clip (async, sequential): the server cuts a push's
     step gradient to at most this multiple of the running mean of the steps' gradient norms
     (spark_dl.transport.ps.shard, "Clipped pushes"): a stale push of an oscillation the delay
@@ -145,9 +146,9 @@ class Downpour(Strategy):
         check_choice("staleness", self.staleness, STALENESS_RULES)
         if self.average is not None and not (isinstance(self.average, (int, float))
                                              and self.average >= 0):
-            raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch's "
-                              f"pushes the returned parameters average over; 0: the last "
-                              f"values), got {self.average!r}")
+            raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch the "
+                              f"returned parameters average over; 0: the last values), got "
+                              f"{self.average!r}")
         if self.average and self.mode != "async":
             raise ConfigError(f"average={self.average} needs mode='async' (got "
                               f"{self.mode!r}): {self.mode} rounds follow one trajectory, "

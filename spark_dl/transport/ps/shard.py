@@ -3,12 +3,15 @@ counter and server-side optimizer (a torch optimizer on that block, so the arith
 exactly torch's), and the sync round being collected.
 
 Averaged parameters (``average`` = a > 0): besides its parameters x each shard keeps their
-exponential moving average over about a x (an epoch's pushes), x̄ <- x̄ + (x - x̄) / (a E_t)
-after every step, where E_t = min(E, t) for the t mini-batch steps applied so far (x̄ = x while
-a E_t <= 1). So in the first epoch the average covers the last fraction a of the trajectory
-so far, not the initial values and the steep first steps (which a model validated a quarter
-epoch in would otherwise mix in; docs/guides/downpour.md, "Averaged server"); from the first
-epoch on it is the last a E pushes. Workers always fetch x; the server's
+exponential moving average over about a epochs of mini-batch steps, x̄ <- x̄ + k (x - x̄) /
+(a E_t) after every push of k mini-batch steps, where E_t = min(E, t) for the t mini-batch
+steps applied so far (x̄ = x while a E_t <= k). So in the first epoch the average covers the
+last fraction a of the trajectory so far, not the initial values and the steep first steps
+(which a model validated a quarter epoch in would otherwise mix in; docs/guides/downpour.md,
+"Averaged server"); from the first epoch on it is the last a E mini-batch steps, whatever
+the push size (a Boosting key of 4 mini-batches, a Downpour push of n_push). Until
+2026-11-28 the weight was 1 / (a E_t) a push, so pushes of k steps averaged over k a epochs
+(docs/guides/boosting.md, "Averaged server"). Workers always fetch x; the server's
 ``parameters()`` (the model the driver validates and returns) is x̄: it damps the last
 iterates' noise, which asynchronous pushes add to (docs/benchmarks.md, "Downpour SGD").
 
@@ -87,9 +90,9 @@ class Shard:
         else:
             self.opt.step()
         if self.avg is not None:
-            span = self.average * min(epoch_steps, self.steps + steps)
-            if span > 1:
-                self.avg.lerp_(self.param.detach(), 1.0 / span)
+            span = self.average * min(epoch_steps, self.steps + steps)   # mini-batch steps
+            if span > steps:
+                self.avg.lerp_(self.param.detach(), steps / span)
             else:
                 self.avg.copy_(self.param.detach())
         self.steps += steps
