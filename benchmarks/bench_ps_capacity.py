@@ -48,10 +48,14 @@ import torch
 torch.set_num_threads(1)
 from spark_dl.transport.ps import ParameterServer
 k = int(sys.argv[2])
+# argv[4], when given: "loop" or "threads" forces how it serves (bench_ps_serving.py); without
+# it the server picks, and a --baseline checkout older than that switch runs this as well
+serving = {"loop": True} if sys.argv[4:] == ["loop"] else \
+    {"loop": False} if sys.argv[4:] == ["threads"] else {}
 ps = ParameterServer(torch.zeros(int(sys.argv[3])), bytes.fromhex(os.environ["PS_SECRET"]),
                      "127.0.0.1", shards=1, optimizer="momentum", lr=0.001,
                      momentum=max(0.0, 0.9 - (1 - 1 / k)), mode="async", workers=k,
-                     average=0.1, clip=2.0)
+                     average=0.1, clip=2.0, **serving)
 print(ps.address[1], flush=True)
 sys.stdin.read()                                   # until the benchmark closes it
 print(ps.pushes, flush=True)

@@ -30,23 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 BATCH = 16
 
-SERVER = """
-import os, sys
-sys.path.insert(0, sys.argv[1])
-import torch
-torch.set_num_threads(1)
-from spark_dl.transport.ps import ParameterServer
-k, loop = int(sys.argv[2]), sys.argv[4] == "loop"
-ps = ParameterServer(torch.zeros(int(sys.argv[3])), bytes.fromhex(os.environ["PS_SECRET"]),
-                     "127.0.0.1", shards=1, optimizer="momentum", lr=0.001,
-                     momentum=max(0.0, 0.9 - (1 - 1 / k)), mode="async", workers=k,
-                     average=0.1, clip=2.0, loop=loop)
-print(ps.address[1], flush=True)
-sys.stdin.read()                                   # until the benchmark closes it
-print(ps.pushes, flush=True)
-ps.close()
-"""
-
 
 def _worker(port: int, secret: bytes, worker: int, steps: int, go, done) -> None:
     """One replica: steps the thesis CNN on a fixed batch, pushes and fetches every step."""
@@ -77,7 +60,7 @@ def _worker(port: int, secret: bytes, worker: int, steps: int, go, done) -> None
 
 
 def run(k: int, system: str, steps: int) -> dict:
-    from bench_ps_capacity import drive
+    from bench_ps_capacity import SERVER, drive  # its server, serving as ``system``
 
     from spark_dl.models import build_model
     numel = sum(p.numel() for p in build_model("cnn").parameters())

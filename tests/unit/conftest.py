@@ -1,8 +1,10 @@
 """Fixtures of the unit tests: ``ps_servers`` makes parameter servers over real sockets
 (test_ps.py, test_ps_loop.py) with the secret SECRET on linspace(-1, 1, n) values, closed
-when the test ends."""
+when the test ends; ``in_threads`` runs their clients at once."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -23,3 +25,21 @@ def ps_servers():
     yield make
     for ps in servers:
         ps.close()
+
+
+def in_threads(target, n: int) -> list[Exception]:
+    """``target(w)`` for w in range(n), each in a thread of its own, all at once; returns what
+    they raised (the test asserts it is nothing)."""
+    errors: list[Exception] = []
+
+    def run(w):
+        try:
+            target(w)
+        except Exception as e:                      # pragma: no cover - reported by the test
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

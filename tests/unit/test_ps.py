@@ -14,7 +14,7 @@ import torch
 from spark_dl.transport.ps import ParameterServer, PSClient, PSError
 from spark_dl.transport.ps.wire import HEADER_BYTES, MAGIC, OPS
 
-from .conftest import SECRET
+from .conftest import SECRET, in_threads
 
 
 @pytest.fixture
@@ -27,22 +27,14 @@ def test_32_clients_x_50_pushes_apply_every_update(server):
     initial = ps.parameters()
     grads = torch.randn(32, 50, 1000, dtype=torch.float64,
                         generator=torch.Generator().manual_seed(0))
-    errors = []
 
     def worker(w):
-        try:
-            c = PSClient(ps.address, SECRET, w, dtype=torch.float64)
-            c.hello(rows=50, batch_size=1)
-            for k in range(50):
-                c.push(grads[w, k], samples=1)
-            c.close()
-        except Exception as e:                      # pragma: no cover - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        c = PSClient(ps.address, SECRET, w, dtype=torch.float64)
+        c.hello(rows=50, batch_size=1)
+        for k in range(50):
+            c.push(grads[w, k], samples=1)
+        c.close()
+    errors = in_threads(worker, 32)
     assert not errors
     assert ps.versions == [1600] * 4 and ps.pushes == 1600 * 4
     expected = initial - 0.1 * grads.sum(dim=(0, 1))

@@ -13,7 +13,7 @@ from spark_dl.transport.ps import PSClient, PSError
 from spark_dl.transport.ps.server import LOOP_FROM
 from spark_dl.transport.ps.wire import OPS
 
-from .conftest import SECRET
+from .conftest import SECRET, in_threads
 
 
 @pytest.fixture
@@ -60,20 +60,12 @@ def test_after_the_hello_one_thread_serves_every_worker(server, mode):
     _until(lambda: not [t for t in threading.enumerate() if "_handle" in t.name])
     grads = torch.randn(16, 30, 1000, dtype=torch.float64,
                         generator=torch.Generator().manual_seed(0))
-    errors = []
 
     def pushes(w):
-        try:
-            out = torch.empty(1000, dtype=torch.float64)
-            for k in range(30):
-                clients[w].push(grads[w, k], samples=1, pull_into=out)
-        except Exception as e:                      # pragma: no cover - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=pushes, args=(w,)) for w in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        out = torch.empty(1000, dtype=torch.float64)
+        for k in range(30):
+            clients[w].push(grads[w, k], samples=1, pull_into=out)
+    errors = in_threads(pushes, 16)
     assert not errors and ps.versions == [480] and ps.pushes == 480
     assert torch.allclose(ps.parameters(), initial - 0.1 * grads.sum(dim=(0, 1)), atol=1e-9)
     for c in clients[:8]:

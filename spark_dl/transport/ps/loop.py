@@ -27,7 +27,7 @@ import threading
 import traceback
 from collections.abc import Callable
 
-from .wire import HEADER_BYTES, OPS, Conn, PSError
+from .wire import HEADER_BYTES, Conn, PSError
 
 __all__ = ["EventLoop", "fault"]
 
@@ -252,11 +252,8 @@ class EventLoop:
         else:
             error = fault(error)
         if not peer.out and not peer.closed:
-            peer.conn.sink = None                # straight to the non-blocking socket
-            try:
-                peer.conn.send(OPS["error"], str(error).encode()[:4000])
-            except OSError:                      # the socket is full or gone: just close
-                pass
+            peer.conn.sink = None                # straight to the non-blocking socket: a
+            peer.conn.send_error(error)          # full or gone one is just closed
         self._drop(peer)
 
     def _drop(self, peer: _Peer) -> None:

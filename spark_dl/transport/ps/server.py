@@ -298,17 +298,11 @@ class ParameterServer:
                     return
         except (PSError, ValueError, KeyError, IndexError) as e:
             self._refused(e)
-            try:
-                conn.send(OPS["error"], str(e).encode()[:4000])
-            except OSError:
-                pass
+            conn.send_error(e)
         except OSError:
             pass                                         # peer went away (e.g. a killed task)
         except Exception as e:           # a fault of the server's: the worker is told, the
-            try:                         # traceback goes to the driver's log (the thread's)
-                conn.send(OPS["error"], str(fault(e)).encode()[:4000])
-            except OSError:
-                pass
+            conn.send_error(fault(e))    # traceback goes to the driver's log (the thread's)
             raise
         finally:            # whatever ended the thread (a fault of ours too): the worker's
             if not adopted:                 # connection closes, it does not wait for a reply

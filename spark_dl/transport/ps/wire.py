@@ -95,6 +95,14 @@ class Conn:
         if sent - len(head) < len(view):
             self.sock.sendall(view[sent - len(head):])
 
+    def send_error(self, error: Exception) -> None:
+        """Tell the peer why its connection ends (an error frame), if its socket still takes
+        it; a peer already gone is no error of ours."""
+        try:
+            self.send(OPS["error"], str(error).encode()[:4000])
+        except OSError:
+            pass
+
     def recv(self, max_payload: int, into: memoryview | None = None):
         """(op, dtype, steps, worker, shard, version, count, payload memoryview)."""
         fields = self.header(bytes(recv_exact(self.sock, HEADER_BYTES)), max_payload)
