@@ -30,7 +30,11 @@ over real run-to-run variation, not over one trajectory timed again:
                     2026-11-28; "gossip" was the ring with alpha 0.1 before);
                     "gossip+ring": Gossip(topology="ring", alpha=0.1), the paper's setting;
                     "gossip+expN": the same every N steps, sync_every=N: with 2
-                    replicas each round is their exact average, so that is local SGD)
+                    replicas each round is their exact average, so that is local SGD;
+                    a suffix ":avgA" on any of them: the strategy's average=A, e.g.
+                    "allreduce:avg0" validates the last weights, not their moving
+                    average, the default before 2026-11-28; it has its own one-replica
+                    reference, "allreduce:avg0-1")
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
@@ -52,6 +56,7 @@ machine with fewer cores, where only the accuracy means anything.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -164,6 +169,7 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     from spark_dl.strategies import make_strategy
     df = spark.read.parquet(data.as_uri())
     t0 = time.perf_counter()
+    strategy, _, avg = strategy.partition(":avg")       # "allreduce:avg0": average=0
     strategy, _, clip = strategy.partition("=")         # "allreduce=noclip": grad_clip=None
     strategy, _, scaling = strategy.partition("~")      # "allreduce~sqrt": lr_scaling="sqrt"
     name, _, rule = strategy.partition("+")             # "downpour+lr": staleness="lr"
@@ -174,6 +180,8 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
         spec = make_strategy(name, topology="ring", alpha=0.1)
     else:
         spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
+    if avg:
+        spec = dataclasses.replace(spec, average=float(avg))
     res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
               epochs=args.epochs, lr_scaling=scaling or "auto",

@@ -438,9 +438,12 @@ class Validation:
         """Who validates (info["validated_by"] of a fit with validation rows)."""
         return f"{self.world} replicas, a part each" if self.shared else "replica 0"
 
-    def maybe(self, model, epoch: int, step: int, reports: StepReports) -> None:
+    def maybe(self, model_of: Callable[[], torch.nn.Module], epoch: int, step: int,
+              reports: StepReports) -> None:
+        """Validate after ``step`` if one is due there; ``model_of()`` gives the model (read
+        only then: an averaged model is made up when it is read)."""
         if self.due(step):
-            self.run(model, epoch + (step + 1) / self.steps, reports)
+            self.run(model_of(), epoch + (step + 1) / self.steps, reports)
 
     def epoch_end(self, model, epoch: int, reports: StepReports) -> dict:
         return self.run(model, epoch + 1, reports)

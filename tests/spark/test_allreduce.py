@@ -298,6 +298,52 @@ def test_resume_from_checkpoint_continues_training(spark, tmp_path):
     assert_same_weights(again.model, whole.model)
 
 
+def test_the_validated_and_returned_model_is_the_weights_moving_average(spark, tmp_path):
+    """AllReduce(average=a): training steps the last weights as without it (the same losses),
+    and the model validated and returned is their moving average over the last a of an
+    epoch's steps (spark_dl.optim.average), replayed here step by step; a resumed fit carries
+    the average on (1 + 1 epochs equal 2)."""
+    from spark_dl.optim.average import WeightAverage
+    x, y = data(160, seed=11)
+    df = frame(spark, x, y, [80, 80])
+    kw = dict(batch_size=4, epochs=2, lr=0.3, momentum=0.9, shuffle=False, dtype="float64",
+              lr_scaling=None, validation=(x[:30], y[:30]), log=None)
+    last = fit(df, small_fc, strategy=AllReduce(average=0), run_dir=tmp_path / "last", **kw)
+    res = fit(df, small_fc, strategy=AllReduce(average=0.5), run_dir=tmp_path / "avg", **kw)
+    assert (last.info["average"], res.info["average"]) == (0.0, 0.5)
+    assert [h["loss"] for h in res.history] == [h["loss"] for h in last.history]
+    ref = reference_epochs(x, y, [80, 80], 4, 2, 0.3, 0.9)
+    assert_same_weights(last.model, ref)
+    torch.manual_seed(0)                        # the replay: 20 steps an epoch, window <= 10
+    model = small_fc().double()
+    avg = WeightAverage(list(model.parameters()), 0.5, epoch_steps=20)
+    opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+    xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
+    for _epoch in range(2):
+        for s in range(20):
+            idx = np.concatenate([np.arange(0, 80)[s * 4:(s + 1) * 4],
+                                  np.arange(80, 160)[s * 4:(s + 1) * 4]])
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            opt.step()
+            avg.update()
+    assert_same_weights(model, ref)
+    for p, a in zip(res.model.parameters(), avg.values):
+        assert torch.allclose(p.double(), a, atol=1e-9, rtol=0)
+    assert not torch.allclose(next(res.model.parameters()).double(),
+                              next(ref.parameters()))
+    with torch.no_grad():                       # validated: the model returned
+        want = torch.nn.functional.cross_entropy(res.model(xt[:30]), yt[:30])
+    assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-9)
+    assert AllReduce().average is None          # the default: 0.1 of an epoch
+    kw["epochs"] = 1
+    fit(df, small_fc, strategy=AllReduce(average=0.5), run_dir=tmp_path / "r", **kw)
+    kw["epochs"] = 2
+    again = fit(df, small_fc, strategy=AllReduce(average=0.5), run_dir=tmp_path / "r", **kw)
+    assert again.info["resumed_from_epoch"] == 1
+    assert_same_weights(again.model, res.model)
+
+
 def test_bad_input_is_reported_before_training(spark, tmp_path):
     x, y = data(40, seed=5)
     x[25, 3] = np.nan

@@ -185,6 +185,36 @@ def test_gossip_resumes_every_replica_exactly(spark, tmp_path):
     assert again.info["bytes_sent"] == whole.info["bytes_sent"]
 
 
+def test_gossip_validates_and_returns_the_mean_of_the_replicas_averaged_weights(spark,
+                                                                               tmp_path):
+    """Gossip(average=a): each replica averages its weights over the last a of an epoch's
+    steps; training is unchanged (the same losses and consensus distances), the model
+    validated and returned is the replicas' mean of their averages, and a resumed fit carries
+    every replica's average on (1 + 1 epochs equal 2)."""
+    x, y = data(160, seed=25)
+    kw = dict(batch_size=4, epochs=2, lr=0.3, momentum=0.9, shuffle=False, dtype="float64",
+              lr_scaling=None, validation=(x[:30], y[:30]), log=None)
+
+    def run(average, run_dir, **more):
+        return fit(frame(spark, x, y, [80, 80]), small_fc,
+                   strategy=Gossip(alpha=1.0, topology="ring", average=average),
+                   run_dir=tmp_path / run_dir, **{**kw, **more})
+    last, res = run(0, "last"), run(0.5, "avg")
+    assert (last.info["average"], res.info["average"]) == (0.0, 0.5)
+    assert [h["loss"] for h in res.history] == [h["loss"] for h in last.history]
+    assert [h["consensus_distance"] for h in res.history] == \
+        [h["consensus_distance"] for h in last.history]
+    assert not torch.allclose(next(res.model.parameters()), next(last.model.parameters()))
+    xt, yt = torch.from_numpy(x[:30].astype(np.float64)), torch.from_numpy(y[:30])
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(res.model(xt), yt)
+    assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-9)
+    run(0.5, "r", epochs=1)
+    again = run(0.5, "r")
+    assert again.info["resumed_from_epoch"] == 1
+    assert_same_weights(again.model, res.model)
+
+
 def test_gossip_refuses_what_it_cannot_run(spark, tmp_path):
     x, y = data(16)
     df = frame(spark, x, y, [8, 8])

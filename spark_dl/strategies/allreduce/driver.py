@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...balance import BALANCE_MODES, ROW_MODES, check_balance
 from ...errors import ConfigError
+from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...runtime.amp import check_amp
 from ...runtime.stage import RESULT_SCHEMA
 from ..base import (
@@ -40,7 +41,13 @@ class AllReduce(Strategy):
     drawing its share from its shard. ``balance_rows``: "move" (default), the shards are made
     proportional to the split first, rows lent over the process group, so an epoch is one pass
     over every row; "wrap", no row moves and each replica wraps around its own shard, a fast
-    replica's rows coming round more often (spark_dl.balance)."""
+    replica's rows coming round more often (spark_dl.balance).
+
+    ``average``: the model validated and returned is the weights' moving average over the
+    last ``average`` of an epoch's steps (spark_dl.optim.average; Downpour's ``average``, on
+    the replicas); training steps the last weights as before. Default 0.1; 0: the last
+    weights. On the thesis CNN it reached 98% in 0.59 epochs instead of 1.0 with one replica
+    and 1.22 instead of 1.47 with 16 (docs/benchmarks.md, "Averaged weights")."""
 
     name = "allreduce"
     accumulate: int = 1
@@ -51,8 +58,10 @@ class AllReduce(Strategy):
     max_batch: int | None = None
     profile_steps: int = 3
     balance_rows: str = "move"
+    average: float | None = None
 
     def check(self) -> None:
+        check_average(self.average)
         check_int("accumulate", self.accumulate, 1)
         check_amp(self.amp, "float32")
         check_choice("transport", self.transport, ("auto", "process_group"))
@@ -79,7 +88,9 @@ class AllReduce(Strategy):
                                     amp=self.amp, transport=self.transport,
                                     bucket_mb=float(self.bucket_mb), balance=balance,
                                     max_batch=self.max_batch, profile_steps=self.profile_steps,
-                                    balance_rows=self.balance_rows)
+                                    balance_rows=self.balance_rows,
+                                    average=float(DEFAULT_AVERAGE if self.average is None
+                                                  else self.average))
         run = Run(job, self, {**job.stage, **job.train})
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,
                                str(run.path), job.validation)

@@ -54,6 +54,8 @@ class AllReduceConfig(LocalStepConfig):
     max_batch: int | None = None  # a replica's rows per micro-batch at most (balance)
     profile_steps: int = 3        # timed steps per batch size when balance profiles
     balance_rows: str = "move"    # "move": shards made ∝ the split; "wrap": rows stay put
+    average: float = 0.0          # > 0: validate and return the weights' moving average over
+                                  # that fraction of an epoch (spark_dl.optim.average)
 
 
 class GradientSync:
@@ -208,6 +210,16 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
     val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
                      shared=True)                     # every replica holds the same model
+    avg = None
+    if cfg.average > 0:                  # every replica keeps it (they validate a part each)
+        from spark_dl.optim.average import AveragedModel
+        avg = AveragedModel(model, cfg.average, steps, start * steps)
+        if ckpt is not None:
+            avg.load_state_dict(ckpt.get("average"))
+
+    def shown():
+        """The model validated and returned: the live one, or its average."""
+        return model if avg is None else avg.read()
 
     def forward_loss(x, y):
         """The mean loss of one micro-batch (moved to the device, autocast when amp)."""
@@ -303,8 +315,10 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             set_lr(opt, schedule.at(epoch + step / steps))
             micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
             seen += run_step(micro, totals)
+            if avg is not None:
+                avg.update()
             reports.step(epoch, step, steps, totals[0], seen if local else totals[1])
-            val.maybe(model, epoch, step, reports)
+            val.maybe(shown, epoch, step, reports)
         loss_sum, samples = totals.tolist()          # the epoch's one host synchronisation
         if local:
             samples = seen
@@ -314,7 +328,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                "lr": opt.param_groups[0]["lr"]}
         if balancer is not None:
             row["balance"] = balancer.end_epoch()
-        row.update(val.epoch_end(model, epoch, reports))
+        row.update(val.epoch_end(shown(), epoch, reports))
         history.append(row)
         # Every rank's RNG state goes into the checkpoint (dropout continues as it would).
         states = []
@@ -328,6 +342,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                                   "scaler": scaler.state_dict() if scaler else None,
                                   "epoch": epoch + 1, "history": history,
                                   "rng": states, "clip": clip.state(),
+                                  "average": avg.state_dict() if avg else None,
                                   "balance": balancer.state() if balancer else None})
     sync_buffers(model, world, device)    # the result: the replicas' mean running statistics
     info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
@@ -337,7 +352,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             "transport": sync.transport if sync else "none",
             "balance": balancer.info() if balancer is not None else None,
             "lr_schedule": schedule.describe(), "grad_clip": clip.describe(),
-            "evals": val.evals,
+            "average": cfg.average, "evals": val.evals,
             "validated_by": val.by if validation is not None else None,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
@@ -346,7 +361,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                         "validation_s": val.seconds}}
     if sync is not None and sync.shm is not None:
         sync.shm.close()
-    state = state_bytes({k: v.cpu() for k, v in model.state_dict().items()}) if rank == 0 else b""
+    state = state_bytes({k: v.cpu() for k, v in shown().state_dict().items()}) \
+        if rank == 0 else b""
     return {"state": state, "history": history, "info": info}
 
 

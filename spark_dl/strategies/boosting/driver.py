@@ -62,7 +62,7 @@ class Boosting(Strategy):
     versions since that worker's last fresh values.
     average: the model validated, checkpointed and returned is the server's moving average
     over its last average x E mini-batch steps, E an epoch's (Downpour's ``average``: that
-    fraction of an epoch whatever n_push; default 0.1 with several workers, 0 with one); the
+    fraction of an epoch whatever n_push; default 0.1, with one worker too); the
     workers fetch the last values. clip: a push's step gradient at
     most this multiple of the running mean norm (Downpour's ``clip``; default 2 with several
     workers, off with one; 0: off). With ``fresh`` the fit moves faster and, as Downpour's,

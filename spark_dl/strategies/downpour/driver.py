@@ -17,6 +17,7 @@ import torch
 from ...balance import check_balance
 from ...errors import ConfigError, ResourceError
 from ...losses import evaluate
+from ...optim.average import DEFAULT_AVERAGE
 from ...planning.partitions import Layout, check_thesis, plan_partitions
 from ...runtime.amp import check_amp
 from ...transport.ps import MODES, SERVER_OPTIMIZERS
@@ -61,8 +62,8 @@ class Downpour(Strategy):
     push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both; "none": every
     push a plain step.
     average (async): the model validated and returned is the server's moving average over this
-    fraction of an epoch (its mini-batch steps, whatever n_push; default 0.1 with several
-    replicas, 0 with one: plain SGD);
+    fraction of an epoch (its mini-batch steps, whatever n_push; default 0.1, as AllReduce's
+    and Gossip's ``average``);
     the workers always fetch the last values. clip (async, sequential): the server cuts a push's
     step gradient to at most this multiple of the running mean of the steps' gradient norms
     (spark_dl.transport.ps.shard, "Clipped pushes"): a stale push of an oscillation the delay
@@ -496,12 +497,14 @@ def _completed_epochs(history: list[dict]) -> int:
 
 
 def _server_average(average: float | None, replicas: int, mode: str) -> float:
-    """The server's averaging span in epochs: ``average``, or by default 0.1 for asynchronous
-    replicas (measured best of 0.05 and 0.1 against the last values in bench_downpour) and 0
-    otherwise."""
+    """The server's averaging span in epochs: ``average``, or by default 0.1 in async mode
+    (measured best of 0.05 and 0.1 against the last values in bench_downpour), whatever the
+    replicas: one replica's average reaches 98% on the thesis CNN a quarter epoch sooner too,
+    as AllReduce's does (docs/benchmarks.md, "Averaged weights"; until 2026-11-28 one replica
+    returned its last values), and 0 in sync mode."""
     if average is not None:
         return float(average)
-    return 0.1 if mode == "async" and replicas > 1 else 0.0
+    return DEFAULT_AVERAGE if mode == "async" else 0.0
 
 
 CLIP = 2.0        # the default cap: measured on the ships job, docs/quality.md "Clipped pushes"

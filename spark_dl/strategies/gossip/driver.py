@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ...errors import ConfigError
+from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...runtime.amp import check_amp
 from ...runtime.stage import RESULT_SCHEMA
 from ..base import (
@@ -59,13 +60,17 @@ class Gossip(Strategy):
     paper's setting, a fifth of the bytes a round. The result is the replicas' average; the
     history reports the consensus distance (mean squared distance of the replicas to it) and
     the bytes each replica sent. ``amp``: None, "bf16" or "fp16" autocast of the local steps
-    (float32 weights; the rounds mix float32 values)."""
+    (float32 weights; the rounds mix float32 values). ``average``: each replica keeps its
+    weights' moving average over the last ``average`` of an epoch's steps, and the model
+    validated and returned is the replicas' mean of those (AllReduce's ``average``; default
+    0.1, 0: the last weights)."""
 
     name = "gossip"
     alpha: float = 1.0
     topology: str = "exponential"
     sync_every: int = 1
     amp: str | None = None
+    average: float | None = None
     hints: ClassVar[dict] = {"partitions": "model parallelism (partitions=F) runs with Downpour",
              "n_push": "gossip has no parameter server; sync_every sets how often it mixes"}
 
@@ -77,6 +82,7 @@ class Gossip(Strategy):
         check_choice("topology", self.topology, tuple(TOPOLOGIES))
         check_int("sync_every", self.sync_every, 1)
         check_amp(self.amp, "float32")
+        check_average(self.average)
 
     def check_job(self, job: Job) -> None:
         check_amp(self.amp, job.stage["dtype"])
@@ -100,7 +106,9 @@ class Gossip(Strategy):
             self.topology, float(self.alpha))}
         cfg = _task.GossipConfig(**job.stage, **train, alpha=float(self.alpha),
                                  sync_every=self.sync_every, amp=self.amp,
-                                 topology=self.topology)
+                                 topology=self.topology,
+                                 average=float(DEFAULT_AVERAGE if self.average is None
+                                               else self.average))
         run = Run(job, self, {**job.stage, **train})
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,
                                str(run.path), job.validation)

@@ -54,6 +54,9 @@ class GossipConfig(LocalStepConfig):
     sync_every: int = 1
     amp: str | None = None
     topology: str = "exponential"
+    average: float = 0.0          # > 0: each replica also keeps its weights' moving average
+                                  # over that fraction of an epoch (spark_dl.optim.average);
+                                  # the replicas' mean of it is validated and returned
 
 
 def make_task(cfg: GossipConfig, model_fn: Callable[[], nn.Module], loss_fn: Callable,
@@ -142,10 +145,24 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
                      shared=True)
     probe = model_fn().to(device=device, dtype=dtype) if val.on or val.shared else None
+    avg = None
+    if cfg.average > 0:
+        from spark_dl.optim.average import WeightAverage
+        avg = WeightAverage([flat], cfg.average, steps, start * steps)
+        if ckpt is not None:
+            avg.load_state_dict(mine.get("average"))
+
+    def shown() -> tuple[torch.Tensor, float]:
+        """(the model validated and returned: the replicas' mean of their weights, or of
+        their weights' averages; the consensus distance of the weights)"""
+        mean, distance = average_and_distance(flat)
+        if avg is not None:
+            mean, _ = average_and_distance(avg.values[0])
+        return mean, distance
 
     def validate(t: float) -> dict:
         """The replicas' average, validated (a collective: every rank calls it)."""
-        mean, distance = average_and_distance(flat)
+        mean, distance = shown()
         buffers = mean_buffers(model, world, device)
         if probe is not None:
             torch.nn.utils.vector_to_parameters(
@@ -188,6 +205,8 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                 scaler.update()
             elif batch is not None:
                 opt.step()                           # x_k+1 = x_k+1/2 - lr g_i(x_k,i)
+            if avg is not None:
+                avg.update()
             reports.step(epoch, step, steps, loss_sum, samples)
             if val.due(step):
                 validate(epoch + (step + 1) / steps)
@@ -205,7 +224,8 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         state = state_bytes({"flat": flat.cpu(), "optimizer": opt.state_dict(),
                              "buffers": {k: b.cpu() for k, b in model.named_buffers()},
                              "rng": torch.get_rng_state(), "bytes_sent": rounds.bytes_sent,
-                             "rounds": rounds.rounds, "clip": clip.state()})
+                             "rounds": rounds.rounds, "clip": clip.state(),
+                             "average": avg.state_dict() if avg else None})
         replicas = gather_bytes(state, rank, world, device)
         if rank == 0:
             client.send({"type": "epoch", **row})
@@ -214,7 +234,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                     "strategy": "gossip", "epoch": epoch + 1, "history": history,
                     "replicas": [torch.load(io.BytesIO(b), weights_only=True)
                                  for b in replicas]})
-    mean, distance = average_and_distance(flat)
+    mean, distance = shown()
     flat.copy_(mean)                                     # the result: the replicas' average
     sync_buffers(model, world, device)                   # ... with the mean of their buffers
     where = collective_device(device)
@@ -231,7 +251,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             "bytes_per_round_expected": cfg.alpha * numel * item * rounds.neighbours,
             "final_consensus_distance": distance,
             "lr_schedule": schedule.describe(), "grad_clip": clip.describe(),
-            "evals": val.evals,
+            "average": cfg.average, "evals": val.evals,
             "validated_by": val.by if validation is not None else None,
             "train_seconds": time.perf_counter() - t_fit,
             "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
