@@ -148,7 +148,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     avg = None
     if cfg.average > 0:
         from spark_dl.optim.average import WeightAverage
-        avg = WeightAverage([flat], cfg.average, steps, start * steps)
+        avg = WeightAverage([flat], cfg.average, max(steps, 1), start * steps)
         if ckpt is not None:
             avg.load_state_dict(mine.get("average"))
 
