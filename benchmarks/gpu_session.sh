@@ -5,10 +5,11 @@
 # (the call's $OUT):
 #   bash benchmarks/gpu_session.sh "$OUT"
 # 1. bench_scaling at 1 and 16 replicas (scaling-16.json), SCALING_REPEATS (2) seeds, 3 epochs:
-#    AllReduce, Gossip (its defaults, the exponential graph with alpha 1, and the paper's ring
-#    with alpha 0.1), Downpour
-#    with its default staleness rule and with "lr" (run 2026-11-28 on an H200 machine's CPUs with
-#    SCALING_REPEATS=3 and downpour+step for downpour+lr: scaling-16-2026-11-28.json);
+#    AllReduce (its defaults, averaged weights since 2026-11-28 afternoon, and allreduce:avg0,
+#    the last weights, the default before), Gossip (its defaults, the exponential graph with
+#    alpha 1, and the paper's ring with alpha 0.1), Downpour with its default staleness rule
+#    (run 2026-11-28 on an H200 machine's CPUs with SCALING_REPEATS=3 and downpour+step for
+#    downpour+lr, before averaged weights: scaling-16-2026-11-28.json);
 # 2. bench_ps_capacity at 1 and 16 clients (ps-capacity-16.json): the parameter server's
 #    pushes a second against what 16 replicas need (no Spark; about 2 minutes);
 # 2b. with WITH_PS_SERVING=1, in the time left: bench_ps_serving at 4, 8 and 16 training
@@ -47,7 +48,7 @@ if [ -n "${GPU:-}" ]; then
   echo "lstm rc=$? at $(el) s"
 fi
 SCALING=1 SCALING_EPOCHS=3 SCALING_REPEATS=${SCALING_REPEATS:-2} \
-  SCALING_STRATEGIES=${SCALING_STRATEGIES:-allreduce,gossip,gossip+ring,downpour,downpour+lr} \
+  SCALING_STRATEGIES=${SCALING_STRATEGIES:-allreduce,allreduce:avg0,gossip,gossip+ring,downpour} \
   timeout ${SCALING_S:-280} bash benchmarks/gpu_check.sh "" "$O" > "$O/log2.txt" 2>&1
 echo "scaling rc=$? at $(el) s"
 TOTAL=${TOTAL:-540}
