@@ -228,7 +228,8 @@ def main(argv=None):
         "plain-1t": lambda seed: plain(data, val, args, seed)}
     for strategy in args.strategies.split(","):
         for r in counts:
-            if (strategy == "gossip" or any(c in strategy for c in "+~=")) and r < 2:
+            if (strategy.partition(":")[0] == "gossip" or any(c in strategy for c in "+~=")) \
+                    and r < 2:
                 continue
             systems[f"{strategy}-{r}"] = (
                 lambda seed, s=strategy, r=r: spark_dl_fit(spark, data, val, s, r, args, tmp,

@@ -123,7 +123,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     transform: ``transform(x, y) -> (x_tensor, y_tensor)`` on every mini-batch's numpy rows
       (storage dtypes: uint8 for binary pixel columns), instead of the default conversion.
     validation: (x, y) numpy arrays evaluated after every epoch (the model the strategy
-      returns: replica 0's, the server's, or the replicas' average); validate_every: also
+      returns: by default the moving average of replica 0's weights, of the server's, or of
+      the replicas' mean, its ``average``); validate_every: also
       every this fraction of an epoch (e.g. 0.25), into ``info["evals"]`` with the training
       seconds so far (validation's own time left out).
     run_dir: where config, metrics, history, plot and checkpoints go (default

@@ -5,7 +5,8 @@
         metrics.jsonl    every progress and epoch message, as it arrived on the driver
         history.csv      one row per epoch
         loss.png         loss (and validation accuracy) per epoch
-        checkpoint.pt    model, optimizer, epoch, RNG states (written by the tasks every epoch)
+        checkpoint.pt    model, optimizer, epoch, RNG states, the weights' average (written
+                         by the tasks every epoch)
         workers/         rank-R.json: host, pid, device of each task
 """
 

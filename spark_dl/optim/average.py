@@ -8,7 +8,7 @@ averaged shards (spark_dl/transport/ps/shard.py, "Averaged parameters"):
 
 for the t steps taken so far of an epoch of E (x̄ = x while a E_t <= 1). In the first epoch
 the average covers the last fraction a of the trajectory so far, not the initial values and
-the steep first steps; from the first epoch on, the last a E steps. Training reads x only:
+the steep first steps; after the first epoch, the last a E steps. Training reads x only:
 the average changes no step, only what is validated, checkpointed alongside and returned.
 
 Why: SGD's iterates wander around the descent by the noise of their mini-batches; their
@@ -69,7 +69,9 @@ class WeightAverage:
             torch._foreach_copy_(self.values, self._live)
 
     def state_dict(self) -> dict:
-        return {"values": [v.clone() for v in self.values], "steps": self.steps}
+        """The average (on the CPU, for a checkpoint) and the steps it has seen."""
+        return {"values": [v.detach().to("cpu", copy=True) for v in self.values],
+                "steps": self.steps}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict | None) -> None:

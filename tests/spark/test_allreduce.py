@@ -223,6 +223,8 @@ def test_one_replica_steps_as_the_plain_loop(spark, tmp_path, accumulate, batch)
               batch_size=batch, epochs=2, lr=0.3, momentum=0.9, shuffle=False,
               dtype="float64", lr_scaling=None, replicas=1, run_dir=tmp_path / "run", log=None)
     assert res.info["buckets"] == 0 and res.info["transport"] == "none"
+    # averaged weights by default, over 0.1 x 5 steps: the last weights, as the plain loop's
+    assert res.info["average"] == 0.1
     ref = reference_epochs(x, y, [34], 8, 2, 0.3, 0.9)
     assert_same_weights(res.model, ref)
     assert [h["samples"] for h in res.history] == [34, 34]
@@ -335,7 +337,11 @@ def test_the_validated_and_returned_model_is_the_weights_moving_average(spark, t
     with torch.no_grad():                       # validated: the model returned
         want = torch.nn.functional.cross_entropy(res.model(xt[:30]), yt[:30])
     assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-9)
-    assert AllReduce().average is None          # the default: 0.1 of an epoch
+    assert AllReduce().average is None          # the default: 0.1 of an epoch (asserted in
+    # test_one_replica_steps_as_the_plain_loop), none for a line search's steps
+    lbfgs = fit(df, small_fc, optimizer="lbfgs", lr=0.5, epochs=1, batch_size=40,
+                dtype="float64", lr_scaling=None, run_dir=tmp_path / "lbfgs", log=None)
+    assert lbfgs.info["average"] == 0.0
     kw["epochs"] = 1
     fit(df, small_fc, strategy=AllReduce(average=0.5), run_dir=tmp_path / "r", **kw)
     kw["epochs"] = 2

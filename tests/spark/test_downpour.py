@@ -319,8 +319,8 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     assert plain.info["server_momentum"] == 0.9
     sync = fit(df, small_fc, strategy=Downpour(mode="sync"), run_dir=tmp_path / "c", **kw)
     assert sync.info["server_momentum"] == 0.9
-    # the returned model averages the server's values over 0.1 epoch by default with several
-    # asynchronous replicas, never in sync rounds (nor with one worker: plain SGD)
+    # the returned model averages the server's values over 0.1 epoch by default in async
+    # mode (with one worker too, since 2026-11-28), never in sync rounds
     assert (default.info["average"], plain.info["average"], sync.info["average"]) == \
         (0.1, 0.1, 0.0)
 

@@ -209,6 +209,12 @@ def test_gossip_validates_and_returns_the_mean_of_the_replicas_averaged_weights(
     with torch.no_grad():
         want = torch.nn.functional.cross_entropy(res.model(xt), yt)
     assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-9)
+    # the model returned: the mean of the two replicas' averages, from the last checkpoint
+    ckpt = torch.load(res.run_dir / "checkpoint.pt", weights_only=True)
+    mean = torch.stack([r["average"]["values"][0] for r in ckpt["replicas"]]).mean(0)
+    assert [r["average"]["steps"] for r in ckpt["replicas"]] == [40, 40]
+    assert torch.allclose(torch.nn.utils.parameters_to_vector(res.model.parameters()).double(),
+                          mean, atol=1e-12, rtol=0)
     run(0.5, "r", epochs=1)
     again = run(0.5, "r")
     assert again.info["resumed_from_epoch"] == 1

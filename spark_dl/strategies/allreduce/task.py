@@ -218,8 +218,14 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             avg.load_state_dict(ckpt.get("average"))
 
     def shown():
-        """The model validated and returned: the live one, or its average."""
-        return model if avg is None else avg.read()
+        """The model validated: the live one, or its average with the live buffers, which a
+        shared validation first makes the replicas' mean, as it does the live model's without
+        the average (a collective: every rank calls it when a validation is due)."""
+        if avg is None:
+            return model
+        if val.shared:
+            sync_buffers(model, world, device)
+        return avg.read()
 
     def forward_loss(x, y):
         """The mean loss of one micro-batch (moved to the device, autocast when amp)."""
@@ -361,7 +367,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                         "validation_s": val.seconds}}
     if sync is not None and sync.shm is not None:
         sync.shm.close()
-    state = state_bytes({k: v.cpu() for k, v in shown().state_dict().items()}) \
+    result = model if avg is None else avg.read()       # (the buffers synced just above)
+    state = state_bytes({k: v.cpu() for k, v in result.state_dict().items()}) \
         if rank == 0 else b""
     return {"state": state, "history": history, "info": info}
 

@@ -501,7 +501,7 @@ def _server_average(average: float | None, replicas: int, mode: str) -> float:
     (measured best of 0.05 and 0.1 against the last values in bench_downpour), whatever the
     replicas: one replica's average reaches 98% on the thesis CNN a quarter epoch sooner too,
     as AllReduce's does (docs/benchmarks.md, "Averaged weights"; until 2026-11-28 one replica
-    returned its last values), and 0 in sync mode."""
+    returned its last values), and 0 in the other modes (sync, sequential)."""
     if average is not None:
         return float(average)
     return DEFAULT_AVERAGE if mode == "async" else 0.0

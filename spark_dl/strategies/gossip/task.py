@@ -41,7 +41,7 @@ from spark_dl.runtime.stage import (
     sync_buffers,
 )
 
-from .rounds import Rounds, average_and_distance
+from .rounds import Rounds, average, average_and_distance
 
 __all__ = ["GossipConfig", "make_task"]
 
@@ -157,7 +157,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         their weights' averages; the consensus distance of the weights)"""
         mean, distance = average_and_distance(flat)
         if avg is not None:
-            mean, _ = average_and_distance(avg.values[0])
+            mean = average(avg.values[0])
         return mean, distance
 
     def validate(t: float) -> dict:
