@@ -93,21 +93,29 @@ def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, mo
     return model
 
 
-def test_batchnorm_replicas_return_and_validate_with_their_mean_statistics(spark, tmp_path):
+@pytest.mark.parametrize("average", [0.0, 0.8])
+def test_batchnorm_replicas_return_and_validate_with_their_mean_statistics(spark, tmp_path,
+                                                                           average):
     """Each replica's BatchNorm keeps running statistics of its own shard's batches; the model
     validated (each replica a part of the rows) and returned holds their mean. By hand: two
-    copies stepped by the mean of their gradients, each normalising its own batches."""
+    copies stepped by the mean of their gradients, each normalising its own batches; with
+    ``average``, the parameters returned are their moving average (over 0.8 x 3 steps: a
+    lerp from the second step on), the statistics still the live ones' mean."""
     import copy
+
+    from spark_dl.optim.average import WeightAverage
 
     from .test_gossip import small_bn
     x, y = data(48, seed=8)
-    res = fit(frame(spark, x, y, [24, 24]), small_bn, batch_size=8, epochs=2, lr=0.3,
-              momentum=0.9, shuffle=False, dtype="float64", lr_scaling=None,
-              validation=(x[:13], y[:13]), run_dir=tmp_path / "run", log=None)
+    res = fit(frame(spark, x, y, [24, 24]), small_bn, strategy=AllReduce(average=average),
+              batch_size=8, epochs=2, lr=0.3, momentum=0.9, shuffle=False, dtype="float64",
+              lr_scaling=None, validation=(x[:13], y[:13]), run_dir=tmp_path / "run",
+              log=None)
     torch.manual_seed(0)
     copies = [small_bn().double()]
     copies.append(copy.deepcopy(copies[0]))
     opts = [torch.optim.SGD(m.parameters(), lr=0.3, momentum=0.9) for m in copies]
+    avg = WeightAverage(list(copies[0].parameters()), average or 1.0, epoch_steps=3)
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
     for _epoch in range(2):
         for s in range(3):
@@ -121,10 +129,16 @@ def test_batchnorm_replicas_return_and_validate_with_their_mean_statistics(spark
                 for p, g0, g1 in zip(m.parameters(), *grads):
                     p.grad = (g0 + g1) / 2
                 o.step()
+            avg.update()
     ref = copies[0]
     for name, b in ref.named_buffers():
         if b.is_floating_point():
             b.copy_((b + dict(copies[1].named_buffers())[name]) / 2)
+    if average:
+        assert not torch.allclose(avg.values[0], next(ref.parameters()))
+        with torch.no_grad():
+            for p, v in zip(ref.parameters(), avg.values):
+                p.copy_(v)
     assert_same_weights(res.model, ref)                  # running_mean and running_var too
     ref.eval()
     with torch.no_grad():
