@@ -17,6 +17,7 @@ timing (bench_scaling.py times the real fit).
 from __future__ import annotations
 
 import argparse
+import copy
 import multiprocessing
 import statistics
 import sys
@@ -29,48 +30,38 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import scaled_rate_clip as sim  # noqa: E402
 
 
-def run(data: str, k: int, epochs: int, seed: int, spans: tuple[float, ...]) -> dict:
-    """One trajectory: the accuracy of every span's average at every quarter epoch."""
-    import numpy as np
-    import torch
+class Averages:
+    """The watch of ``sim.simulate``: the moving average over each of ``spans`` (> 0), kept
+    on the trajectory and validated at its marks."""
 
-    from spark_dl.models import build_model
-    from spark_dl.optim import clip as clip_rule
-    from spark_dl.optim.average import WeightAverage
-    from spark_dl.optim.schedule import LRSchedule
-    torch.set_num_threads(1)
-    d = np.load(data)
-    x, y = torch.from_numpy(d["x"]).reshape(-1, 1, 28, 28), torch.from_numpy(d["y"])
-    vx, vy = torch.from_numpy(d["vx"]).reshape(-1, 1, 28, 28), torch.from_numpy(d["vy"])
-    torch.manual_seed(seed)
-    model, probe = build_model("cnn"), build_model("cnn").eval()
-    params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=sim.LR, momentum=sim.MOMENTUM)
-    schedule = LRSchedule(sim.LR, k, "linear", "auto", sim.DECAY, epochs)
-    cut = clip_rule.GradClip("auto", k > 1, "cpu")
-    b = sim.BATCH * k
-    steps = len(x) // b
-    marks = {round(steps * f) - 1 for f in (0.25, 0.5, 0.75, 1.0)}
-    averages = {a: WeightAverage(params, a, steps) for a in spans if a > 0}
-    acc: dict[float, list[float]] = {a: [] for a in spans}
-    for e in range(epochs):
-        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed * 1000 + e))
-        for s in range(steps):
-            opt.param_groups[0]["lr"] = schedule.at(e + s / steps)
-            idx = perm[s * b:(s + 1) * b]
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[idx].float() / 255), y[idx]).backward()
-            cut([p.grad for p in params])
-            opt.step()
-            for avg in averages.values():
-                avg.update()
-            if s in marks:
-                with torch.no_grad():
-                    for a in spans:
-                        values = params if a == 0 else averages[a].values
-                        for p, v in zip(probe.parameters(), values):
-                            p.copy_(v)
-                        acc[a].append(round((probe(vx).argmax(1) == vy).float().mean().item(), 4))
+    def __init__(self, spans: tuple[float, ...]):
+        self.spans = spans
+        self.accuracy: dict[float, list[float]] = {a: [] for a in spans}
+
+    def start(self, model, epoch_steps: int) -> None:
+        from spark_dl.optim.average import WeightAverage
+        self.probe = copy.deepcopy(model).eval()
+        self.averages = {a: WeightAverage(model.parameters(), a, epoch_steps)
+                         for a in self.spans}
+
+    def step(self) -> None:
+        for avg in self.averages.values():
+            avg.update()
+
+    def mark(self, model, vx, vy) -> None:
+        for a, avg in self.averages.items():
+            for p, v in zip(self.probe.parameters(), avg.values):
+                p.copy_(v)
+            self.accuracy[a].append(
+                round((self.probe(vx).argmax(1) == vy).float().mean().item(), 4))
+
+
+def run(data: str, k: int, epochs: int, seed: int, spans: tuple[float, ...]) -> dict:
+    """One trajectory (the cut on, fit's warmup): the accuracy of every span's average at
+    every quarter epoch (span 0: the last weights)."""
+    averages = Averages(tuple(a for a in spans if a > 0))
+    out = sim.simulate(data, k, True, epochs, seed, watch=averages)
+    acc = {a: out["accuracy"] if a == 0 else averages.accuracy[a] for a in spans}
     first = {a: next(((i + 1) / 4 for i, v in enumerate(acc[a]) if v >= sim.TARGET), None)
              for a in spans}
     return {"k": k, "seed": seed, "accuracy": {str(a): acc[a] for a in spans},

@@ -31,11 +31,13 @@ MOMENTUM, LR, DECAY, BATCH, TARGET = 0.9, 0.02, 0.5, 16, 0.98
 
 def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
              factor: float | None = None, warmup: float | str = "auto",
-             stop: bool = False, lr_factor: float = 1.0) -> dict:
+             stop: bool = False, lr_factor: float = 1.0, watch=None) -> dict:
     """One run: accuracy per quarter epoch and the steps the cut changed (``factor``: the
     cut's multiple of the running mean instead of fit's; ``warmup``: the warmup's epochs
     instead of fit's "auto"; ``stop``: end at the first validation at the target;
-    ``lr_factor``: the scheduled rate times this, warmup's start included)."""
+    ``lr_factor``: the scheduled rate times this, warmup's start included; ``watch``: an
+    observer of the trajectory, ``watch.start(model, steps_per_epoch)`` before the first
+    step, ``watch.step()`` after each, ``watch.mark(model, vx, vy)`` at each validation)."""
     import numpy as np
     import torch
 
@@ -57,6 +59,8 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
     steps = len(x) // b
     marks = {round(steps * f) - 1 for f in (0.25, 0.5, 0.75, 1.0)}
     acc = []
+    if watch is not None:
+        watch.start(model, steps)
     for e in range(epochs):
         perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed * 1000 + e))
         for s in range(steps):
@@ -66,10 +70,14 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
             torch.nn.functional.cross_entropy(model(x[idx].float() / 255), y[idx]).backward()
             cut([p.grad for p in model.parameters()])
             opt.step()
+            if watch is not None:
+                watch.step()
             if s in marks:
                 model.eval()
                 with torch.no_grad():
                     acc.append(round((model(vx).argmax(1) == vy).float().mean().item(), 4))
+                    if watch is not None:
+                        watch.mark(model, vx, vy)
                 model.train()
                 if stop and acc[-1] >= TARGET:
                     break

@@ -25,7 +25,7 @@ import copy
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_AVERAGE", "AveragedModel", "WeightAverage", "check_average"]
+__all__ = ["DEFAULT_AVERAGE", "AveragedModel", "WeightAverage", "check_average", "weight"]
 
 DEFAULT_AVERAGE = 0.1        # the synchronous strategies' default span, in epochs
 
@@ -38,6 +38,15 @@ def check_average(average) -> None:
         raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch the "
                           f"validated and returned model averages over; 0: the last values), "
                           f"got {average!r}")
+
+
+def weight(span: float, epoch_steps: int, steps: int, k: int = 1) -> float:
+    """The lerp weight of the newest values in the average over ``span`` epochs of
+    ``epoch_steps`` steps, after ``steps`` steps of which the last ``k`` just came in one
+    update (a push of k mini-batches on the server, one step on a replica): k / (span E_t),
+    1.0 (the newest values alone) while span E_t <= k."""
+    window = span * min(epoch_steps, steps)
+    return k / window if window > k else 1.0
 
 
 class WeightAverage:
@@ -62,9 +71,9 @@ class WeightAverage:
     def update(self) -> None:
         """After each optimizer step."""
         self.steps += 1
-        window = self.span * min(self.epoch_steps, self.steps)
-        if window > 1:
-            torch._foreach_lerp_(self.values, self._live, 1.0 / window)
+        w = weight(self.span, self.epoch_steps, self.steps)
+        if w < 1.0:
+            torch._foreach_lerp_(self.values, self._live, w)
         else:
             torch._foreach_copy_(self.values, self._live)
 

@@ -23,6 +23,7 @@ import torch
 
 from ...errors import ConfigError, DataError
 from ...losses import evaluate
+from ...optim.average import check_average
 from ...runtime.amp import check_amp
 from ...transport.ps import SERVER_OPTIMIZERS
 from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
@@ -90,11 +91,7 @@ class Boosting(Strategy):
         if self.fresh is not None and not isinstance(self.fresh, bool):
             raise ConfigError(f"fresh must be None (the default: on with several workers), "
                               f"True or False, got {self.fresh!r}")
-        if self.average is not None and not (isinstance(self.average, (int, float))
-                                             and self.average >= 0):
-            raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch the "
-                              f"returned parameters average over; 0: the last values), got "
-                              f"{self.average!r}")
+        check_average(self.average)
         check_choice("server_optimizer", self.server_optimizer, (None, *SERVER_OPTIMIZERS))
         if not isinstance(self.lease_s, (int, float)) or not self.lease_s > 0:
             raise ConfigError(f"lease_s must be a number of seconds > 0, got {self.lease_s!r}")

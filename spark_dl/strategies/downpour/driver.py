@@ -17,7 +17,7 @@ import torch
 from ...balance import check_balance
 from ...errors import ConfigError, ResourceError
 from ...losses import evaluate
-from ...optim.average import DEFAULT_AVERAGE
+from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...planning.partitions import Layout, check_thesis, plan_partitions
 from ...runtime.amp import check_amp
 from ...transport.ps import MODES, SERVER_OPTIMIZERS
@@ -145,11 +145,7 @@ class Downpour(Strategy):
                 raise ConfigError("model_parallel='thesis' splits the columns evenly; use "
                                   "model_parallel='collective' with widths")
         check_choice("staleness", self.staleness, STALENESS_RULES)
-        if self.average is not None and not (isinstance(self.average, (int, float))
-                                             and self.average >= 0):
-            raise ConfigError(f"average must be a number >= 0 (the fraction of an epoch the "
-                              f"returned parameters average over; 0: the last values), got "
-                              f"{self.average!r}")
+        check_average(self.average)
         if self.average and self.mode != "async":
             raise ConfigError(f"average={self.average} needs mode='async' (got "
                               f"{self.mode!r}): {self.mode} rounds follow one trajectory, "

@@ -30,6 +30,7 @@ from collections import Counter
 
 import torch
 
+from ...optim.average import weight
 from ...optim.schedule import LRSchedule
 
 __all__ = ["SERVER_OPTIMIZERS", "Shard"]
@@ -89,10 +90,10 @@ class Shard:
             self._sgd_step(g, lr)
         else:
             self.opt.step()
-        if self.avg is not None:
-            span = self.average * min(epoch_steps, self.steps + steps)   # mini-batch steps
-            if span > steps:
-                self.avg.lerp_(self.param.detach(), steps / span)
+        if self.avg is not None:                  # mini-batch steps, k = this push's
+            w = weight(self.average, epoch_steps, self.steps + steps, steps)
+            if w < 1.0:
+                self.avg.lerp_(self.param.detach(), w)
             else:
                 self.avg.copy_(self.param.detach())
         self.steps += steps
