@@ -135,9 +135,9 @@ def test_batchnorm_replicas_return_and_validate_with_their_mean_statistics(spark
         if b.is_floating_point():
             b.copy_((b + dict(copies[1].named_buffers())[name]) / 2)
     if average:
-        assert not torch.allclose(avg.values[0], next(ref.parameters()))
+        assert not torch.allclose(avg.current()[0], next(ref.parameters()))
         with torch.no_grad():
-            for p, v in zip(ref.parameters(), avg.values):
+            for p, v in zip(ref.parameters(), avg.current()):
                 p.copy_(v)
     assert_same_weights(res.model, ref)                  # running_mean and running_var too
     ref.eval()
@@ -344,7 +344,7 @@ def test_the_validated_and_returned_model_is_the_weights_moving_average(spark, t
             opt.step()
             avg.update()
     assert_same_weights(model, ref)
-    for p, a in zip(res.model.parameters(), avg.values):
+    for p, a in zip(res.model.parameters(), avg.current()):
         assert torch.allclose(p.double(), a, atol=1e-9, rtol=0)
     assert not torch.allclose(next(res.model.parameters()).double(),
                               next(ref.parameters()))

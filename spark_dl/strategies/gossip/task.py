@@ -157,7 +157,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         their weights' averages; the consensus distance of the weights)"""
         mean, distance = average_and_distance(flat)
         if avg is not None:
-            mean = average(avg.values[0])
+            mean = average(avg.current()[0])
         return mean, distance
 
     def validate(t: float) -> dict:

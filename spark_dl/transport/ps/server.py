@@ -226,10 +226,10 @@ class ParameterServer:
             with s.lock:
                 s.norm_mean, s.norm_steps = float(norm[0]), int(norm[1])
                 s.param.data.copy_(values)
-                if s.avg is not None:          # none saved: the average starts at x
-                    s.avg.copy_(values if saved is None else saved)
                 s.opt.load_state_dict(opt)
                 s.version, s.steps = int(version), int(steps)
+                if s.averaged is not None:     # none saved: the average starts at x
+                    s.load_average(saved)
         self.start_epoch = start_epoch
 
     def take_gradient_mean_abs(self) -> float | None:

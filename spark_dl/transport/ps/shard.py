@@ -14,6 +14,10 @@ the push size (a Boosting key of 4 mini-batches, a Downpour push of n_push). Unt
 (docs/guides/boosting.md, "Averaged server"). Workers always fetch x; the server's
 ``parameters()`` (the model the driver validates and returns) is x̄: it damps the last
 iterates' noise, which asynchronous pushes add to (docs/benchmarks.md, "Downpour SGD").
+The average is spark_dl.optim.average's ``WeightAverage``, the replicas' own: it takes x
+every a E_t / 32 mini-batch steps with the weight of those steps and folds in the rest when
+read, so that the lerp, a pass over the shard that cost a fifth of a push, costs a fiftieth
+with a window of 300 steps (docs/guides/fit.md, "Averaged weights").
 
 Clipped pushes (``clip`` = c): a step's gradient (the push's, as scaled) is cut to at most c
 times the running mean of the steps' gradient norms on this shard, r <- r + 0.05 (|g| - r)
@@ -30,7 +34,7 @@ from collections import Counter
 
 import torch
 
-from ...optim.average import weight
+from ...optim.average import WeightAverage
 from ...optim.schedule import LRSchedule
 
 __all__ = ["SERVER_OPTIMIZERS", "Shard"]
@@ -46,7 +50,9 @@ class Shard:
         self.average = average
         self.clip = clip
         self.norm_mean, self.norm_steps, self.clipped = 0.0, 0, 0      # see "Clipped pushes"
-        self.avg = values.clone() if average > 0 else None     # x̄, see the module doc
+        self.averaged = None                  # x̄, see the module doc
+        if average > 0:
+            self.averaged = WeightAverage([self.param], average, 0)
         self.param.grad = torch.zeros_like(self.param)
         opts = {"sgd": lambda: torch.optim.SGD([self.param], lr=lr),
                 "momentum": lambda: torch.optim.SGD([self.param], lr=lr, momentum=momentum),
@@ -90,16 +96,24 @@ class Shard:
             self._sgd_step(g, lr)
         else:
             self.opt.step()
-        if self.avg is not None:                  # mini-batch steps, k = this push's
-            w = weight(self.average, epoch_steps, self.steps + steps, steps)
-            if w < 1.0:
-                self.avg.lerp_(self.param.detach(), w)
-            else:
-                self.avg.copy_(self.param.detach())
+        if self.averaged is not None:             # mini-batch steps, k = this push's
+            self.averaged.update(steps, epoch_steps)
         self.steps += steps
         self.version += 1
         if self.on_step is not None:
             self.on_step(self, epoch_steps)
+
+    @property
+    def avg(self) -> torch.Tensor | None:
+        """x̄ as of the last push (None without an average); under the lock."""
+        return None if self.averaged is None else self.averaged.current()[0]
+
+    def load_average(self, saved: torch.Tensor | None) -> None:
+        """A checkpoint's x̄ (None: the average restarts at x), after its steps are set."""
+        if saved is None:
+            self.averaged.restart(self.steps)
+        else:
+            self.averaged.load_state_dict({"values": [saved], "steps": self.steps})
 
     def _sgd_step(self, g: torch.Tensor, lr: float) -> None:
         """torch.optim.SGD's step (dampening 0, no weight decay, no Nesterov: how this shard
