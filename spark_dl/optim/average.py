@@ -141,6 +141,12 @@ class AveragedModel:
     def __init__(self, model: nn.Module, span: float, epoch_steps: int, steps: int = 0):
         self.live = model
         self.model = copy.deepcopy(model).requires_grad_(False)
+        # a deep copy's RNN weights each have their own memory: into cuDNN's one chunk (a
+        # no-op off CUDA) before the average aliases them, or every forward of the copy would
+        # warn and compact them again
+        for m in self.model.modules():
+            if isinstance(m, nn.RNNBase):
+                m.flatten_parameters()
         self.average = WeightAverage(model.parameters(), span, epoch_steps, steps,
                                      into=self.model.parameters())
         self.update = self.average.update
