@@ -6,9 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# the README's get_session() asks for local[*]; here the test session (local[2]) is reused
+@pytest.mark.filterwarnings("ignore:a SparkSession on local.* is already running")
 def test_the_readme_python_examples_run(spark, tmp_path, monkeypatch, capsys):
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
     assert len(blocks) >= 2
