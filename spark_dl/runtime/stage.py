@@ -332,11 +332,14 @@ def collective_device(device) -> torch.device:
     return device if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def mean_buffers(model: torch.nn.Module, world: int, device) -> dict[str, torch.Tensor]:
+def mean_buffers(model: torch.nn.Module, world: int, device,
+                 weight: float | None = None) -> dict[str, torch.Tensor]:
     """The model's buffers by name, each floating-point one averaged over the replicas (one
     all-reduce; BatchNorm's running statistics), the others this replica's own (their integer
     counts, e.g. ``num_batches_tracked``, agree when the replicas take the same steps).
-    Collective: every rank calls it."""
+    ``weight``: this replica's weight in the mean (the rows its statistics saw; a replica of
+    weight 0 contributes nothing; all 0: each keeps its own). Collective: every rank calls
+    it."""
     named = dict(model.named_buffers())
     floats = [k for k, b in named.items() if b.is_floating_point()]
     out = {k: b.detach().clone() for k, b in named.items()}
@@ -344,8 +347,17 @@ def mean_buffers(model: torch.nn.Module, world: int, device) -> dict[str, torch.
         where = collective_device(device)
         packed = torch.cat([named[k].detach().reshape(-1).to(where, torch.float64)
                             for k in floats])
-        dist.all_reduce(packed)
-        packed /= world
+        if weight is None:
+            dist.all_reduce(packed)
+            packed /= world
+        else:
+            packed = torch.cat([packed * weight,
+                                torch.tensor([float(weight)], dtype=torch.float64,
+                                             device=where)])
+            dist.all_reduce(packed)
+            if packed[-1] <= 0:
+                return out
+            packed = packed[:-1] / packed[-1]
         off = 0
         for k in floats:
             n = named[k].numel()
@@ -355,15 +367,43 @@ def mean_buffers(model: torch.nn.Module, world: int, device) -> dict[str, torch.
     return out
 
 
-def sync_buffers(model, world: int, device) -> None:
+def sync_buffers(model, world: int, device, weight: float | None = None) -> None:
     """Every replica's floating-point buffers become their mean over the replicas (BatchNorm's
     running statistics, which each replica keeps from its own shard's batches; they steer
-    evaluation only, never a training step). Collective: every rank calls it."""
+    evaluation only, never a training step), weighted by ``weight`` (mean_buffers).
+    Collective: every rank calls it."""
     if world > 1 and any(b.is_floating_point() for b in model.buffers()):
         named = dict(model.named_buffers())
         with torch.no_grad():
-            for name, b in mean_buffers(model, world, device).items():
+            for name, b in mean_buffers(model, world, device, weight).items():
                 named[name].copy_(b)
+
+
+def statistics_batches(cfg: StageConfig, model, world: int) -> int:
+    """How many of its first mini-batches each replica recomputes an averaged model's
+    BatchNorm statistics on (spark_dl.optim.average): 0 without an average or BatchNorm."""
+    from ..optim.average import STATISTICS_ROWS, batch_norms
+    if not getattr(cfg, "average", 0) or not batch_norms(model):
+        return 0
+    return max(1, -(-STATISTICS_ROWS // (world * cfg.batch_size)))
+
+
+def own_statistics(net, cfg: StageConfig, shard, batches: int, rank: int, world: int,
+                   device, dtype):
+    """``net`` (averaged weights) with BatchNorm statistics of its own: each replica's from
+    its first ``batches`` mini-batches (the same ones at every call), their mean weighted by
+    the rows (spark_dl.optim.average.recompute_statistics). Collective: every rank calls it."""
+    import itertools
+
+    from ..optim.average import recompute_statistics
+    from .amp import autocast
+    first = itertools.islice(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+                                           transform=cfg.transform,
+                                           seed=cfg.seed * 1000003 + rank, epoch=0), batches)
+    with autocast(device, cfg.amp):
+        rows = recompute_statistics(net, (x.to(device=device, dtype=dtype) for x, _ in first))
+    sync_buffers(net, world, device, weight=rows)
+    return net
 
 
 class LossSum:
@@ -443,18 +483,21 @@ class Validation:
         """Validate after ``step`` if one is due there; ``model_of()`` gives the model (read
         only then: an averaged model is made up when it is read)."""
         if self.due(step):
-            self.run(model_of(), epoch + (step + 1) / self.steps, reports)
+            self.run(model_of, epoch + (step + 1) / self.steps, reports)
 
     def epoch_end(self, model, epoch: int, reports: StepReports) -> dict:
         return self.run(model, epoch + 1, reports)
 
     def run(self, model, t: float, reports: StepReports) -> dict:
-        """Evaluate ``model`` at fractional epoch ``t``: the row on replica 0, {} elsewhere.
+        """Evaluate ``model`` (a module, or a function that makes it, on every rank, its time
+        validation's) at fractional epoch ``t``: the row on replica 0, {} elsewhere.
         Collective when ``shared``: every rank calls it at the same step."""
+        start = time.perf_counter()
+        if callable(model) and not isinstance(model, torch.nn.Module):
+            model = model()                  # (a collective for some strategies)
         if not (self.on or self.shared):
             return {}
         from ..losses import evaluation_row, evaluation_sums
-        start = time.perf_counter()
         if self.shared:                  # one model on every replica, running statistics too
             sync_buffers(model, self.world, self.device)
         sums = evaluation_sums(model, self.val, self.loss_fn, self.classify)

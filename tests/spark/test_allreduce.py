@@ -100,7 +100,9 @@ def test_batchnorm_replicas_return_and_validate_with_their_mean_statistics(spark
     validated (each replica a part of the rows) and returned holds their mean. By hand: two
     copies stepped by the mean of their gradients, each normalising its own batches; with
     ``average``, the parameters returned are their moving average (over 0.8 x 3 steps: a
-    lerp from the second step on), the statistics still the live ones' mean."""
+    lerp from the second step on), and the statistics are the averaged weights' own: each
+    replica's over its first mini-batches (here all 3), as torch's swa_utils.update_bn
+    computes them, their mean weighted by the rows (24 each)."""
     import copy
 
     from spark_dl.optim.average import WeightAverage
@@ -139,6 +141,20 @@ def test_batchnorm_replicas_return_and_validate_with_their_mean_statistics(spark
         with torch.no_grad():
             for p, v in zip(ref.parameters(), avg.current()):
                 p.copy_(v)
+        live = {k: b.clone() for k, b in ref.named_buffers()}
+        own = []
+        for r in range(2):
+            m = copy.deepcopy(ref)
+            loader = [xt[24 * r + 8 * s:24 * r + 8 * (s + 1)] for s in range(3)]
+            torch.optim.swa_utils.update_bn(loader, m)
+            own.append(dict(m.named_buffers()))
+        with torch.no_grad():
+            for k, b in ref.named_buffers():
+                if b.is_floating_point():
+                    b.copy_((own[0][k] + own[1][k]) / 2)
+                    assert not torch.allclose(b, live[k])     # not the live statistics
+                else:                                         # the steps the live model took
+                    assert torch.equal(dict(res.model.named_buffers())[k], live[k])
     assert_same_weights(res.model, ref)                  # running_mean and running_var too
     ref.eval()
     with torch.no_grad():

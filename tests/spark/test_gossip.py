@@ -149,16 +149,32 @@ def test_gossip_cuts_each_replicas_own_gradient(spark, tmp_path):
     assert res.info["grad_clip"]["clipped_steps"] >= 1
 
 
-def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp_path):
-    """A model with BatchNorm: the fit returns the mean of the replicas' running statistics
-    with the average of their parameters, validates with them, and a resumed fit carries
-    every replica's own statistics on (2 + 1 epochs equal 3)."""
+@pytest.mark.parametrize("average", [0.0, 0.1])
+def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp_path,
+                                                                      average):
+    """A model with BatchNorm: the fit returns the average of the replicas' parameters with
+    the mean of their running statistics (average=0), or with the averaged weights' own
+    statistics (average=0.1, here a window under one step: the last weights): each
+    replica's over its first mini-batches (all of them here), as torch's swa_utils.update_bn
+    computes them, their mean weighted by the rows (24 and 16); it validates with them, and
+    a resumed fit carries every replica's own statistics on (2 + 1 epochs equal 3)."""
     x, y = data(40, seed=23)
-    kw = dict(strategy=Gossip(alpha=1.0, topology="ring"), batch_size=BATCH, lr=LR,
-              lr_decay=DECAY, momentum=MOMENTUM, shuffle=False, dtype="float64",
+    kw = dict(strategy=Gossip(alpha=1.0, topology="ring", average=average), batch_size=BATCH,
+              lr=LR, lr_decay=DECAY, momentum=MOMENTUM, shuffle=False, dtype="float64",
               lr_scaling=None, log=None, validation=(x[:11], y[:11]))
     res = fit(frame(spark, x, y, SPLITS), small_bn, epochs=3, run_dir=tmp_path / "w", **kw)
     ref, _ = reference_gossip(x, y, SPLITS, 3, 1.0, make=small_bn)
+    if average:
+        xt, own = torch.from_numpy(x).double(), []
+        for lo, rows in ((0, 24), (24, 16)):
+            m = copy.deepcopy(ref)
+            torch.optim.swa_utils.update_bn(
+                [xt[lo + i:lo + min(i + BATCH, rows)] for i in range(0, rows, BATCH)], m)
+            own.append(dict(m.named_buffers()))
+        with torch.no_grad():
+            for k, b in ref.named_buffers():
+                if b.is_floating_point():
+                    b.copy_((24 * own[0][k] + 16 * own[1][k]) / 40)
     assert_same_weights(res.model, ref)                 # running_mean / running_var included
     ref.eval()
     with torch.no_grad():

@@ -3,11 +3,20 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from spark_dl.errors import ConfigError
-from spark_dl.optim.average import AveragedModel, WeightAverage, check_average, interval
+from spark_dl.optim.average import (
+    AveragedModel,
+    WeightAverage,
+    batch_norms,
+    check_average,
+    interval,
+    recompute_statistics,
+)
 from spark_dl.transport.ps.shard import Shard
 
 
@@ -123,3 +132,31 @@ def test_bad_average_is_a_config_error(bad):
         check_average(bad)
     for good in (None, 0, 0.1, 2):
         check_average(good)
+
+
+def test_recomputed_statistics_are_update_bns_without_dropout_and_restore_the_layers():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6, momentum=0.3),
+                              torch.nn.Dropout(0.5), torch.nn.Linear(6, 4),
+                              torch.nn.BatchNorm1d(4))
+    for _ in range(3):                                # some live statistics to replace
+        net(torch.randn(8, 5) * 3 + 1)
+    batches = [torch.randn(n, 5) for n in (8, 8, 5)]
+    want = copy.deepcopy(net)
+    want[2].p = 0.0                                   # update_bn runs the whole net in train
+    torch.optim.swa_utils.update_bn(batches, want)    # mode: without its dropout, ours
+    net.eval()
+    state = torch.get_rng_state()
+    assert recompute_statistics(net, batches) == 21
+    assert torch.equal(torch.get_rng_state(), state)  # no dropout mask drawn
+    for k in ("1.running_mean", "1.running_var", "4.running_mean", "4.running_var"):
+        assert torch.allclose(net.state_dict()[k], want.state_dict()[k], atol=1e-6), k
+    assert not net.training and net[1].momentum == 0.3 and net[4].momentum == 0.1
+    assert int(net[1].num_batches_tracked) == 3       # the live count, not the pass's
+    assert recompute_statistics(torch.nn.Linear(2, 2), batches) == 0   # nothing to do
+
+
+def test_batch_norms_are_the_layers_with_running_statistics():
+    net = torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.BatchNorm1d(3,
+                              track_running_stats=False), torch.nn.LayerNorm(3))
+    assert batch_norms(net) == [net[0]]

@@ -30,11 +30,13 @@ from spark_dl.runtime.stage import (
     Validation,
     barrier_task,
     most_batches,
+    own_statistics,
     read_checkpoint,
     set_lr,
     shared_memory_name,
     stage_info,
     state_bytes,
+    statistics_batches,
     sync_buffers,
 )
 
@@ -216,13 +218,18 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         avg = AveragedModel(model, cfg.average, max(steps, 1), start * steps)
         if ckpt is not None:
             avg.load_state_dict(ckpt.get("average"))
+    stats = statistics_batches(cfg, model, world)
 
     def shown():
-        """The model validated: the live one, or its average with the live buffers, which a
-        shared validation first makes the replicas' mean, as it does the live model's without
-        the average (a collective: every rank calls it when a validation is due)."""
+        """The model validated and returned: the live one; or its average, with BatchNorm
+        statistics recomputed for the averaged weights (spark_dl.optim.average), or without
+        BatchNorm the live buffers, which a shared validation first makes the replicas' mean
+        as it does the live model's without the average (a collective: every rank calls it
+        when a validation is due, and at the end)."""
         if avg is None:
             return model
+        if stats:
+            return own_statistics(avg.read(), cfg, shard, stats, rank, world, device, dtype)
         if val.shared:
             sync_buffers(model, world, device)
         return avg.read()
@@ -334,7 +341,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                "lr": opt.param_groups[0]["lr"]}
         if balancer is not None:
             row["balance"] = balancer.end_epoch()
-        row.update(val.epoch_end(shown(), epoch, reports))
+        row.update(val.epoch_end(shown, epoch, reports))
         history.append(row)
         # Every rank's RNG state goes into the checkpoint (dropout continues as it would).
         states = []
@@ -367,7 +374,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
                         "validation_s": val.seconds}}
     if sync is not None and sync.shm is not None:
         sync.shm.close()
-    result = model if avg is None else avg.read()       # (the buffers synced just above)
+    result = shown()              # (without an average, the buffers synced just above)
     state = state_bytes({k: v.cpu() for k, v in result.state_dict().items()}) \
         if rank == 0 else b""
     return {"state": state, "history": history, "info": info}

@@ -33,11 +33,13 @@ from spark_dl.runtime.stage import (
     collective_device,
     mean_buffers,
     most_batches,
+    own_statistics,
     read_checkpoint,
     set_lr,
     shared_memory_name,
     stage_info,
     state_bytes,
+    statistics_batches,
     sync_buffers,
 )
 
@@ -144,7 +146,9 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     # every replica gets the average: each validates its part of the rows (Validation)
     val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
                      shared=True)
-    probe = model_fn().to(device=device, dtype=dtype) if val.on or val.shared else None
+    stats = statistics_batches(cfg, model, world)     # the averages' own BatchNorm statistics
+    probe = model_fn().to(device=device, dtype=dtype) if val.on or val.shared or stats \
+        else None
     avg = None
     if cfg.average > 0:
         from spark_dl.optim.average import WeightAverage
@@ -169,6 +173,8 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                 mean, [p for p in probe.parameters() if p.requires_grad])
             for name, b in probe.named_buffers():
                 b.copy_(buffers[name])
+            if stats:
+                own_statistics(probe, cfg, shard, stats, rank, world, device, dtype)
         return {**val.run(probe, t, reports), "consensus_distance": distance}
     t_fit = time.perf_counter()
     round_s = 0.0
@@ -236,7 +242,10 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                                  for b in replicas]})
     mean, distance = shown()
     flat.copy_(mean)                                     # the result: the replicas' average
-    sync_buffers(model, world, device)                   # ... with the mean of their buffers
+    if stats:                                            # ... with its own statistics
+        own_statistics(model, cfg, shard, stats, rank, world, device, dtype)
+    else:                                                # ... with the mean of their buffers
+        sync_buffers(model, world, device)
     where = collective_device(device)
     sent = [torch.zeros(1, dtype=torch.float64, device=where) for _ in range(world)]
     dist.all_gather(sent, torch.tensor([float(rounds.bytes_sent)], dtype=torch.float64,
