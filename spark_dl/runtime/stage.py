@@ -392,16 +392,26 @@ def own_statistics(net, cfg: StageConfig, shard, batches: int, rank: int, world:
                    device, dtype):
     """``net`` (averaged weights) with BatchNorm statistics of its own: each replica's from
     its first ``batches`` mini-batches (the same ones at every call), their mean weighted by
-    the rows (spark_dl.optim.average.recompute_statistics). Collective: every rank calls it."""
+    the rows (spark_dl.optim.average.recompute_statistics). The random generators are left
+    as they were (a user's ``transform`` may draw): training goes on as without the pass.
+    Collective: every rank calls it."""
     import itertools
+
+    import numpy as np
 
     from ..optim.average import recompute_statistics
     from .amp import autocast
-    first = itertools.islice(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
-                                           transform=cfg.transform,
-                                           seed=cfg.seed * 1000003 + rank, epoch=0), batches)
-    with autocast(device, cfg.amp):
-        rows = recompute_statistics(net, (x.to(device=device, dtype=dtype) for x, _ in first))
+    kept = np.random.get_state()           # torch's generators: fork_rng keeps them
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        every = shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
+                              seed=cfg.seed * 1000003 + rank, epoch=0)
+        try:
+            with autocast(device, cfg.amp):
+                rows = recompute_statistics(net, (x.to(device=device, dtype=dtype) for x, _
+                                                  in itertools.islice(every, batches)))
+        finally:
+            getattr(every, "close", lambda: None)()     # (a prefetching thread stops here)
+    np.random.set_state(kept)
     sync_buffers(net, world, device, weight=rows)
     return net
 

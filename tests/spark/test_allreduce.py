@@ -512,3 +512,22 @@ def test_bf16_autocast_keeps_float32_master_weights(spark, tmp_path):
               batch_size=8, epochs=3, lr=0.5, run_dir=tmp_path / "run", log=None)
     assert all(p.dtype == torch.float32 for p in res.model.parameters())
     assert res.history[-1]["loss"] < res.history[0]["loss"]
+
+
+def test_recomputing_the_averages_statistics_leaves_training_as_it_was(spark, tmp_path):
+    """A BatchNorm model whose transform draws random noise: the statistics pass over the
+    first mini-batches at each validation calls the transform too, yet the training losses
+    are those of average=0, which makes no such pass (the generators are kept)."""
+    from .test_gossip import small_bn
+
+    def noisy(x, y):
+        x = torch.as_tensor(x)
+        return x + 0.05 * torch.randn(x.shape, dtype=x.dtype), torch.as_tensor(y)
+
+    x, y = data(64, seed=12)
+    kw = dict(batch_size=8, epochs=2, lr=0.3, momentum=0.9, dtype="float64", lr_scaling=None,
+              validation=(x[:13], y[:13]), validate_every=0.5, transform=noisy, log=None)
+    runs = [fit(frame(spark, x, y, [32, 32]), small_bn, strategy=AllReduce(average=a),
+                run_dir=tmp_path / str(a), **kw) for a in (0, 0.5)]
+    assert [h["loss"] for h in runs[0].history] == [h["loss"] for h in runs[1].history]
+    assert runs[0].history[-1]["val_loss"] != runs[1].history[-1]["val_loss"]
