@@ -50,7 +50,7 @@ class Averages:
 
     def mark(self, model, vx, vy) -> None:
         for a, avg in self.averages.items():
-            for p, v in zip(self.probe.parameters(), avg.values):
+            for p, v in zip(self.probe.parameters(), avg.current()):
                 p.copy_(v)
             self.accuracy[a].append(
                 round((self.probe(vx).argmax(1) == vy).float().mean().item(), 4))

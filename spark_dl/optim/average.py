@@ -111,7 +111,8 @@ class WeightAverage:
             torch._foreach_copy_(self._values, self._live)
 
     def current(self) -> list[torch.Tensor]:
-        """The average as of the last step (the steps pending folded in)."""
+        """The average as of the last step (the steps pending folded in: so when it is read
+        moves the fold points a little, and a fit reads it at the same steps every time)."""
         if self.pending:
             self._fold()
         return self._values
@@ -147,9 +148,9 @@ class AveragedModel:
     def __init__(self, model: nn.Module, span: float, epoch_steps: int, steps: int = 0):
         self.live = model
         self.model = copy.deepcopy(model).requires_grad_(False)
-        # a deep copy's RNN weights each have their own memory: into cuDNN's one chunk (a
-        # no-op off CUDA) before the average aliases them, or every forward of the copy would
-        # warn and compact them again
+        # a deep copy's RNN weights need not be cuDNN's one chunk: made so (a no-op off CUDA
+        # or where they are) before the average aliases them, or every forward of the copy
+        # could warn and compact them again
         for m in self.model.modules():
             if isinstance(m, nn.RNNBase):
                 m.flatten_parameters()

@@ -383,9 +383,11 @@ def statistics_batches(cfg: StageConfig, model, world: int) -> int:
     """How many of its first mini-batches each replica recomputes an averaged model's
     BatchNorm statistics on (spark_dl.optim.average): 0 without an average or BatchNorm."""
     from ..optim.average import STATISTICS_ROWS, batch_norms
-    if not getattr(cfg, "average", 0) or not batch_norms(model):
-        return 0
-    return max(1, -(-STATISTICS_ROWS // (world * cfg.batch_size)))
+    layers = batch_norms(model)
+    if not getattr(cfg, "average", 0) or not layers or \
+            any(isinstance(m, torch.nn.SyncBatchNorm) for m in layers):
+        return 0       # (SyncBatchNorm would all-reduce each pass's batch: the replicas'
+    return max(1, -(-STATISTICS_ROWS // (world * cfg.batch_size)))    # counts may differ)
 
 
 def own_statistics(net, cfg: StageConfig, shard, batches: int, rank: int, world: int,
@@ -396,12 +398,14 @@ def own_statistics(net, cfg: StageConfig, shard, batches: int, rank: int, world:
     as they were (a user's ``transform`` may draw): training goes on as without the pass.
     Collective: every rank calls it."""
     import itertools
+    import random
 
     import numpy as np
 
     from ..optim.average import recompute_statistics
     from .amp import autocast
-    kept = np.random.get_state()           # torch's generators: fork_rng keeps them
+    kept = np.random.get_state(), random.getstate()     # torch's: fork_rng keeps them
+    peak = getattr(shard, "peak_buffer_rows", None)     # a stream's, which a pass resets
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         every = shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
                               seed=cfg.seed * 1000003 + rank, epoch=0)
@@ -411,7 +415,10 @@ def own_statistics(net, cfg: StageConfig, shard, batches: int, rank: int, world:
                                                   in itertools.islice(every, batches)))
         finally:
             getattr(every, "close", lambda: None)()     # (a prefetching thread stops here)
-    np.random.set_state(kept)
+    np.random.set_state(kept[0])
+    random.setstate(kept[1])
+    if peak is not None:                   # the pass's window is held besides training's
+        shard.peak_buffer_rows = max(peak, shard.peak_buffer_rows)
     sync_buffers(net, world, device, weight=rows)
     return net
 
@@ -466,6 +473,7 @@ class Validation:
                  steps: int, loss_fn, world: int = 1, shared: bool = False):
         from ..losses import LOSSES
         self.on = validation is not None and rank == 0
+        self.none = validation is None            # the same on every rank
         self.shared = validation is not None and shared and world > 1 and cfg.loss in LOSSES
         self.marks = mid_epoch_steps(steps, cfg.validate_every) \
             if validation is not None else set()
@@ -499,9 +507,12 @@ class Validation:
         return self.run(model, epoch + 1, reports)
 
     def run(self, model, t: float, reports: StepReports) -> dict:
-        """Evaluate ``model`` (a module, or a function that makes it, on every rank, its time
-        validation's) at fractional epoch ``t``: the row on replica 0, {} elsewhere.
-        Collective when ``shared``: every rank calls it at the same step."""
+        """Evaluate ``model`` (a module, or a function that makes it: called on every rank
+        when the fit validates, never without validation rows, in validation's time) at
+        fractional epoch ``t``: the row on replica 0, {} elsewhere. Collective when
+        ``shared``: every rank calls it at the same step."""
+        if self.none:
+            return {}
         start = time.perf_counter()
         if callable(model) and not isinstance(model, torch.nn.Module):
             model = model()                  # (a collective for some strategies)

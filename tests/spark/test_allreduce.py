@@ -333,22 +333,25 @@ def test_resume_from_checkpoint_continues_training(spark, tmp_path):
 def test_the_validated_and_returned_model_is_the_weights_moving_average(spark, tmp_path):
     """AllReduce(average=a): training steps the last weights as without it (the same losses),
     and the model validated and returned is their moving average over the last a of an
-    epoch's steps (spark_dl.optim.average), replayed here step by step; a resumed fit carries
-    the average on (1 + 1 epochs equal 2)."""
-    from spark_dl.optim.average import WeightAverage
+    epoch's steps (spark_dl.optim.average), replayed here step by step, read at every epoch's
+    end as the fit does; a = 3.2 makes a window of 64 steps in the second epoch, which takes
+    the values every other step; a resumed fit carries the average on (1 + 1 epochs equal
+    2)."""
+    from spark_dl.optim.average import WeightAverage, interval
+    assert interval(3.2, 20, 40) == 2
     x, y = data(160, seed=11)
     df = frame(spark, x, y, [80, 80])
     kw = dict(batch_size=4, epochs=2, lr=0.3, momentum=0.9, shuffle=False, dtype="float64",
               lr_scaling=None, validation=(x[:30], y[:30]), log=None)
     last = fit(df, small_fc, strategy=AllReduce(average=0), run_dir=tmp_path / "last", **kw)
-    res = fit(df, small_fc, strategy=AllReduce(average=0.5), run_dir=tmp_path / "avg", **kw)
-    assert (last.info["average"], res.info["average"]) == (0.0, 0.5)
+    res = fit(df, small_fc, strategy=AllReduce(average=3.2), run_dir=tmp_path / "avg", **kw)
+    assert (last.info["average"], res.info["average"]) == (0.0, 3.2)
     assert [h["loss"] for h in res.history] == [h["loss"] for h in last.history]
     ref = reference_epochs(x, y, [80, 80], 4, 2, 0.3, 0.9)
     assert_same_weights(last.model, ref)
     torch.manual_seed(0)                        # the replay: 20 steps an epoch, window <= 10
     model = small_fc().double()
-    avg = WeightAverage(list(model.parameters()), 0.5, epoch_steps=20)
+    avg = WeightAverage(list(model.parameters()), 3.2, epoch_steps=20)
     opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
     for _epoch in range(2):
@@ -359,6 +362,8 @@ def test_the_validated_and_returned_model_is_the_weights_moving_average(spark, t
             torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
             opt.step()
             avg.update()
+        avg.current()                           # the fit's read at the epoch's end
+    assert avg.steps == 40 and avg.pending == 0
     assert_same_weights(model, ref)
     for p, a in zip(res.model.parameters(), avg.current()):
         assert torch.allclose(p.double(), a, atol=1e-9, rtol=0)
@@ -373,9 +378,9 @@ def test_the_validated_and_returned_model_is_the_weights_moving_average(spark, t
                 dtype="float64", lr_scaling=None, run_dir=tmp_path / "lbfgs", log=None)
     assert lbfgs.info["average"] == 0.0
     kw["epochs"] = 1
-    fit(df, small_fc, strategy=AllReduce(average=0.5), run_dir=tmp_path / "r", **kw)
+    fit(df, small_fc, strategy=AllReduce(average=3.2), run_dir=tmp_path / "r", **kw)
     kw["epochs"] = 2
-    again = fit(df, small_fc, strategy=AllReduce(average=0.5), run_dir=tmp_path / "r", **kw)
+    again = fit(df, small_fc, strategy=AllReduce(average=3.2), run_dir=tmp_path / "r", **kw)
     assert again.info["resumed_from_epoch"] == 1
     assert_same_weights(again.model, res.model)
 

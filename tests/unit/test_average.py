@@ -29,12 +29,13 @@ def test_the_average_follows_the_servers_rule_step_by_step(epoch_steps, steps):
     shard = Shard(start, "sgd", lr=0.1, momentum=0.0, average=0.25)
     x = start.clone()
     avg = WeightAverage([x], 0.25, epoch_steps=epoch_steps)
-    for _ in range(steps):               # two and a half, or 1.4, epochs
+    for t in range(1, steps + 1):         # two and a half, or 1.4, epochs
         grad = torch.randn(7, generator=g, dtype=torch.float64)
         shard.apply(grad, epoch_steps=epoch_steps)
         x.sub_(grad, alpha=0.1)
         avg.update()
-        assert torch.allclose(avg.current()[0], shard.avg, rtol=0, atol=1e-12)
+        if t % 25 == 0:                   # read now and then (a read folds in the pending)
+            assert torch.allclose(avg.current()[0], shard.avg, rtol=0, atol=1e-12)
     assert not torch.allclose(avg.current()[0], x)      # it averages: it lags the last values
 
 

@@ -342,6 +342,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         if balancer is not None:
             row["balance"] = balancer.end_epoch()
         row.update(val.epoch_end(shown, epoch, reports))
+        if avg is not None:              # read or not, every replica folds its pending steps
+            avg.average.current()        # in here (where a checkpoint is written)
         history.append(row)
         # Every rank's RNG state goes into the checkpoint (dropout continues as it would).
         states = []

@@ -167,15 +167,18 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     def validate(t: float) -> dict:
         """The replicas' average, validated (a collective: every rank calls it)."""
         mean, distance = shown()
-        buffers = mean_buffers(model, world, device)
-        if probe is not None:
-            torch.nn.utils.vector_to_parameters(
-                mean, [p for p in probe.parameters() if p.requires_grad])
-            for name, b in probe.named_buffers():
-                b.copy_(buffers[name])
-            if stats:
-                own_statistics(probe, cfg, shard, stats, rank, world, device, dtype)
-        return {**val.run(probe, t, reports), "consensus_distance": distance}
+
+        def made():
+            buffers = mean_buffers(model, world, device)
+            if probe is not None:
+                torch.nn.utils.vector_to_parameters(
+                    mean, [p for p in probe.parameters() if p.requires_grad])
+                for name, b in probe.named_buffers():
+                    b.copy_(buffers[name])
+                if stats:
+                    own_statistics(probe, cfg, shard, stats, rank, world, device, dtype)
+            return probe
+        return {**val.run(made, t, reports), "consensus_distance": distance}
     t_fit = time.perf_counter()
     round_s = 0.0
     reports = StepReports(cfg, client, rank)
