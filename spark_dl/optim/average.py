@@ -143,7 +143,8 @@ class WeightAverage:
 
 class AveragedModel:
     """A copy of ``model`` whose parameters are their ``WeightAverage`` (arguments as there)
-    and whose buffers are the live model's when it is read."""
+    and whose buffers are the live model's when it is read (AllReduce then gives BatchNorm
+    statistics of the averaged weights: ``recompute_statistics``)."""
 
     def __init__(self, model: nn.Module, span: float, epoch_steps: int, steps: int = 0):
         self.live = model
