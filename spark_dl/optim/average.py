@@ -117,12 +117,6 @@ class WeightAverage:
             self._fold()
         return self._values
 
-    def restart(self, steps: int) -> None:
-        """The average restarts from the live values, ``steps`` steps in (a server whose
-        checkpoint held none)."""
-        self.steps, self.pending = steps, 0
-        torch._foreach_copy_(self._values, self._live)
-
     def state_dict(self) -> dict:
         """The average (on the CPU, for a checkpoint) and the steps it has seen."""
         return {"values": [v.detach().to("cpu", copy=True) for v in self.current()],

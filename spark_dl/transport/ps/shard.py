@@ -110,10 +110,9 @@ class Shard:
 
     def load_average(self, saved: torch.Tensor | None) -> None:
         """A checkpoint's x̄ (None: the average restarts at x), after its steps are set."""
-        if saved is None:
-            self.averaged.restart(self.steps)
-        else:
-            self.averaged.load_state_dict({"values": [saved], "steps": self.steps})
+        self.averaged.steps = self.steps
+        self.averaged.load_state_dict(None if saved is None else
+                                      {"values": [saved], "steps": self.steps})
 
     def _sgd_step(self, g: torch.Tensor, lr: float) -> None:
         """torch.optim.SGD's step (dampening 0, no weight decay, no Nesterov: how this shard
