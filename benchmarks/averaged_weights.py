@@ -10,7 +10,7 @@ epochs until 98% seed by seed, their mean and median, the final accuracy. Accura
 timing (bench_scaling.py times the real fit).
 
     .venv/bin/python benchmarks/averaged_weights.py [--ks 1,2,16] [--seeds 8]
-        [--first-seed 0] [--epochs 3] [--spans 0,0.02,0.05,0.1,0.2]
+        [--first-seed 0] [--epochs 3] [--spans 0,0.02,0.05,0.1,0.2] [--lr-factors 1]
         [--out benchmarks/results/averaged-weights.json]
 """
 
@@ -56,15 +56,16 @@ class Averages:
                 round((self.probe(vx).argmax(1) == vy).float().mean().item(), 4))
 
 
-def run(data: str, k: int, epochs: int, seed: int, spans: tuple[float, ...]) -> dict:
-    """One trajectory (the cut on, fit's warmup): the accuracy of every span's average at
-    every quarter epoch (span 0: the last weights)."""
+def run(data: str, k: int, epochs: int, seed: int, spans: tuple[float, ...],
+        lr_factor: float = 1.0) -> dict:
+    """One trajectory (the cut on, fit's warmup, the rate times ``lr_factor``): the accuracy
+    of every span's average at every quarter epoch (span 0: the last weights)."""
     averages = Averages(tuple(a for a in spans if a > 0))
-    out = sim.simulate(data, k, True, epochs, seed, watch=averages)
+    out = sim.simulate(data, k, True, epochs, seed, lr_factor=lr_factor, watch=averages)
     acc = {a: out["accuracy"] if a == 0 else averages.accuracy[a] for a in spans}
     first = {a: next(((i + 1) / 4 for i, v in enumerate(acc[a]) if v >= sim.TARGET), None)
              for a in spans}
-    return {"k": k, "seed": seed, "accuracy": {str(a): acc[a] for a in spans},
+    return {"k": k, "seed": seed, "lr_factor": lr_factor, "accuracy": {str(a): acc[a] for a in spans},
             "epochs_to_target": {str(a): first[a] for a in spans}}
 
 
@@ -76,25 +77,30 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--samples", type=int, default=48000)
     ap.add_argument("--spans", default="0,0.02,0.05,0.1,0.2")
+    ap.add_argument("--lr-factors", default="1",
+                    help="comma-separated multiples of the linear rule's rate, each a "
+                         "trajectory of its own")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/averaged-weights.json"))
     args = ap.parse_args(argv)
     from _results import write_results
     ks = [int(k) for k in args.ks.split(",")]
     spans = tuple(float(a) for a in args.spans.split(","))
+    factors = [float(f) for f in args.lr_factors.split(",")]
     data = sim.make_data(args.samples, Path(tempfile.mkdtemp(prefix="averaged-weights-")))
-    jobs = [(data, k, args.epochs, s, spans) for k in ks
+    jobs = [(data, k, args.epochs, s, spans, f) for k in ks for f in factors
             for s in range(args.first_seed, args.first_seed + args.seeds)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) \
             as pool:
         runs = list(pool.map(run, *zip(*jobs)))
     summary = {}
-    for k in ks:
+    for k, f in ((k, f) for k in ks for f in factors):
         for a in spans:
-            mine = [r for r in runs if r["k"] == k]
+            mine = [r for r in runs if r["k"] == k and r["lr_factor"] == f]
             first = [r["epochs_to_target"][str(a)] for r in mine]
             counted = [f if f is not None else args.epochs + 0.25 for f in first]
-            summary[f"k={k} average {a:g}"] = {
+            rate = "" if factors == [1.0] else f" lr x{f:g}"
+            summary[f"k={k}{rate} average {a:g}"] = {
                 "epochs_to_98": first, "reached": f"{sum(f is not None for f in first)}/"
                                                   f"{len(first)}",
                 "mean_epochs_to_98": round(statistics.mean(counted), 3),
@@ -104,7 +110,8 @@ def main(argv=None):
                   {"model": "thesis cnn", "samples": args.samples, "epochs": args.epochs,
                    "batch_per_replica": sim.BATCH, "lr_one_replica": sim.LR,
                    "lr_decay": sim.DECAY, "momentum": sim.MOMENTUM, "lr_scaling": "linear",
-                   "target": sim.TARGET, "seeds": f"{args.first_seed}.."
+                   "target": sim.TARGET, "lr_factors": args.lr_factors,
+                   "seeds": f"{args.first_seed}.."
                    f"{args.first_seed + args.seeds - 1}", "spans": args.spans},
                   summary, {"runs": runs})
 

@@ -9,9 +9,13 @@
 #    the last weights, the default before), Gossip (its defaults, the exponential graph with
 #    alpha 1, and the paper's ring with alpha 0.1), Downpour with its default staleness rule
 #    (run 2026-11-28 on an H200 machine's CPUs with SCALING_REPEATS=3 and downpour+step for
-#    downpour+lr, before averaged weights: scaling-16-2026-11-28.json);
+#    downpour+lr, before averaged weights: scaling-16-2026-11-28.json; again that evening at
+#    62edfb6, averaged, strategies allreduce,allreduce:avg0,gossip,downpour, 3 repeats in
+#    6.5 minutes: scaling-16-2026-11-28-averaged.json);
 # 2. bench_ps_capacity at 1 and 16 clients (ps-capacity-16.json): the parameter server's
-#    pushes a second against what 16 replicas need (no Spark; about 2 minutes);
+#    pushes a second against what 16 replicas need (no Spark; about 2 minutes). Results land
+#    in the folder given, under the names gpu_check.sh writes: copy nothing there under the
+#    same names afterwards (one such copy cost the curves of 2026-11-28 evening's run);
 # 2b. with WITH_PS_SERVING=1, in the time left: bench_ps_serving at 4, 8 and 16 training
 #    workers (ps-serving-16.json): the server's thread per connection against its event loop
 #    (LOOP_FROM's evidence; 2 repeats of 2,000 steps, about 2 minutes);
