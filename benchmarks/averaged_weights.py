@@ -11,6 +11,7 @@ timing (bench_scaling.py times the real fit).
 
     .venv/bin/python benchmarks/averaged_weights.py [--ks 1,2,16] [--seeds 8]
         [--first-seed 0] [--epochs 3] [--spans 0,0.02,0.05,0.1,0.2] [--lr-factors 1]
+        [--warmups auto]
         [--out benchmarks/results/averaged-weights.json]
 """
 
@@ -57,15 +58,17 @@ class Averages:
 
 
 def run(data: str, k: int, epochs: int, seed: int, spans: tuple[float, ...],
-        lr_factor: float = 1.0) -> dict:
-    """One trajectory (the cut on, fit's warmup, the rate times ``lr_factor``): the accuracy
-    of every span's average at every quarter epoch (span 0: the last weights)."""
+        lr_factor: float = 1.0, warmup: float | str = "auto") -> dict:
+    """One trajectory (the cut on, the rate times ``lr_factor``, ``warmup`` epochs of warmup,
+    "auto": fit's): the accuracy of every span's average at every quarter epoch (span 0: the
+    last weights)."""
     averages = Averages(tuple(a for a in spans if a > 0))
-    out = sim.simulate(data, k, True, epochs, seed, lr_factor=lr_factor, watch=averages)
+    out = sim.simulate(data, k, True, epochs, seed, warmup=warmup, lr_factor=lr_factor,
+                       watch=averages)
     acc = {a: out["accuracy"] if a == 0 else averages.accuracy[a] for a in spans}
     first = {a: next(((i + 1) / 4 for i, v in enumerate(acc[a]) if v >= sim.TARGET), None)
              for a in spans}
-    return {"k": k, "seed": seed, "lr_factor": lr_factor, "accuracy": {str(a): acc[a] for a in spans},
+    return {"k": k, "seed": seed, "lr_factor": lr_factor, "warmup": warmup, "accuracy": {str(a): acc[a] for a in spans},
             "epochs_to_target": {str(a): first[a] for a in spans}}
 
 
@@ -80,6 +83,9 @@ def main(argv=None):
     ap.add_argument("--lr-factors", default="1",
                     help="comma-separated multiples of the linear rule's rate, each a "
                          "trajectory of its own")
+    ap.add_argument("--warmups", default="auto",
+                    help="comma-separated warmups in epochs ('auto': fit's rule), each a "
+                         "trajectory of its own")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/averaged-weights.json"))
     args = ap.parse_args(argv)
@@ -87,19 +93,22 @@ def main(argv=None):
     ks = [int(k) for k in args.ks.split(",")]
     spans = tuple(float(a) for a in args.spans.split(","))
     factors = [float(f) for f in args.lr_factors.split(",")]
+    warmups = [w if w == "auto" else float(w) for w in args.warmups.split(",")]
     data = sim.make_data(args.samples, Path(tempfile.mkdtemp(prefix="averaged-weights-")))
-    jobs = [(data, k, args.epochs, s, spans, f) for k in ks for f in factors
-            for s in range(args.first_seed, args.first_seed + args.seeds)]
+    jobs = [(data, k, args.epochs, s, spans, f, w) for k in ks for f in factors
+            for w in warmups for s in range(args.first_seed, args.first_seed + args.seeds)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) \
             as pool:
         runs = list(pool.map(run, *zip(*jobs)))
     summary = {}
-    for k, f in ((k, f) for k in ks for f in factors):
+    for k, f, w in ((k, f, w) for k in ks for f in factors for w in warmups):
         for a in spans:
-            mine = [r for r in runs if r["k"] == k and r["lr_factor"] == f]
+            mine = [r for r in runs if r["k"] == k and r["lr_factor"] == f
+                    and r["warmup"] == w]
             first = [r["epochs_to_target"][str(a)] for r in mine]
             counted = [f if f is not None else args.epochs + 0.25 for f in first]
             rate = "" if factors == [1.0] else f" lr x{f:g}"
+            rate += "" if warmups == ["auto"] else f" warmup {w}"
             summary[f"k={k}{rate} average {a:g}"] = {
                 "epochs_to_98": first, "reached": f"{sum(f is not None for f in first)}/"
                                                   f"{len(first)}",
@@ -111,6 +120,7 @@ def main(argv=None):
                    "batch_per_replica": sim.BATCH, "lr_one_replica": sim.LR,
                    "lr_decay": sim.DECAY, "momentum": sim.MOMENTUM, "lr_scaling": "linear",
                    "target": sim.TARGET, "lr_factors": args.lr_factors,
+                   "warmups": args.warmups,
                    "seeds": f"{args.first_seed}.."
                    f"{args.first_seed + args.seeds - 1}", "spans": args.spans},
                   summary, {"runs": runs})
