@@ -34,7 +34,8 @@ over real run-to-run variation, not over one trajectory timed again:
                     a suffix ":avgA" on any of them: the strategy's average=A, e.g.
                     "allreduce:avg0" validates the last weights, not their moving
                     average, the default before 2026-11-28; it has its own one-replica
-                    reference, "allreduce:avg0-1")
+                    reference, "allreduce:avg0-1"; then a suffix ":clipC" on Downpour
+                    or Boosting: the server's clip=C, e.g. "downpour:clip0", no cut)
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
@@ -169,6 +170,7 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     from spark_dl.strategies import make_strategy
     df = spark.read.parquet(data.as_uri())
     t0 = time.perf_counter()
+    strategy, _, cap = strategy.partition(":clip")      # "downpour:clip0": the server's clip=0
     strategy, _, avg = strategy.partition(":avg")       # "allreduce:avg0": average=0
     strategy, _, clip = strategy.partition("=")         # "allreduce=noclip": grad_clip=None
     strategy, _, scaling = strategy.partition("~")      # "allreduce~sqrt": lr_scaling="sqrt"
@@ -182,6 +184,8 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
         spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
     if avg:
         spec = dataclasses.replace(spec, average=float(avg))
+    if cap:
+        spec = dataclasses.replace(spec, clip=float(cap))
     res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
               epochs=args.epochs, lr_scaling=scaling or "auto",
