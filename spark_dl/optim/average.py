@@ -34,12 +34,14 @@ iterates are taken to be: the next one taken (docs/guides/fit.md, "Averaged weig
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 __all__ = ["DEFAULT_AVERAGE", "STATISTICS_ROWS", "AveragedModel", "WeightAverage",
-           "batch_norms", "check_average", "interval", "recompute_statistics", "weight"]
+           "batch_norms", "check_average", "copy_model", "interval", "recompute_statistics",
+           "weight"]
 
 DEFAULT_AVERAGE = 0.1        # the synchronous strategies' default span, in epochs
 UPDATES_PER_WINDOW = 32      # the sparse updates' least number over a window (module doc)
@@ -84,12 +86,14 @@ class WeightAverage:
                              f"{epoch_steps}")
         self.span, self.epoch_steps, self.steps = span, epoch_steps, steps
         self.pending = 0                   # steps taken since the values were last taken
-        self._live = [t.detach() for t in live]
+        # the tensors themselves, detached at each use: a parameter whose .data is rebound
+        # later (a max-norm constraint written p.data = p.data.renorm(...)) is followed
+        self._live = list(live)
         if into is None:
-            self._values = [t.clone() for t in self._live]
+            self._values = [t.detach().clone() for t in self._live]
         else:
             self._values = [t.detach() for t in into]
-            torch._foreach_copy_(self._values, self._live)
+            torch._foreach_copy_(self._values, self._sources())
 
     def update(self, steps: int = 1, epoch_steps: int | None = None) -> None:
         """After each optimizer step (a server's push: its ``steps`` mini-batch steps, in
@@ -101,14 +105,17 @@ class WeightAverage:
         if self.pending >= interval(self.span, self.epoch_steps, self.steps):
             self._fold()
 
+    def _sources(self) -> list[torch.Tensor]:
+        return [t.detach() for t in self._live]
+
     @torch.no_grad()
     def _fold(self) -> None:
         w = weight(self.span, self.epoch_steps, self.steps, self.pending)
         self.pending = 0
         if w < 1.0:
-            torch._foreach_lerp_(self._values, self._live, w)
+            torch._foreach_lerp_(self._values, self._sources(), w)
         else:
-            torch._foreach_copy_(self._values, self._live)
+            torch._foreach_copy_(self._values, self._sources())
 
     def current(self) -> list[torch.Tensor]:
         """The average as of the last step (the steps pending folded in: so when it is read
@@ -128,7 +135,7 @@ class WeightAverage:
         values)."""
         self.pending = 0
         if state is None:
-            torch._foreach_copy_(self._values, self._live)
+            torch._foreach_copy_(self._values, self._sources())
             return
         torch._foreach_copy_(self._values, [v.to(a.device) for v, a in
                                             zip(state["values"], self._values)])
@@ -138,11 +145,13 @@ class WeightAverage:
 class AveragedModel:
     """A copy of ``model`` whose parameters are their ``WeightAverage`` (arguments as there)
     and whose buffers are the live model's when it is read (AllReduce then gives BatchNorm
-    statistics of the averaged weights: ``recompute_statistics``)."""
+    statistics of the averaged weights: ``recompute_statistics``). ``make``: a maker of the
+    model (fit's model_fn), for models a deep copy cannot copy (``copy_model``)."""
 
-    def __init__(self, model: nn.Module, span: float, epoch_steps: int, steps: int = 0):
+    def __init__(self, model: nn.Module, span: float, epoch_steps: int, steps: int = 0,
+                 make: Callable[[], nn.Module] | None = None):
         self.live = model
-        self.model = copy.deepcopy(model).requires_grad_(False)
+        self.model = copy_model(model, make).requires_grad_(False)
         # a deep copy's RNN weights need not be cuDNN's one chunk: made so (a no-op off CUDA
         # or where they are) before the average aliases them, or every forward of the copy
         # could warn and compact them again
@@ -164,10 +173,39 @@ class AveragedModel:
         return self.model.train(self.live.training)
 
 
+def copy_model(model: nn.Module, make: Callable[[], nn.Module] | None = None) -> nn.Module:
+    """A copy of ``model``: a deep copy, or where one fails (a tensor attribute that is not a
+    leaf, as torch.nn.utils.weight_norm's computed weight, or spectral_norm's after a
+    forward) ``make()``'s model, built without drawing from torch's random numbers, moved to
+    the model's device and dtype, with its state dict."""
+    try:
+        return copy.deepcopy(model)
+    except RuntimeError:
+        if make is None:
+            raise
+    with torch.random.fork_rng(devices=[]):
+        twin = make()
+    first = next(model.parameters(), None)
+    if first is not None:
+        twin = twin.to(device=first.device, dtype=first.dtype)
+    twin.load_state_dict(model.state_dict())
+    for mine, its in zip(twin.modules(), model.modules()):
+        mine.training = its.training
+    return twin
+
+
 def batch_norms(model: nn.Module) -> list[nn.Module]:
-    """The model's BatchNorm layers that keep running statistics."""
-    return [m for m in model.modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    """The model's BatchNorm layers that keep running statistics and that the model's own
+    ``train()`` puts in training mode (a model that keeps a pretrained BatchNorm in evaluation
+    mode, overriding ``train``, keeps that layer's statistics). Every module's mode is left as
+    it was."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.train()
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+              and m.track_running_stats and m.training]
+    for m, training in modes:
+        m.training = training
+    return layers
 
 
 @torch.no_grad()
@@ -175,25 +213,31 @@ def recompute_statistics(model: nn.Module, inputs) -> int:
     """BatchNorm's running statistics for ``model``'s present weights: reset, then the plain
     mean over forward passes of ``inputs`` (an iterable of batches on the model's device),
     the BatchNorm layers in training mode and the rest in evaluation mode (no dropout, so the
-    statistics are those the evaluated network sees, and no random numbers drawn). The
-    layers' momentum, ``num_batches_tracked`` and the model's mode are restored. Returns the
+    statistics are those the evaluated network sees, and no random numbers drawn); the
+    BatchNorm layers of ``batch_norms`` only, so a layer the model keeps in evaluation mode
+    keeps its statistics. The layers' momentum, ``num_batches_tracked`` and every module's
+    mode are restored. Returns the
     rows seen (0: the statistics are reset ones)."""
     layers = batch_norms(model)
     if not layers:
         return 0
     kept = [(m.momentum, m.num_batches_tracked.clone()) for m in layers]
-    training = model.training
-    model.eval()
+    modes = [(m, m.training) for m in model.modules()]
+    for m, _ in modes:                          # each module's own flag: no train() override
+        m.training = False                      # runs, none of its children is touched
     for m in layers:
         m.reset_running_stats()
         m.momentum = None                       # the cumulative mean over the batches
-        m.train()
+        m.training = True
     rows = 0
-    for x in inputs:
-        model(x)
-        rows += len(x)
-    for m, (momentum, tracked) in zip(layers, kept):
-        m.momentum = momentum
-        m.num_batches_tracked.copy_(tracked)
-    model.train(training)
+    try:
+        for x in inputs:
+            model(x)
+            rows += len(x)
+    finally:
+        for m, (momentum, tracked) in zip(layers, kept):
+            m.momentum = momentum
+            m.num_batches_tracked.copy_(tracked)
+        for m, training in modes:
+            m.training = training
     return rows

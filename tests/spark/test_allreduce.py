@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -383,6 +384,28 @@ def test_the_validated_and_returned_model_is_the_weights_moving_average(spark, t
     again = fit(df, small_fc, strategy=AllReduce(average=3.2), run_dir=tmp_path / "r", **kw)
     assert again.info["resumed_from_epoch"] == 1
     assert_same_weights(again.model, res.model)
+
+
+def weight_normed_fc():
+    with warnings.catch_warnings():                 # the old API, still common in audio nets
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.nn.Sequential(torch.nn.utils.weight_norm(torch.nn.Linear(12, 9)),
+                                   torch.nn.Sigmoid(), torch.nn.Linear(9, 3))
+
+
+def test_the_average_of_a_model_a_deep_copy_cannot_copy(spark, tmp_path):
+    """torch.nn.utils.weight_norm's computed weight is not a leaf after a forward (the
+    balancer's or the first step's), so a deep copy fails: the averaged copy is made by the
+    model's maker instead, and the default fit validates and returns the average."""
+    x, y = data(80, seed=13)
+    res = fit(frame(spark, x, y, [40, 40]), weight_normed_fc, batch_size=8, epochs=1,
+              lr=0.3, validation=(x[:20], y[:20]), run_dir=tmp_path / "wn", log=None)
+    assert res.info["average"] == 0.1
+    assert {"0.weight_g", "0.weight_v"} <= set(dict(res.model.named_parameters()))
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(
+            res.model(torch.from_numpy(x[:20])), torch.from_numpy(y[:20]))
+    assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-5)
 
 
 def test_bad_input_is_reported_before_training(spark, tmp_path):

@@ -94,8 +94,8 @@ def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc, clip=No
     return avg, sent
 
 
-def _fit(spark, x, y, alpha, epochs, run_dir, topology="ring", **kw):
-    return fit(frame(spark, x, y, SPLITS), small_fc,
+def _fit(spark, x, y, alpha, epochs, run_dir, topology="ring", model=small_fc, **kw):
+    return fit(frame(spark, x, y, SPLITS), model,
                strategy=Gossip(alpha=alpha, topology=topology),
                batch_size=BATCH, epochs=epochs, lr=LR, lr_decay=DECAY, momentum=MOMENTUM,
                shuffle=False, dtype="float64", lr_scaling=None, run_dir=run_dir, log=None,
@@ -187,14 +187,21 @@ def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp
     assert_same_weights(again.model, res.model)
 
 
+def dropout_fc():
+    return torch.nn.Sequential(torch.nn.Linear(12, 9), torch.nn.Sigmoid(),
+                               torch.nn.Dropout(0.3), torch.nn.Linear(9, 3))
+
+
 def test_gossip_resumes_every_replica_exactly(spark, tmp_path):
     """The checkpoint holds every replica's parameters, momentum and RNG: 2 + 2 epochs equal
-    4 uninterrupted ones, bytes included."""
+    4 uninterrupted ones, bytes included, with dropout's masks drawn from the restored
+    generator (the validated probe is made without drawing from it)."""
     x, y = data(40, seed=22)
-    whole = _fit(spark, x, y, 0.5, 4, tmp_path / "w")
-    first = _fit(spark, x, y, 0.5, 2, tmp_path / "r")
+    kw = dict(model=dropout_fc, validation=(x[:10], y[:10]))
+    whole = _fit(spark, x, y, 0.5, 4, tmp_path / "w", **kw)
+    first = _fit(spark, x, y, 0.5, 2, tmp_path / "r", **kw)
     assert first.info["resumed_from_epoch"] is None
-    again = _fit(spark, x, y, 0.5, 4, tmp_path / "r")
+    again = _fit(spark, x, y, 0.5, 4, tmp_path / "r", **kw)
     assert again.info["resumed_from_epoch"] == 2
     assert [h["epoch"] for h in again.history] == [1, 2, 3, 4]
     assert_same_weights(again.model, whole.model)

@@ -161,3 +161,77 @@ def test_batch_norms_are_the_layers_with_running_statistics():
     net = torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.BatchNorm1d(3,
                               track_running_stats=False), torch.nn.LayerNorm(3))
     assert batch_norms(net) == [net[0]]
+
+
+def weight_normed() -> torch.nn.Module:
+    torch.manual_seed(3)
+    with pytest.warns(FutureWarning):               # the old API, still common in audio nets
+        return torch.nn.Sequential(torch.nn.utils.weight_norm(torch.nn.Linear(3, 4)),
+                                   torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+
+def test_a_model_a_deep_copy_cannot_copy_is_made_again_without_drawing_random_numbers():
+    live = weight_normed()
+    live(torch.randn(5, 3))                         # its weight is now a computed non-leaf
+    with pytest.raises(RuntimeError):
+        copy.deepcopy(live)
+    state = torch.get_rng_state()
+    shown = AveragedModel(live, 0.5, epoch_steps=20, make=weight_normed)
+    assert torch.equal(torch.get_rng_state(), state)
+    opt = torch.optim.SGD(live.parameters(), lr=0.1)
+    for _ in range(6):
+        opt.zero_grad()
+        live(torch.randn(8, 3)).pow(2).sum().backward()
+        opt.step()
+        shown.update()
+    with pytest.raises(RuntimeError):               # no maker: the deep copy's own error
+        AveragedModel(live, 0.5, epoch_steps=20)
+    model = shown.read()
+    assert model is not live and [n for n, _ in model.named_parameters()] == \
+        [n for n, _ in live.named_parameters()]
+    for p, v in zip(model.parameters(), shown.average.current()):
+        assert torch.equal(p, v)
+    assert not torch.equal(model[0].weight_v, live[0].weight_v)
+    x = torch.randn(4, 3)
+    assert torch.allclose(model(x), torch.func.functional_call(
+        live, dict(zip([n for n, _ in live.named_parameters()], shown.average.current())), x))
+
+
+class FrozenNorm(torch.nn.Module):
+    """A fine-tuned net that keeps its pretrained BatchNorm in evaluation mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.pretrained = torch.nn.BatchNorm1d(3)
+        self.head = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+        with torch.no_grad():
+            self.pretrained.running_mean.fill_(5.0)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.pretrained.eval()
+        return self
+
+    def forward(self, x):
+        return self.head(self.pretrained(x))
+
+
+def test_recomputed_statistics_leave_a_batchnorm_the_model_keeps_in_evaluation_mode():
+    torch.manual_seed(0)
+    net = FrozenNorm().train()
+    assert batch_norms(net) == [net.head[1]]
+    assert recompute_statistics(net, [torch.randn(8, 3) for _ in range(3)]) == 24
+    assert torch.equal(net.pretrained.running_mean, torch.full((3,), 5.0))
+    assert not torch.equal(net.head[1].running_mean, torch.zeros(3))
+    assert net.training and net.head.training and not net.pretrained.training   # as before
+    net.eval()
+    assert batch_norms(net) == [net.head[1]] and not net.training
+
+
+def test_the_average_follows_a_parameter_whose_data_is_rebound():
+    p = torch.nn.Parameter(torch.zeros(3))
+    avg = WeightAverage([p], 0.5, epoch_steps=4)
+    for _ in range(4):
+        p.data = p.data + 1.0                       # as a max-norm constraint written so does
+        avg.update()
+    assert avg.current()[0].mean().item() > 3.0     # the last values (a window of 2 steps)

@@ -215,7 +215,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     avg = None
     if cfg.average > 0:                  # every replica keeps it (they validate a part each)
         from spark_dl.optim.average import AveragedModel
-        avg = AveragedModel(model, cfg.average, max(steps, 1), start * steps)
+        avg = AveragedModel(model, cfg.average, max(steps, 1), start * steps, make=model_fn)
         if ckpt is not None:
             avg.load_state_dict(ckpt.get("average"))
     stats = statistics_batches(cfg, model, world)

@@ -147,8 +147,14 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
                      shared=True)
     stats = statistics_batches(cfg, model, world)     # the averages' own BatchNorm statistics
-    probe = model_fn().to(device=device, dtype=dtype) if val.on or val.shared or stats \
-        else None
+    probe = None
+    if val.on or val.shared or stats:
+        # built without drawing from the generator just restored (a resumed fit trains as an
+        # uninterrupted one), with the model's state: its frozen parameters, which validation
+        # does not overwrite, are the model's
+        with torch.random.fork_rng(devices=[]):
+            probe = model_fn().to(device=device, dtype=dtype)
+        probe.load_state_dict(model.state_dict())
     avg = None
     if cfg.average > 0:
         from spark_dl.optim.average import WeightAverage
