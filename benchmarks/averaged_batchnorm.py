@@ -28,19 +28,31 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 OUT = ROOT / "benchmarks" / "results" / "averaged-batchnorm.json"
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
+def arguments(doc: str, argv) -> argparse.Namespace:
+    """--seeds and --samples (this script's and downpour_batchnorm.py's)."""
+    ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=24000)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def digits(samples: int, prefix: str):
+    """(the session on local[2], a scratch folder, the held-out digits (x, y), the DataFrame
+    of ``samples`` distorted ones written there as Parquet): bench_scaling's data."""
     from bench_scaling import make_data
 
-    from spark_dl import fit, get_session
-    from spark_dl.strategies import AllReduce
+    from spark_dl import get_session
     spark = get_session("local", master="local[2]")
-    tmp = Path(tempfile.mkdtemp(prefix="averaged-bn-"))
-    val = make_data(spark, args.samples, tmp / "data.parquet")
-    df = spark.read.parquet((tmp / "data.parquet").as_uri())
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    val = make_data(spark, samples, tmp / "data.parquet")
+    return spark, tmp, val, spark.read.parquet((tmp / "data.parquet").as_uri())
+
+
+def main(argv=None):
+    args = arguments(__doc__, argv)
+    from spark_dl import fit
+    from spark_dl.strategies import AllReduce
+    _, tmp, val, df = digits(args.samples, "averaged-bn-")
     runs = []
     for seed in range(args.seeds):
         for average in (0.0, 0.1):

@@ -17,37 +17,30 @@ benchmarks/results/downpour-batchnorm.json.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from averaged_batchnorm import arguments, digits  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results" / "downpour-batchnorm.json"
 ROWS = 1024
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=24000)
-    args = ap.parse_args(argv)
+    args = arguments(__doc__, argv)
     import numpy as np
     import pyarrow.parquet as pq
     import torch
-    from bench_scaling import make_data
 
-    from spark_dl import fit, get_session
+    from spark_dl import fit
     from spark_dl.optim.average import recompute_statistics
     from spark_dl.strategies import Downpour
-    spark = get_session("local", master="local[2]")
-    tmp = Path(tempfile.mkdtemp(prefix="downpour-bn-"))
-    vx, vy = make_data(spark, args.samples, tmp / "data.parquet")
-    df = spark.read.parquet((tmp / "data.parquet").as_uri())
+    _, tmp, (vx, vy), df = digits(args.samples, "downpour-bn-")
     pixels = pq.read_table(tmp / "data.parquet").column("features").to_pylist()
     rows = torch.from_numpy(np.frombuffer(b"".join(pixels), np.uint8).reshape(-1, 1, 28, 28)
                             .astype(np.float32) / 255)

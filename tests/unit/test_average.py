@@ -107,16 +107,22 @@ def test_state_round_trip_and_a_checkpoint_without_one():
     assert torch.equal(other.current()[0], x)
 
 
-def test_the_averaged_model_has_the_average_and_the_live_buffers():
-    torch.manual_seed(0)
-    live = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
-    shown = AveragedModel(live, 0.5, epoch_steps=20)
-    opt = torch.optim.SGD(live.parameters(), lr=0.5)
-    for _ in range(10):
+def train(live, shown, steps: int, lr: float) -> None:
+    """``steps`` SGD steps of ``live`` on random rows of 3 features, ``shown`` updated after
+    each."""
+    opt = torch.optim.SGD(live.parameters(), lr=lr)
+    for _ in range(steps):
         opt.zero_grad()
         live(torch.randn(8, 3)).pow(2).sum().backward()
         opt.step()
         shown.update()
+
+
+def test_the_averaged_model_has_the_average_and_the_live_buffers():
+    torch.manual_seed(0)
+    live = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    shown = AveragedModel(live, 0.5, epoch_steps=20)
+    train(live, shown, 10, lr=0.5)
     model = shown.read()
     assert model is not live and model.training
     assert not torch.equal(model[0].weight, live[0].weight)
@@ -178,12 +184,7 @@ def test_a_model_a_deep_copy_cannot_copy_is_made_again_without_drawing_random_nu
     state = torch.get_rng_state()
     shown = AveragedModel(live, 0.5, epoch_steps=20, make=weight_normed)
     assert torch.equal(torch.get_rng_state(), state)
-    opt = torch.optim.SGD(live.parameters(), lr=0.1)
-    for _ in range(6):
-        opt.zero_grad()
-        live(torch.randn(8, 3)).pow(2).sum().backward()
-        opt.step()
-        shown.update()
+    train(live, shown, 6, lr=0.1)
     with pytest.raises(RuntimeError):               # no maker: the deep copy's own error
         AveragedModel(live, 0.5, epoch_steps=20)
     model = shown.read()
