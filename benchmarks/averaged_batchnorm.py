@@ -11,7 +11,7 @@ shipped ones; the last 2,000 real digits held out), SGD lr 0.02 halved every epo
 ``average=0.1`` interleaved, seeds 0..--seeds-1. Accuracy only (no timing); writes
 benchmarks/results/averaged-batchnorm.json.
 
-    .venv/bin/python benchmarks/averaged_batchnorm.py [--seeds 3] [--samples 24000]
+    .venv/bin/python benchmarks/averaged_batchnorm.py [--seeds 3] [--samples 24000] [--out ...]
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 OUT = ROOT / "benchmarks" / "results" / "averaged-batchnorm.json"
 
 
-def arguments(doc: str, argv) -> argparse.Namespace:
-    """--seeds and --samples (this script's and downpour_batchnorm.py's)."""
+def arguments(doc: str, argv, out: Path) -> argparse.Namespace:
+    """--seeds, --samples and --out (default ``out``): this script's and
+    downpour_batchnorm.py's."""
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=24000)
+    ap.add_argument("--out", type=Path, default=out)
     return ap.parse_args(argv)
 
 
@@ -49,7 +51,7 @@ def digits(samples: int, prefix: str):
 
 
 def main(argv=None):
-    args = arguments(__doc__, argv)
+    args = arguments(__doc__, argv, OUT)
     from spark_dl import fit
     from spark_dl.strategies import AllReduce
     _, tmp, val, df = digits(args.samples, "averaged-bn-")
@@ -75,13 +77,13 @@ def main(argv=None):
     summary = {"averaged_higher_per_mark": higher, "averaged_lower_per_mark": lower,
                "marks": runs[0]["epochs"]}
     print(summary)
-    OUT.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"),
+    args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"),
                                "model": "thesis cnn with BatchNorm (cnn_bn)", "replicas": 2,
                                "spark_master": "local[2]", "samples": args.samples,
                                "command": " ".join(["benchmarks/averaged_batchnorm.py",
                                                     *(argv or sys.argv[1:])]),
                                "summary": summary, "runs": runs}, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

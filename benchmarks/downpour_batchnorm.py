@@ -12,7 +12,7 @@ returned and again after ``recompute_statistics`` on 1,024 of the training rows 
 seed), the pass AllReduce makes. Accuracy only; writes
 benchmarks/results/downpour-batchnorm.json.
 
-    .venv/bin/python benchmarks/downpour_batchnorm.py [--seeds 3] [--samples 24000]
+    .venv/bin/python benchmarks/downpour_batchnorm.py [--seeds 3] [--samples 24000] [--out ...]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ ROWS = 1024
 
 
 def main(argv=None):
-    args = arguments(__doc__, argv)
+    args = arguments(__doc__, argv, OUT)
     import numpy as np
     import pyarrow.parquet as pq
     import torch
@@ -77,7 +77,7 @@ def main(argv=None):
             "recomputed_higher": sum(r["recomputed"] > r["returned"] for r in mine),
             "recomputed_lower": sum(r["recomputed"] < r["returned"] for r in mine)}
     print(summary)
-    OUT.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"),
+    args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"),
                                "model": "thesis cnn with BatchNorm (cnn_bn)", "replicas": 2,
                                "strategy": "Downpour (defaults but average)",
                                "spark_master": "local[2]", "samples": args.samples,
@@ -85,7 +85,7 @@ def main(argv=None):
                                "command": " ".join(["benchmarks/downpour_batchnorm.py",
                                                     *(argv or sys.argv[1:])]),
                                "summary": summary, "runs": runs}, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
