@@ -29,6 +29,10 @@
 # Or the same as a second call while the machine is warm (it goes back after 30 s idle):
 #   STEP_COST_ONLY=1 bash benchmarks/gpu_session.sh "$OUT"
 # Every benchmark writes its results file after each repeat: one cut short keeps what it did.
+# Next on 16 cores (not yet measured with the server's event loop, which no longer caps
+# Downpour's rate there): Downpour's staleness rules side by side, e.g.
+#   SCALING_STRATEGIES=downpour,downpour+lr,downpour+step SCALING_REPEATS=3 \
+#     bash benchmarks/gpu_session.sh "$OUT"
 set -u
 O=$1
 t0=$(date +%s)
