@@ -216,8 +216,7 @@ def recompute_statistics(model: nn.Module, inputs) -> int:
     statistics are those the evaluated network sees, and no random numbers drawn); the
     BatchNorm layers of ``batch_norms`` only, so a layer the model keeps in evaluation mode
     keeps its statistics. The layers' momentum, ``num_batches_tracked`` and every module's
-    mode are restored. Returns the
-    rows seen (0: the statistics are reset ones)."""
+    mode are restored. Returns the rows seen (0: the statistics are reset ones)."""
     layers = batch_norms(model)
     if not layers:
         return 0
