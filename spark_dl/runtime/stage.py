@@ -390,37 +390,67 @@ def statistics_batches(cfg: StageConfig, model, world: int) -> int:
     return max(1, -(-STATISTICS_ROWS // (world * cfg.batch_size)))    # counts may differ)
 
 
-def own_statistics(net, cfg: StageConfig, shard, batches: int, rank: int, world: int,
-                   device, dtype):
-    """``net`` (averaged weights) with BatchNorm statistics of its own: each replica's from
-    its first ``batches`` mini-batches (the same ones at every call), their mean weighted by
-    the rows (spark_dl.optim.average.recompute_statistics). The random generators are left
-    as they were (a user's ``transform`` may draw): training goes on as without the pass.
-    Collective: every rank calls it."""
-    import itertools
-    import random
+HELD_BYTES = 64 << 20       # the most an averaged model's BatchNorm rows keep of host memory
 
-    import numpy as np
 
-    from ..optim.average import recompute_statistics
-    from .amp import autocast
-    kept = np.random.get_state(), random.getstate()     # torch's: fork_rng keeps them
-    peak = getattr(shard, "peak_buffer_rows", None)     # a stream's, which a pass resets
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+class OwnStatistics:
+    """Gives a net of averaged weights BatchNorm statistics of its own: each replica's from
+    its first ``batches`` mini-batches (the same rows at every call), their mean weighted by
+    the rows (spark_dl.optim.average.recompute_statistics). The random generators are left as
+    they were (a user's ``transform`` may draw): training goes on as without the passes. The
+    first pass keeps its inputs on the host while they take at most ``HELD_BYTES``, and later
+    passes reuse them: a stream would otherwise fill a shuffle window at every validation
+    (the transform then drew once, for every pass); larger inputs are read again each time.
+    Calling it is a collective: every rank calls it."""
+
+    def __init__(self, cfg: StageConfig, shard, batches: int, rank: int, world: int, device,
+                 dtype):
+        self.cfg, self.shard, self.batches = cfg, shard, batches
+        self.rank, self.world, self.device, self.dtype = rank, world, device, dtype
+        self.held: list[torch.Tensor] | None = None
+
+    def __call__(self, net):
+        import random
+
+        import numpy as np
+
+        from ..optim.average import recompute_statistics
+        from .amp import autocast
+        kept = np.random.get_state(), random.getstate()     # torch's: fork_rng keeps them
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), autocast(self.device, self.cfg.amp):
+            rows = recompute_statistics(net, (x.to(device=self.device, dtype=self.dtype)
+                                              for x in self._inputs()))
+        np.random.set_state(kept[0])
+        random.setstate(kept[1])
+        sync_buffers(net, self.world, self.device, weight=rows)
+        return net
+
+    def _inputs(self):
+        """The first mini-batches' inputs: the held ones, or read from the shard (and held
+        when they fit)."""
+        if self.held is not None:
+            yield from self.held
+            return
+        import itertools
+        cfg, shard = self.cfg, self.shard
+        peak = getattr(shard, "peak_buffer_rows", None)     # a stream's, which a pass resets
         every = shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
-                              seed=cfg.seed * 1000003 + rank, epoch=0)
+                              seed=cfg.seed * 1000003 + self.rank, epoch=0)
+        held, size = [], 0
         try:
-            with autocast(device, cfg.amp):
-                rows = recompute_statistics(net, (x.to(device=device, dtype=dtype) for x, _
-                                                  in itertools.islice(every, batches)))
+            for x, _ in itertools.islice(every, self.batches):
+                size += x.element_size() * x.nelement()
+                if held is not None and size <= HELD_BYTES:
+                    held.append(x.clone())     # a copy: a view would keep a stream's window
+                else:
+                    held = None
+                yield x
         finally:
-            getattr(every, "close", lambda: None)()     # (a prefetching thread stops here)
-    np.random.set_state(kept[0])
-    random.setstate(kept[1])
-    if peak is not None:                   # the pass's window is held besides training's
-        shard.peak_buffer_rows = max(peak, shard.peak_buffer_rows)
-    sync_buffers(net, world, device, weight=rows)
-    return net
+            getattr(every, "close", lambda: None)()      # (a prefetching thread stops here)
+            if peak is not None:               # the pass's window is held besides training's
+                shard.peak_buffer_rows = max(peak, shard.peak_buffer_rows)
+        self.held = held
 
 
 class LossSum:

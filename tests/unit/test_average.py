@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -236,3 +237,47 @@ def test_the_average_follows_a_parameter_whose_data_is_rebound():
         p.data = p.data + 1.0                       # as a max-norm constraint written so does
         avg.update()
     assert avg.current()[0].mean().item() > 3.0     # the last values (a window of 2 steps)
+
+
+class CountingShard:
+    """A shard that counts how often its batches are read (a stream's each fill a window)."""
+
+    def __init__(self, shard):
+        self.shard, self.reads = shard, 0
+
+    def batches(self, *args, **kwargs):
+        self.reads += 1
+        return self.shard.batches(*args, **kwargs)
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_the_statistics_rows_are_read_once_and_kept_while_they_are_small(tmp_path,
+                                                                         monkeypatch, held):
+    import numpy as np
+
+    from spark_dl.data import arrays_to_arrow
+    from spark_dl.data.stream import open_shard
+    from spark_dl.runtime import stage
+    from spark_dl.strategies.allreduce.task import AllReduceConfig
+    g = np.random.default_rng(0)
+    x, y = g.normal(3.0, 2.0, size=(200, 5)).astype(np.float32), np.arange(200) % 3
+    stream = open_shard([arrays_to_arrow(x[a:a + 40], y[a:a + 40]) for a in range(0, 200, 40)],
+                        shape=(5,), data="stream", shuffle_buffer=50, directory=str(tmp_path))
+    if not held:
+        monkeypatch.setattr(stage, "HELD_BYTES", 1000)   # 3 batches of 16 x 5 floats: 960
+    shard = CountingShard(stream)
+    restat = stage.OwnStatistics(AllReduceConfig(batch_size=16, seed=4), shard, 4, rank=0,
+                                 world=1, device=torch.device("cpu"), dtype=torch.float32)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.BatchNorm1d(5)).train()
+    state = torch.get_rng_state()
+    first = restat(net)[1].running_mean.clone()
+    assert torch.equal(torch.get_rng_state(), state)
+    want = torch.nn.Sequential(*copy.deepcopy(list(net)))
+    rows = torch.cat([b for b, _ in itertools.islice(
+        stream.batches(16, seed=4 * 1000003, epoch=0), 4)])
+    recompute_statistics(want, [rows[i:i + 16] for i in range(0, 64, 16)])
+    assert torch.allclose(first, want[1].running_mean)            # the first 4 mini-batches
+    assert torch.equal(restat(net)[1].running_mean, first)        # the same rows again
+    assert shard.reads == (1 if held else 2)
+    assert (restat.held is not None) == held
+    stream.close()

@@ -26,11 +26,11 @@ from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.checkpoint import save_atomic
 from spark_dl.runtime.stage import (
     LocalStepConfig,
+    OwnStatistics,
     StepReports,
     Validation,
     barrier_task,
     most_batches,
-    own_statistics,
     read_checkpoint,
     set_lr,
     shared_memory_name,
@@ -219,6 +219,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         if ckpt is not None:
             avg.load_state_dict(ckpt.get("average"))
     stats = statistics_batches(cfg, model, world)
+    restat = OwnStatistics(cfg, shard, stats, rank, world, device, dtype) if stats else None
 
     def shown():
         """The model validated and returned: the live one; or its average, with BatchNorm
@@ -229,7 +230,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         if avg is None:
             return model
         if stats:
-            return own_statistics(avg.read(), cfg, shard, stats, rank, world, device, dtype)
+            return restat(avg.read())
         if val.shared:
             sync_buffers(model, world, device)
         return avg.read()

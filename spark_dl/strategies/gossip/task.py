@@ -27,13 +27,13 @@ from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.checkpoint import save_atomic
 from spark_dl.runtime.stage import (
     LocalStepConfig,
+    OwnStatistics,
     StepReports,
     Validation,
     barrier_task,
     collective_device,
     mean_buffers,
     most_batches,
-    own_statistics,
     read_checkpoint,
     set_lr,
     shared_memory_name,
@@ -147,6 +147,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
                      shared=True)
     stats = statistics_batches(cfg, model, world)     # the averages' own BatchNorm statistics
+    restat = OwnStatistics(cfg, shard, stats, rank, world, device, dtype) if stats else None
     probe = None
     if val.on or val.shared or stats:
         # built without drawing from the generator just restored (a resumed fit trains as an
@@ -182,7 +183,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                 for name, b in probe.named_buffers():
                     b.copy_(buffers[name])
                 if stats:
-                    own_statistics(probe, cfg, shard, stats, rank, world, device, dtype)
+                    restat(probe)
             return probe
         return {**val.run(made, t, reports), "consensus_distance": distance}
     t_fit = time.perf_counter()
@@ -252,7 +253,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     mean, distance = shown()
     flat.copy_(mean)                                     # the result: the replicas' average
     if stats:                                            # ... with its own statistics
-        own_statistics(model, cfg, shard, stats, rank, world, device, dtype)
+        restat(model)
     else:                                                # ... with the mean of their buffers
         sync_buffers(model, world, device)
     where = collective_device(device)
