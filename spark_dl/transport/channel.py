@@ -97,8 +97,15 @@ def accept_loop(sock: socket.socket, stop: threading.Event,
         except TimeoutError:
             continue
         except OSError:
-            return
-        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+            if stop.is_set() or sock.fileno() == -1:
+                return
+            time.sleep(0.1)        # out of file descriptors (EMFILE) or the like: transient,
+            continue               # not the end of serving (peers that hold sockets let go)
+        try:
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+        except RuntimeError:       # no thread to be had now: this peer is closed, not served
+            conn.close()
+            time.sleep(0.1)
 
 
 class MessageServer:

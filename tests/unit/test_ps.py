@@ -592,3 +592,60 @@ def test_the_nan_check_of_small_and_large_pushes(n, dtype):
     t.start()
     t.join()
     assert got == [True, True, False, False, False]
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_a_frame_before_the_hello_is_refused_and_one_after_close_changes_nothing(loop):
+    """A push without a hello could speak for any worker (and move its step count, which a
+    retried task resumes from); a frame that arrives after close() is not applied."""
+    from spark_dl.transport.ps.wire import DTYPE_CODES
+    ps = ParameterServer(torch.zeros(4), SECRET, workers=8 if loop else 2, loop=loop)
+    try:
+        c = PSClient(ps.address, SECRET, 0)
+        c.conn.send(OPS["push"], torch.ones(4), worker=5, count=1, steps=50,
+                    code=DTYPE_CODES[torch.float32])
+        with pytest.raises(PSError, match="a push frame before the connection's hello"):
+            c._reply(0)
+        assert ps.versions == [0] and dict(ps.shards[0].done) == {}
+        late = PSClient(ps.address, SECRET, 1)
+        late.hello(rows=10, batch_size=1)
+        ps.close()
+        with pytest.raises((ConnectionError, OSError, PSError)):
+            late.push(torch.ones(4), samples=1)
+        assert ps.versions == [0] and torch.equal(ps.parameters(), torch.zeros(4))
+    finally:
+        ps.close()
+
+
+def test_the_server_accepts_again_after_running_out_of_file_descriptors(tmp_path):
+    """Peers that hold sockets without a hello (or a burst of real ones) can exhaust the
+    driver's file descriptors: accept() fails with EMFILE, which once ended the accept thread
+    for good; now serving goes on once they let go."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent(f"""
+        import resource, socket, time, torch
+        from spark_dl.transport.ps import ParameterServer, PSClient
+        resource.setrlimit(resource.RLIMIT_NOFILE, (80, 80))
+        ps = ParameterServer(torch.zeros(4), {SECRET!r}, workers=8, loop=True)
+        held = []
+        try:
+            for _ in range(100):
+                held.append(socket.create_connection(ps.address))
+        except OSError:
+            pass
+        time.sleep(0.5)
+        assert ps._thread.is_alive(), "the accept thread ended"
+        for s in held:
+            s.close()
+        time.sleep(0.5)
+        c = PSClient(ps.address, {SECRET!r}, 0, timeout_s=5)
+        c.hello(rows=1, batch_size=1)
+        print("served", len(held))
+        ps.close()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("served")

@@ -86,7 +86,7 @@ def test_bad_buffer_reports_are_refused():
     try:
         c = PSClient(ps.address, SECRET, 0)
         c.report_buffers(torch.zeros(4))                          # before its hello
-        with pytest.raises(PSError, match="a buffers report needs a hello first"):
+        with pytest.raises(PSError, match="a buffers frame before the connection's hello"):
             c.hello(rows=1, batch_size=1)
         c = PSClient(ps.address, SECRET, 0)
         c.hello(rows=1, batch_size=1)

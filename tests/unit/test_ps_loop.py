@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from spark_dl.transport.ps import PSClient, PSError
+from spark_dl.transport.ps import ParameterServer, PSClient, PSError
 from spark_dl.transport.ps.server import LOOP_FROM
 from spark_dl.transport.ps.wire import OPS
 
@@ -263,3 +263,26 @@ def test_a_fault_of_the_threaded_server_closes_that_workers_connection(server):
     _until(lambda: ps.stats()["bytes_in"] > 0)    # and counted as closed
     # its thread ends with the fault's traceback: within this test, whose mark expects it
     _until(lambda: not [t for t in threading.enumerate() if "_handle" in t.name])
+
+
+def test_a_worker_that_reads_no_replies_is_not_read_either():
+    """The loop reads no more frames from a worker whose replies wait for its socket: 125
+    pulls of 800 KB each, never read, leave at most one reply queued, not 100 MB."""
+    from spark_dl.transport.ps.wire import DTYPE_CODES
+    ps = ParameterServer(torch.zeros(100_000, dtype=torch.float64), SECRET, workers=8,
+                         loop=True)
+    try:
+        c = PSClient(ps.address, SECRET, 0, dtype=torch.float64, timeout_s=10)
+        c.hello(rows=10, batch_size=1)
+        for _ in range(125):
+            c.conn.send(OPS["pull"], worker=0, shard=0, code=DTYPE_CODES[torch.float64])
+        time.sleep(1.0)
+        peers = list(ps._loop._peers)
+        assert len(peers) == 1 and len(peers[0].out) <= 2
+        out = torch.empty(100_000, dtype=torch.float64)
+        for _ in range(125):                     # every reply comes, in order, once read
+            assert len(c._reply(1 << 21)[-1]) == 800_000
+        c.pull(out)
+        assert torch.equal(out, torch.zeros(100_000, dtype=torch.float64))
+    finally:
+        ps.close()

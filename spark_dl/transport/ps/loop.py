@@ -211,6 +211,8 @@ class EventLoop:
             peer.got = extra
             if not extra:             # the peer waits for its reply: back to the selector
                 return
+            if peer.out:              # its replies wait for the socket: no more is read from
+                return                # it until they are out (_flush), so it holds no more
         self._backlog.add(peer)              # a whole turn: the rest waits for the next
 
     def _send(self, peer: _Peer, head: bytes, view) -> None:
@@ -228,7 +230,7 @@ class EventLoop:
             parts = _rest(parts, sent)
             if not parts:
                 return
-            self._sel.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
+            self._sel.modify(peer.sock, selectors.EVENT_WRITE, peer)   # read again once out
         peer.out.extend(parts)
 
     def _flush(self, peer: _Peer) -> None:
@@ -243,6 +245,8 @@ class EventLoop:
             peer.out.extendleft(reversed(_rest(parts, sent)))
         if not peer.closed:
             self._sel.modify(peer.sock, selectors.EVENT_READ, peer)
+            if peer.got:                     # frames read before the replies were out
+                self._backlog.add(peer)
 
     def _refuse(self, peer: _Peer, error: Exception, counted: bool = True) -> None:
         """A bad request (``counted``), or a fault serving it: the error frame, when the
@@ -260,7 +264,8 @@ class EventLoop:
         if peer.closed:
             return
         peer.closed = True
-        self._peers.discard(peer)
+        peer.conn.sink = None                    # (the sink's closure holds the peer: freed
+        self._peers.discard(peer)                # with it, its buffer too, without a cycle)
         try:
             self._sel.unregister(peer.sock)
         except (KeyError, ValueError):

@@ -50,6 +50,7 @@ the shards' locks and the workers' registry, which a split would pass around.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
@@ -147,6 +148,7 @@ class ParameterServer:
         self.epoch_states: dict[int, dict] = {}   # keys: epoch -> state_dict() at its end
         self._epochs_cv = threading.Condition()
         self._stop = threading.Event()
+        self._handlers: set[socket.socket] = set()    # sockets a thread of _handle serves
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.2)
         self.address = (host, self._sock.getsockname()[1])
@@ -268,6 +270,11 @@ class ParameterServer:
             self._hello.notify_all()
         with self._epochs_cv:
             self._epochs_cv.notify_all()
+        with self._stats_lock:            # the connections served by threads (hellos too):
+            handled = list(self._handlers)   # a thread blocked in recv returns at once
+        for sock in handled:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=2)
         if self._loop is not None:
             self._loop.close()
@@ -285,6 +292,8 @@ class ParameterServer:
         conn = Conn(sock, self.secret, nonce)
         buf = Growing()
         adopted = False
+        with self._stats_lock:
+            self._handlers.add(sock)
         try:
             sock.settimeout(self.timeout_s)
             sock.sendall(nonce)
@@ -305,7 +314,9 @@ class ParameterServer:
             conn.send_error(fault(e))    # traceback goes to the driver's log (the thread's)
             raise
         finally:            # whatever ended the thread (a fault of ours too): the worker's
-            if not adopted:                 # connection closes, it does not wait for a reply
+            with self._stats_lock:          # connection closes, it does not wait for a reply
+                self._handlers.discard(sock)
+            if not adopted:
                 self._closed(conn)
                 sock.close()
 
@@ -319,6 +330,8 @@ class ParameterServer:
             self.bytes_out += conn.bytes_sent
 
     def _dispatch(self, conn, op, code, steps, worker, shard, version, count, payload) -> bool:
+        if self._stop.is_set():           # closed: a late frame changes nothing, and its
+            return False                  # connection closes
         bound = conn.worker
         if bound is not None and worker != bound:
             raise PSError(f"this connection registered as worker {bound}, a frame says {worker}")
@@ -332,14 +345,15 @@ class ParameterServer:
             return False
         if op == OPS["hello"]:
             return self._on_hello(conn, worker, payload)
+        if bound is None:          # else a frame could speak for any worker (its step count)
+            raise PSError(f"a {next((k for k, v in OPS.items() if v == op), op)} frame before "
+                          f"the connection's hello: a worker says hello first")
         if op == OPS["buffers"]:                  # a report, no reply (see the module doc)
-            if bound is None:
-                raise PSError("a buffers report needs a hello first")
             self._on_buffers(worker, code, payload, count)
             return True
         if op == OPS["key"]:
-            if self.keys is None or bound is None:
-                raise PSError("a key request needs a fit with data keys and a hello first")
+            if self.keys is None:
+                raise PSError("a key request needs a fit with data keys")
             got = self.keys.next(worker)
             reply = [2, 0, 0] if got.get("finished") else \
                 [1, max(1, round(got["wait"] * 1000)), 0] if "wait" in got else \
