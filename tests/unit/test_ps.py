@@ -649,3 +649,23 @@ def test_the_server_accepts_again_after_running_out_of_file_descriptors(tmp_path
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("served")
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_a_refused_worker_reads_the_reason_not_a_reset(loop):
+    """The worker pushes to two shards back to back; the server refuses the first (NaN) while
+    the second's 16 MB still come in. Closing at once with them unread reset the connection,
+    and the worker saw ConnectionResetError in most runs instead of the reason."""
+    n = 8_000_000
+    grad = torch.ones(n)
+    grad[0] = float("nan")
+    for _ in range(5):
+        ps = ParameterServer(torch.zeros(n), SECRET, workers=8 if loop else 2, shards=2,
+                             loop=loop)
+        try:
+            c = PSClient(ps.address, SECRET, 0)
+            c.hello(rows=10, batch_size=1)
+            with pytest.raises(PSError, match="holds NaN or inf; the worker diverged"):
+                c.push(grad, samples=1)
+        finally:
+            ps.close()

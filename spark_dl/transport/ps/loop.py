@@ -255,12 +255,15 @@ class EventLoop:
             self.on_refused(error)
         else:
             error = fault(error)
-        if not peer.out and not peer.closed:
+        told = not peer.out and not peer.closed
+        if told:
             peer.conn.sink = None                # straight to the non-blocking socket: a
             peer.conn.send_error(error)          # full or gone one is just closed
-        self._drop(peer)
+        self._drop(peer, told)
 
-    def _drop(self, peer: _Peer) -> None:
+    def _drop(self, peer: _Peer, told: bool = False) -> None:
+        """Close ``peer``'s connection; ``told``: after an error frame, which a thread reads
+        past (Conn.close_after_error) so that the worker gets the reason, not a reset."""
         if peer.closed:
             return
         peer.closed = True
@@ -271,7 +274,10 @@ class EventLoop:
         except (KeyError, ValueError):
             pass
         self.on_close(peer.conn)
-        peer.sock.close()
+        if told:
+            threading.Thread(target=peer.conn.close_after_error, daemon=True).start()
+        else:
+            peer.sock.close()
 
 
 def fault(error: Exception) -> RuntimeError:

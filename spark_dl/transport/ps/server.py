@@ -291,7 +291,7 @@ class ParameterServer:
         nonce = os.urandom(16)
         conn = Conn(sock, self.secret, nonce)
         buf = Growing()
-        adopted = False
+        adopted = refused = False
         with self._stats_lock:
             self._handlers.add(sock)
         try:
@@ -308,17 +308,22 @@ class ParameterServer:
         except (PSError, ValueError, KeyError, IndexError) as e:
             self._refused(e)
             conn.send_error(e)
+            refused = True
         except OSError:
             pass                                         # peer went away (e.g. a killed task)
         except Exception as e:           # a fault of the server's: the worker is told, the
             conn.send_error(fault(e))    # traceback goes to the driver's log (the thread's)
+            refused = True
             raise
         finally:            # whatever ended the thread (a fault of ours too): the worker's
             with self._stats_lock:          # connection closes, it does not wait for a reply
                 self._handlers.discard(sock)
             if not adopted:
                 self._closed(conn)
-                sock.close()
+                if refused:
+                    conn.close_after_error()
+                else:
+                    sock.close()
 
     def _refused(self, error: Exception) -> None:
         with self._stats_lock:

@@ -18,10 +18,12 @@ frame claiming 10 GB is refused before a byte of it is read.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import socket
 import struct
+import time
 
 import numpy as np
 import torch
@@ -102,6 +104,28 @@ class Conn:
             self.send(OPS["error"], str(error).encode()[:4000])
         except OSError:
             pass
+
+    def close_after_error(self, seconds: float = 1.0, limit: int = 1 << 26) -> None:
+        """Close after an error frame so that the peer gets to read it: no more is sent (the
+        frame, then the end of the stream), and what the peer still sends (a pipelined frame
+        to the next shard) is read and dropped until it closes, ``seconds`` pass or ``limit``
+        bytes came. Closing at once with bytes unread would reset the connection, and the
+        peer would see the reset, not the reason."""
+        sock = self.sock
+        with contextlib.suppress(OSError):
+            sock.setblocking(True)
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(0.1)
+            end, got = time.monotonic() + seconds, 0
+            while time.monotonic() < end and got < limit:
+                try:
+                    data = sock.recv(1 << 16)
+                except TimeoutError:
+                    continue
+                if not data:
+                    break
+                got += len(data)
+        sock.close()
 
     def recv(self, max_payload: int, into: memoryview | None = None):
         """(op, dtype, steps, worker, shard, version, count, payload memoryview)."""
