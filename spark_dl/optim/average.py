@@ -33,6 +33,7 @@ iterates are taken to be: the next one taken (docs/guides/fit.md, "Averaged weig
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 
@@ -40,8 +41,8 @@ import torch
 from torch import nn
 
 __all__ = ["DEFAULT_AVERAGE", "STATISTICS_ROWS", "AveragedModel", "WeightAverage",
-           "batch_norms", "check_average", "copy_model", "interval", "recompute_statistics",
-           "weight"]
+           "batch_norms", "check_average", "copy_model", "interval", "kept_modes",
+           "recompute_statistics", "remake", "weight"]
 
 DEFAULT_AVERAGE = 0.1        # the synchronous strategies' default span, in epochs
 UPDATES_PER_WINDOW = 32      # the sparse updates' least number over a window (module doc)
@@ -183,6 +184,13 @@ def copy_model(model: nn.Module, make: Callable[[], nn.Module] | None = None) ->
     except RuntimeError:
         if make is None:
             raise
+    return remake(model, make)
+
+
+def remake(model: nn.Module, make: Callable[[], nn.Module]) -> nn.Module:
+    """``make()``'s model (one like ``model``), built without drawing from torch's random
+    numbers (a resumed fit trains as an uninterrupted one), on ``model``'s device and dtype,
+    with its state (frozen parameters too) and every module's mode."""
     with torch.random.fork_rng(devices=[]):
         twin = make()
     first = next(model.parameters(), None)
@@ -194,18 +202,27 @@ def copy_model(model: nn.Module, make: Callable[[], nn.Module] | None = None) ->
     return twin
 
 
+@contextlib.contextmanager
+def kept_modes(model: nn.Module):
+    """Every module's training flag as it was when the block ends (set flag by flag: no
+    ``train()`` override of the model's runs)."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield modes
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def batch_norms(model: nn.Module) -> list[nn.Module]:
     """The model's BatchNorm layers that keep running statistics and that the model's own
     ``train()`` puts in training mode (a model that keeps a pretrained BatchNorm in evaluation
     mode, overriding ``train``, keeps that layer's statistics). Every module's mode is left as
     it was."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.train()
-    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-              and m.track_running_stats and m.training]
-    for m, training in modes:
-        m.training = training
-    return layers
+    with kept_modes(model):
+        model.train()
+        return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                and m.track_running_stats and m.training]
 
 
 @torch.no_grad()
@@ -221,22 +238,20 @@ def recompute_statistics(model: nn.Module, inputs) -> int:
     if not layers:
         return 0
     kept = [(m.momentum, m.num_batches_tracked.clone()) for m in layers]
-    modes = [(m, m.training) for m in model.modules()]
-    for m, _ in modes:                          # each module's own flag: no train() override
-        m.training = False                      # runs, none of its children is touched
-    for m in layers:
-        m.reset_running_stats()
-        m.momentum = None                       # the cumulative mean over the batches
-        m.training = True
     rows = 0
-    try:
-        for x in inputs:
-            model(x)
-            rows += len(x)
-    finally:
-        for m, (momentum, tracked) in zip(layers, kept):
-            m.momentum = momentum
-            m.num_batches_tracked.copy_(tracked)
-        for m, training in modes:
-            m.training = training
+    with kept_modes(model) as modes:
+        for m, _ in modes:                      # each module's own flag: no train() override
+            m.training = False                  # runs, none of its children is touched
+        for m in layers:
+            m.reset_running_stats()
+            m.momentum = None                   # the cumulative mean over the batches
+            m.training = True
+        try:
+            for x in inputs:
+                model(x)
+                rows += len(x)
+        finally:
+            for m, (momentum, tracked) in zip(layers, kept):
+                m.momentum = momentum
+                m.num_batches_tracked.copy_(tracked)
     return rows

@@ -390,6 +390,14 @@ def statistics_batches(cfg: StageConfig, model, world: int) -> int:
     return max(1, -(-STATISTICS_ROWS // (world * cfg.batch_size)))    # counts may differ)
 
 
+def own_statistics(cfg: StageConfig, model, shard, rank: int, world: int, device,
+                   dtype) -> OwnStatistics | None:
+    """The pass that gives a replica's averaged models BatchNorm statistics of their own
+    (OwnStatistics), or None where none is needed (statistics_batches)."""
+    batches = statistics_batches(cfg, model, world)
+    return OwnStatistics(cfg, shard, batches, rank, world, device, dtype) if batches else None
+
+
 HELD_BYTES = 64 << 20       # the most an averaged model's BatchNorm rows keep of host memory
 
 

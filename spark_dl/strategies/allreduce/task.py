@@ -26,17 +26,16 @@ from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.checkpoint import save_atomic
 from spark_dl.runtime.stage import (
     LocalStepConfig,
-    OwnStatistics,
     StepReports,
     Validation,
     barrier_task,
     most_batches,
+    own_statistics,
     read_checkpoint,
     set_lr,
     shared_memory_name,
     stage_info,
     state_bytes,
-    statistics_batches,
     sync_buffers,
 )
 
@@ -218,8 +217,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         avg = AveragedModel(model, cfg.average, max(steps, 1), start * steps, make=model_fn)
         if ckpt is not None:
             avg.load_state_dict(ckpt.get("average"))
-    stats = statistics_batches(cfg, model, world)
-    restat = OwnStatistics(cfg, shard, stats, rank, world, device, dtype) if stats else None
+    restat = own_statistics(cfg, model, shard, rank, world, device, dtype)
 
     def shown():
         """The model validated and returned: the live one; or its average, with BatchNorm
@@ -229,7 +227,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
         when a validation is due, and at the end)."""
         if avg is None:
             return model
-        if stats:
+        if restat is not None:
             return restat(avg.read())
         if val.shared:
             sync_buffers(model, world, device)

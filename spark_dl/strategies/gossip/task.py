@@ -27,19 +27,18 @@ from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.checkpoint import save_atomic
 from spark_dl.runtime.stage import (
     LocalStepConfig,
-    OwnStatistics,
     StepReports,
     Validation,
     barrier_task,
     collective_device,
     mean_buffers,
     most_batches,
+    own_statistics,
     read_checkpoint,
     set_lr,
     shared_memory_name,
     stage_info,
     state_bytes,
-    statistics_batches,
     sync_buffers,
 )
 
@@ -146,16 +145,13 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
     # every replica gets the average: each validates its part of the rows (Validation)
     val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
                      shared=True)
-    stats = statistics_batches(cfg, model, world)     # the averages' own BatchNorm statistics
-    restat = OwnStatistics(cfg, shard, stats, rank, world, device, dtype) if stats else None
+    # the averages' own BatchNorm statistics
+    restat = own_statistics(cfg, model, shard, rank, world, device, dtype)
     probe = None
-    if val.on or val.shared or stats:
-        # built without drawing from the generator just restored (a resumed fit trains as an
-        # uninterrupted one), with the model's state: its frozen parameters, which validation
-        # does not overwrite, are the model's
-        with torch.random.fork_rng(devices=[]):
-            probe = model_fn().to(device=device, dtype=dtype)
-        probe.load_state_dict(model.state_dict())
+    if val.on or val.shared or restat is not None:
+        from spark_dl.optim.average import remake
+        probe = remake(model, model_fn)      # (its frozen parameters, which validation
+                                             # leaves, are the model's)
     avg = None
     if cfg.average > 0:
         from spark_dl.optim.average import WeightAverage
@@ -182,7 +178,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                     mean, [p for p in probe.parameters() if p.requires_grad])
                 for name, b in probe.named_buffers():
                     b.copy_(buffers[name])
-                if stats:
+                if restat is not None:
                     restat(probe)
             return probe
         return {**val.run(made, t, reports), "consensus_distance": distance}
@@ -252,7 +248,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
                                  for b in replicas]})
     mean, distance = shown()
     flat.copy_(mean)                                     # the result: the replicas' average
-    if stats:                                            # ... with its own statistics
+    if restat is not None:                               # ... with its own statistics
         restat(model)
     else:                                                # ... with the mean of their buffers
         sync_buffers(model, world, device)

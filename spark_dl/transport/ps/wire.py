@@ -113,9 +113,8 @@ class Conn:
         peer would see the reset, not the reason."""
         sock = self.sock
         with contextlib.suppress(OSError):
-            sock.setblocking(True)
             sock.shutdown(socket.SHUT_WR)
-            sock.settimeout(0.1)
+            sock.settimeout(0.1)             # (blocking again, if the loop's socket)
             end, got = time.monotonic() + seconds, 0
             while time.monotonic() < end and got < limit:
                 try:
