@@ -11,7 +11,8 @@
 #   PS_CAPACITY=1 bash benchmarks/gpu_check.sh "" # only bench_ps_capacity, 1 and 16 clients
 #   PS_SERVING=1 bash benchmarks/gpu_check.sh ""  # only bench_ps_serving (LOOP_FROM's evidence)
 # Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
-# SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS, SCALING_FIRST_SEED, SCALING_OUT (a file
+# SCALING_REPLICAS (1,CORES), SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS,
+# SCALING_FIRST_SEED, SCALING_OUT (a file
 # name in RESULTS); RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
 # STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS; PS_CAPACITY_REPEATS, PS_CAPACITY_PUSHES;
 # PS_SERVING_WORKERS, PS_SERVING_REPEATS.
@@ -32,7 +33,7 @@ if [ -n "$SECTIONS" ]; then
     --out "$RESULTS/gpu.json" ${APPEND:+--append} || rc=$?
 fi
 if [ -n "${SCALING:-}" ]; then
-  python3 benchmarks/bench_scaling.py --replicas "1,${CORES:-16}" --repeats "${SCALING_REPEATS:-1}" \
+  python3 benchmarks/bench_scaling.py --replicas "${SCALING_REPLICAS:-1,${CORES:-16}}" --repeats "${SCALING_REPEATS:-1}" \
     --epochs "${SCALING_EPOCHS:-2}" \
     --strategies "${SCALING_STRATEGIES:-allreduce,downpour+lr,gossip}" \
     --first-seed "${SCALING_FIRST_SEED:-0}" \

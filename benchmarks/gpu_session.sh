@@ -29,10 +29,12 @@
 # Or the same as a second call while the machine is warm (it goes back after 30 s idle):
 #   STEP_COST_ONLY=1 bash benchmarks/gpu_session.sh "$OUT"
 # Every benchmark writes its results file after each repeat: one cut short keeps what it did.
-# Next on 16 cores (not yet measured with the server's event loop, which no longer caps
-# Downpour's rate there): Downpour's staleness rules side by side, e.g.
-#   SCALING_STRATEGIES=downpour,downpour+lr,downpour+step SCALING_REPEATS=3 \
-#     bash benchmarks/gpu_session.sh "$OUT"
+# Downpour's momentum at the workers against its default rule at 1, 4, 8 and 16 replicas
+# (2026-11-28 night, scaling-16-2026-11-28-worker.json; SCALING_REPLICAS sets the counts):
+#   TOTAL=560 SCALING_REPLICAS=1,4,8,16 SCALING_STRATEGIES=downpour,downpour+worker \
+#     SCALING_REPEATS=3 SCALING_EPOCHS=3 SCALING_S=530 bash benchmarks/gpu_session.sh "$OUT"
+# Next on 16 cores: Downpour's "lr" rule with the event loop (never measured there since the
+# server stopped capping the rate), SCALING_STRATEGIES=downpour,downpour+lr.
 set -u
 O=$1
 t0=$(date +%s)

@@ -13,6 +13,8 @@
 # ships-fresh (Boosting with fresh values mid-key and the cap against without, interleaved,
 # then over seeds), ships-step (Downpour's and Boosting's staleness rules "step" and
 # "momentum", interleaved), ships-halfway (Downpour's "halfway" and "momentum", interleaved),
+# ships-worker (Downpour's "worker" and "halfway", interleaved), ships-boosting-worker
+# (Boosting's "worker" and its default "momentum", interleaved),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
@@ -241,6 +243,16 @@ if [ "$group" = ships-halfway ]; then
   # against "momentum", seed 0 each. The runs of 2026-11-28 (results/downpour-halfway/)
   # forced the same server momenta by a scratch switch (0.6 and 0.4 at 2 workers).
   ships_rules downpour halfway momentum
+fi
+if [ "$group" = ships-worker ]; then
+  # Downpour on the ships job with staleness="worker" (the momentum kept at the workers)
+  # against "halfway", seed 0 each (results/quality/ships-downpour-worker/, 2026-11-28).
+  ships_rules downpour worker halfway
+fi
+if [ "$group" = ships-boosting-worker ]; then
+  # Boosting on its ships job with staleness="worker" against its default ("momentum"),
+  # seed 0 each (results/quality/ships-boosting-worker/, 2026-11-28).
+  ships_rules boosting worker momentum
 fi
 if [ "$group" = ships-step ]; then
   # Downpour (async), then Boosting, on the ships job with staleness="step" against

@@ -319,6 +319,14 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     assert plain.info["server_momentum"] == 0.9
     sync = fit(df, small_fc, strategy=Downpour(mode="sync"), run_dir=tmp_path / "c", **kw)
     assert sync.info["server_momentum"] == 0.9
+    # "worker": each worker carries the momentum over its pushes, the server steps plainly
+    # at fit's rate (up to 4 workers), and the pushes do not overlap by default
+    worker = fit(df, small_fc, strategy=Downpour(staleness="worker"), run_dir=tmp_path / "f",
+                 **kw)
+    assert (worker.info["server_momentum"], worker.info["worker_momentum"],
+            worker.info["server_rate"], worker.info["overlap"]) == (0.0, 0.9, 1.0, [False] * 2)
+    assert worker.history[0]["lr"] == pytest.approx(0.1)
+    assert (default.info["worker_momentum"], sync.info["worker_momentum"]) == (0.0, 0.0)
     # the returned model averages the server's values over 0.1 epoch by default in async
     # mode (with one worker too, since 2026-11-28), never in sync rounds
     assert (default.info["average"], plain.info["average"], sync.info["average"]) == \

@@ -566,6 +566,29 @@ def test_a_shards_own_sgd_step_is_torchs_bit_for_bit_and_checkpoints_alike(optim
     assert torch.equal(again.param.detach(), param.detach())
 
 
+def test_a_workers_carried_momentum_on_a_plain_server_is_torchs_momentum_sgd():
+    """Staleness rule "worker": one worker carrying the momentum over its pushes (sums of
+    uneven numbers of samples) and a server stepping them without momentum move the values
+    as torch's momentum SGD on the mean gradients does."""
+    from spark_dl.strategies.downpour.exchange import carry_momentum
+    from spark_dl.transport.ps.shard import Shard
+    start = torch.randn(300, generator=torch.Generator().manual_seed(3))
+    shard = Shard(start, "momentum", lr=0.05, momentum=0.0)
+    param = torch.nn.Parameter(start.clone())
+    ref = torch.optim.SGD([param], lr=0.05, momentum=0.9)
+    velocity = torch.zeros(300)
+    means = torch.randn(40, 300, generator=torch.Generator().manual_seed(4))
+    for i, mean in enumerate(means):
+        samples = 16 if i % 5 else 7                  # an epoch's short last push
+        pushed = mean * samples                       # what backward sums over the samples
+        carry_momentum(velocity, pushed, samples, 0.9)
+        shard.apply(pushed, scale=1 / samples, epoch_steps=1000)
+        param.grad = mean.clone()
+        ref.step()
+        torch.testing.assert_close(shard.param.detach(), param.detach())
+    torch.testing.assert_close(velocity, ref.state_dict()["state"][0]["momentum_buffer"])
+
+
 @pytest.mark.parametrize("n", [10, 1 << 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_the_nan_check_of_small_and_large_pushes(n, dtype):

@@ -52,7 +52,9 @@ class Boosting(Strategy):
     the thesis CNN, not on the ships U-Net: docs/guides/boosting.md); "lr": a push tau >= 2
     versions old steps lr / tau; "lr+momentum"; "none"; "halfway" (Downpour's default, the
     mean of "step" and "momentum": faster on the thesis CNN, a little lower on the ships
-    U-Net, docs/guides/boosting.md). local (SGD servers, default True): a
+    U-Net, docs/guides/boosting.md); "worker": each worker keeps fit's momentum over its own
+    pushes and the server steps them plainly (Downpour's rule, its rate included). local
+    (SGD servers, default True): a
     worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k
     sequential steps; False: k gradients of the values the worker holds (docs/quality.md,
@@ -122,6 +124,7 @@ class Boosting(Strategy):
             _server_momentum,
             _server_optimizer,
             server_clip,
+            worker_rate,
         )
         from .keys import KeyScheduler
         workers = job.replicas
@@ -130,10 +133,14 @@ class Boosting(Strategy):
             _server_optimizer(job.train["optimizer"], momentum)
         # the workers push in turn: each push W - 1 versions old, as Downpour's async pushes
         server_momentum = _server_momentum(momentum, workers, "async", self.staleness)
+        worker_momentum = momentum if workers > 1 and self.staleness == "worker" and \
+            server_optimizer == "momentum" else 0.0
+        rate = worker_rate(workers) if worker_momentum else 1.0
         average = _server_average(self.average, workers, "async")
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": job.train["lr_decay"], "momentum": momentum,
-                              "server_momentum": server_momentum})
+                              "server_momentum": server_momentum,
+                              "worker_momentum": worker_momentum})
         stage = job.stage
         key_rows = self.n_push * stage["batch_size"]
         files = parquet_files(job, Path(self.data_dir) if self.data_dir else run.path / "data",
@@ -151,9 +158,10 @@ class Boosting(Strategy):
         layout = Layout(net, 1, None)
         scheduler = KeyScheduler(len(keys), stage["epochs"], workers, seed=stage["seed"],
                                  lease_s=self.lease_s, start_epoch=start_epoch)
-        schedule = _schedule(job, 1, "sequential")     # each push its own step, as it comes
+        schedule = _schedule(job, 1, "sequential", rate)   # each push its own step, as it comes
         ps = ParameterServer(layout.flatten(), run.secret.encode(), job.host,
-                             optimizer=server_optimizer, lr=lr, momentum=server_momentum,
+                             optimizer=server_optimizer, lr=lr * rate,
+                             momentum=server_momentum,
                              staleness_lr="lr" in self.staleness.split("+"),
                              mode="sequential", workers=workers, timeout_s=stage["timeout_s"],
                              lr_decay=job.train["lr_decay"], keys=scheduler,
@@ -231,6 +239,7 @@ class Boosting(Strategy):
         cfg = _task.BoostingConfig(**stage, n_push=self.n_push, amp=self.amp,
                                    buffers=layout.buffer_spec,
                                    local=schedule if local else None, fresh=fresh,
+                                   worker_momentum=worker_momentum,
                                    wire_dtype="float64" if stage["dtype"] == "float64" else
                                    "bfloat16" if self.amp else "float32")
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret.encode(), ps.address,
@@ -265,6 +274,7 @@ class Boosting(Strategy):
         state = scheduler.state()
         info = {"world": workers, "mode": "sequential", "n_push": self.n_push,
                 "staleness": self.staleness, "server_momentum": server_momentum,
+                "worker_momentum": worker_momentum, "server_rate": rate,
                 "local_steps": local, "fresh": fresh, "average": average,
                 "keys": {"count": len(keys), "rows_per_key": key_rows, "files": len(files),
                          "served": [[list(p) for p in ep] for ep in scheduler.served],

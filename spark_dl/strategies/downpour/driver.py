@@ -26,7 +26,7 @@ from . import task as _task
 
 __all__ = ["MODES", "STALENESS_RULES", "Downpour"]
 
-STALENESS_RULES = ("halfway", "step", "momentum", "lr", "lr+momentum", "none")
+STALENESS_RULES = ("halfway", "step", "momentum", "lr", "lr+momentum", "none", "worker")
 
 
 @options
@@ -60,7 +60,14 @@ class Downpour(Strategy):
     it where "momentum" keeps 0.97; "halfway" kept 0.97 there and reached 98% on the CNN in
     every seed, sooner than "momentum" (docs/guides/downpour.md, "Staleness rule"). "lr": a
     push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both; "none": every
-    push a plain step.
+    push a plain step. "worker": SGD's momentum moves to the workers: each keeps fit's
+    ``momentum`` over its own pushes (a buffer of its mean gradients, as torch's SGD keeps
+    one) and pushes that, which the server steps without momentum of its own, at fit's rate
+    up to 4 replicas and at 4 / replicas of it from there (a push lands about replicas - 1
+    versions late, and a full momentum step that late runs away: worker_rate). A worker's
+    buffer starts empty in every task attempt (a retried or resumed task); server optimizers
+    other than SGD keep their state on the server (the rule moves nothing there); overlap
+    stays off by default with it.
     average (async): the model validated and returned is the server's moving average over this
     fraction of an epoch (its mini-batch steps, whatever n_push; default 0.1, as AllReduce's
     and Gossip's ``average``);
@@ -233,7 +240,10 @@ class Downpour(Strategy):
             _server_optimizer(job.train["optimizer"], momentum)
         average = _server_average(self.average, replicas, mode)
         overlap = self.overlap          # None: the task turns it on if it runs on a GPU
-        if overlap is None and (mode != "async" or partitions != 1 or
+        worker_momentum = momentum if mode == "async" and replicas > 1 and \
+            staleness == "worker" and server_optimizer == "momentum" else 0.0
+        rate = worker_rate(replicas) if worker_momentum else 1.0
+        if overlap is None and (mode != "async" or partitions != 1 or worker_momentum or
                                 self._overlap_diverges(job, replicas)):
             overlap = False
         server_momentum = _server_momentum(momentum, replicas, mode, staleness,
@@ -242,7 +252,8 @@ class Downpour(Strategy):
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
                               "partitions": partitions, "average": average, "clip": clip,
-                              "server_momentum": server_momentum})
+                              "server_momentum": server_momentum,
+                              "worker_momentum": worker_momentum})
         widths, measured = self.widths, None
         kept = run.path / "widths.json"
         if widths == "speed" and kept.exists() and job.stage["resume"]:  # a resumed fit
@@ -258,6 +269,7 @@ class Downpour(Strategy):
             **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
             mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
             overlap=overlap, model_parallel=self.model_parallel, amp=self.amp,
+            worker_momentum=worker_momentum,
             widths=None if widths is None else tuple(float(w) for w in widths),
             balance=self.balance if self.balance in (None, "speed") else
             tuple(float(w) for w in self.balance))
@@ -268,14 +280,14 @@ class Downpour(Strategy):
         params = [p for p in net.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in params)
         ps_shards = self.ps_shards or (4 if numel >= 1_000_000 else 1)
-        schedule = _schedule(job, replicas, cfg.mode)
+        schedule = _schedule(job, replicas, cfg.mode, rate)
         secret = run.secret.encode()
         layout = Layout(net, partitions, widths)
         cfg = dataclasses.replace(cfg, buffers=layout.buffer_spec)   # running statistics
         if partitions > 1:
             ps_shards = partitions                    # shard p: partition p's slices
         ps = ParameterServer(layout.flatten(), secret, job.host, bounds=layout.bounds,
-                             shards=ps_shards, optimizer=server_optimizer, lr=lr,
+                             shards=ps_shards, optimizer=server_optimizer, lr=lr * rate,
                              momentum=server_momentum, mode=cfg.mode,
                              workers=replicas * partitions, max_staleness=self.max_staleness,
                              timeout_s=cfg.timeout_s, lr_decay=lr_decay,
@@ -396,7 +408,8 @@ class Downpour(Strategy):
             stale.update({int(k): v for k, v in r["staleness"].items()})
         info = {"world": replicas, "mode": cfg.mode, "n_fetch": cfg.n_fetch,
                 "n_push": cfg.n_push,
-                "staleness": staleness, "server_momentum": server_momentum, "average": average,
+                "staleness": staleness, "server_momentum": server_momentum,
+                "worker_momentum": worker_momentum, "server_rate": rate, "average": average,
                 "evals": evals, "lr_schedule": {**schedule.describe(), "push_scaling": job.train["lr_scaling"]},
                 "server": ps.stats(), "staleness_histogram": dict(sorted(stale.items())),
                 "served": {"parameter_server": list(ps.address)},
@@ -466,14 +479,14 @@ class ServerSnapshots:
         return out
 
 
-def _schedule(job: Job, replicas: int, mode: str):
+def _schedule(job: Job, replicas: int, mode: str, rate: float = 1.0):
     """The server's rate: in sync mode an update averages a round of every replica's
     mini-batch (k = replicas, the fit's scaling rule and warmup); asynchronous and sequential
     pushes are each applied as they come, a push of n mini-batches stepping f(n) times their
-    mean (the server's push_scaling), so k = 1 there."""
+    mean (the server's push_scaling), so k = 1 there; fit's lr times ``rate``."""
     from ...optim.schedule import LRSchedule
     t = job.train
-    return LRSchedule(t["lr"], replicas if mode == "sync" else 1, t["lr_scaling"],
+    return LRSchedule(t["lr"] * rate, replicas if mode == "sync" else 1, t["lr_scaling"],
                       t["warmup_epochs"], t["lr_decay"], job.stage["epochs"])
 
 
@@ -529,6 +542,15 @@ def server_clip(clip: float | None, replicas: int, mode: str) -> float | None:
     return float(clip) or None
 
 
+def worker_rate(replicas: int) -> float:
+    """Staleness rule "worker": the server's rate as a multiple of fit's, min(1, 4 / R) for R
+    replicas. Measured in a one-process simulation of R workers pushing in turn (the thesis
+    CNN, lr 0.02, momentum 0.9 at the workers; docs/guides/downpour.md, "Staleness rule"):
+    the full rate was best at 2 and 4, half of it at 8, a quarter at 16 (where the full rate
+    fell to chance)."""
+    return min(1.0, 4.0 / replicas)
+
+
 def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str,
                      overlap: bool = False) -> float:
     """The server's momentum (async; other modes and one worker keep ``momentum``):
@@ -542,10 +564,13 @@ def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str,
     momentum that asynchrony adds of itself, 1 - 1/replicas (Mitliagkas et al., 2016:
     asynchronous SGD on R workers behaves in expectation as momentum SGD with mu = 1 - 1/R),
     not below 0. Rule "halfway": the mean of the two, which measured better than either on
-    the thesis CNN and the ships U-Net together (docs/guides/downpour.md)."""
+    the thesis CNN and the ships U-Net together (docs/guides/downpour.md). Rule "worker":
+    0, the workers keep the momentum."""
     rules = staleness.split("+")
     if mode != "async" or replicas <= 1:
         return momentum
+    if "worker" in rules:                 # the workers keep it (each over its own pushes)
+        return 0.0
     if "halfway" in rules:
         return (_server_momentum(momentum, replicas, mode, "step", overlap)
                 + _server_momentum(momentum, replicas, mode, "momentum")) / 2

@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-__all__ = ["Exchange", "flat_parameters"]
+__all__ = ["Exchange", "carry_momentum", "flat_parameters"]
 
 
 class Exchange:
@@ -122,3 +122,12 @@ def flat_parameters(model: torch.nn.Module, numel: int, device, dtype
     return flat, grad
 
 
+def carry_momentum(velocity: torch.Tensor, grad: torch.Tensor, samples: int,
+                   momentum: float) -> None:
+    """Staleness rule "worker" (Downpour's and Boosting's workers): ``velocity`` <- momentum
+    x velocity + the mean gradient (the ``samples``' gradient sum ``grad`` / samples; torch's
+    SGD buffer, whose first value is the first gradient), and ``grad`` becomes the sum the
+    server takes for it (velocity x samples): the server steps the buffer as a plain SGD
+    step."""
+    velocity.mul_(momentum).add_(grad, alpha=1.0 / samples)
+    torch.mul(velocity, samples, out=grad)

@@ -33,7 +33,7 @@ from spark_dl.runtime.stage import (
     write_task_info,
 )
 
-from .exchange import Exchange, flat_parameters
+from .exchange import Exchange, carry_momentum, flat_parameters
 
 __all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
@@ -53,6 +53,7 @@ class DownpourConfig(StageConfig):
     widths: tuple | None = None        # partitions' shares of every layer's columns
     balance: str | tuple | None = None  # sync rounds: "speed" or fixed shares per worker
     buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
+    worker_momentum: float = 0.0       # async, staleness "worker": SGD's momentum kept here
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -313,6 +314,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     staleness: Counter = Counter()
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
+    # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
+    velocity = torch.zeros_like(grad) if cfg.worker_momentum else None
     thesis = comm is not None and cfg.model_parallel == "thesis"
     master = part == 0                            # the thesis algorithm's master
     rows_total = len(shard) if comm is None else None
@@ -366,6 +369,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 acc_samples = 0                   # (a sync round still gets its empty push)
                 if cfg.mode != "sync":
                     acc_steps, due = 0, False
+            if due and velocity is not None and acc_samples:
+                carry_momentum(velocity, grad, acc_samples, cfg.worker_momentum)
             if exchange is not None and due:
                 for s in exchange.wait():         # the previous push's reply: the
                     staleness[s] += 1             # parameters after it, into the model
