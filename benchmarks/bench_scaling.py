@@ -20,8 +20,10 @@ over real run-to-run variation, not over one trajectory timed again:
                     "downpour" meant it and "downpour+momentum" the default rule);
                     "downpour+momentum": the rule that was the default before and after
                     that, until "halfway" (the mean of the two) became it on 2026-11-28, so
-                    "downpour" in runs before then is "downpour+momentum" now; their
-                    one-replica reference is Downpour's;
+                    "downpour" in runs before then is "downpour+momentum" now;
+                    "downpour+worker" / "boosting+worker": staleness="worker", the
+                    momentum kept at the workers (2026-11-28 night); their
+                    one-replica reference is Downpour's (Boosting's);
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;

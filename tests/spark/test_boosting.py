@@ -110,6 +110,7 @@ def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path):
               run_dir=tmp_path / "run", log=None)
     assert (res.info["server_momentum"], res.info["worker_momentum"],
             res.info["server_rate"]) == (0.0, 0.5, 1.0)
+    assert all(r["velocity_norm"] > 0 for r in res.info["workers"] if r["keys"])
     assert res.history[-1]["val_accuracy"] > 0.6
 
 

@@ -327,6 +327,9 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
             worker.info["server_rate"], worker.info["overlap"]) == (0.0, 0.9, 1.0, [False] * 2)
     assert worker.history[0]["lr"] == pytest.approx(0.1)
     assert (default.info["worker_momentum"], sync.info["worker_momentum"]) == (0.0, 0.0)
+    # each worker carried a buffer (the default's carry none)
+    assert all(r["velocity_norm"] > 0 for r in worker.info["workers"])
+    assert all(r["velocity_norm"] is None for r in default.info["workers"])
     # the returned model averages the server's values over 0.1 epoch by default in async
     # mode (with one worker too, since 2026-11-28), never in sync rounds
     assert (default.info["average"], plain.info["average"], sync.info["average"]) == \

@@ -589,6 +589,42 @@ def test_a_workers_carried_momentum_on_a_plain_server_is_torchs_momentum_sgd():
     torch.testing.assert_close(velocity, ref.state_dict()["state"][0]["momentum_buffer"])
 
 
+def test_a_resumed_server_runs_its_own_momentum_with_the_saved_buffer():
+    """A checkpoint saved under one staleness rule (server momentum 0.6) and resumed under
+    another: the momentum is the new rule's (0.9: the buffer goes on; 0, as "worker" runs
+    it: the buffer is dropped), not the saved 0.6."""
+    from spark_dl.transport.ps.shard import Shard
+    saved = Shard(torch.zeros(5), "momentum", lr=0.1, momentum=0.6)
+    for _ in range(3):
+        saved.apply(torch.ones(5), epoch_steps=1000)
+    buffer = saved.opt.state[saved.param]["momentum_buffer"].clone()
+    assert torch.equal(buffer, torch.full((5,), 1 + 0.6 + 0.36))
+    state = saved.opt.state_dict()
+    higher = Shard(torch.zeros(5), "momentum", lr=0.1, momentum=0.9)
+    higher.load_optimizer(state)
+    assert higher.opt.param_groups[0]["momentum"] == 0.9
+    assert torch.equal(higher.opt.state[higher.param]["momentum_buffer"], buffer)
+    higher.apply(torch.ones(5), epoch_steps=1000)
+    assert torch.equal(higher.opt.state[higher.param]["momentum_buffer"], 0.9 * buffer + 1)
+    plain = Shard(torch.zeros(5), "momentum", lr=0.1, momentum=0.0)
+    plain.load_optimizer(state)
+    assert plain.opt.param_groups[0]["momentum"] == 0.0
+    assert "momentum_buffer" not in plain.opt.state[plain.param]
+    plain.apply(torch.ones(5), epoch_steps=1000)
+    torch.testing.assert_close(plain.param.detach(), torch.full((5,), -0.1))
+
+
+def test_the_worker_rules_rate_falls_as_one_over_the_replicas_from_4():
+    from types import SimpleNamespace
+
+    from spark_dl.strategies.downpour.driver import _schedule, worker_rate
+    assert [worker_rate(r) for r in (2, 4, 8, 16)] == [1.0, 1.0, 0.5, 0.25]
+    job = SimpleNamespace(train={"lr": 0.02, "lr_scaling": "linear", "warmup_epochs": "auto",
+                                 "lr_decay": 0.5}, stage={"epochs": 3})
+    schedule = _schedule(job, 8, "async", worker_rate(8))
+    assert schedule.at(0.0) == pytest.approx(0.01) and schedule.at(1.0) == pytest.approx(0.005)
+
+
 @pytest.mark.parametrize("n", [10, 1 << 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_the_nan_check_of_small_and_large_pushes(n, dtype):

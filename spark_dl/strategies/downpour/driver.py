@@ -67,7 +67,8 @@ class Downpour(Strategy):
     versions late, and a full momentum step that late runs away: worker_rate). A worker's
     buffer starts empty in every task attempt (a retried or resumed task); server optimizers
     other than SGD keep their state on the server (the rule moves nothing there); overlap
-    stays off by default with it. Faster than "halfway" on the thesis CNN at lr 0.02 (2 to 8
+    stays off by default with it (overlap=True: the rate of twice the replicas, each push a
+    version more late); the server's clip cuts the pushed buffer's step, not the buffer. Faster than "halfway" on the thesis CNN at lr 0.02 (2 to 8
     replicas), slower at lr 0.05 and far lower on the ships U-Net (docs/guides/downpour.md).
     average (async): the model validated and returned is the server's moving average over this
     fraction of an epoch (its mini-batch steps, whatever n_push; default 0.1, as AllReduce's
@@ -243,10 +244,11 @@ class Downpour(Strategy):
         overlap = self.overlap          # None: the task turns it on if it runs on a GPU
         worker_momentum = momentum if mode == "async" and replicas > 1 and \
             staleness == "worker" and server_optimizer == "momentum" else 0.0
-        rate = worker_rate(replicas) if worker_momentum else 1.0
         if overlap is None and (mode != "async" or partitions != 1 or worker_momentum or
                                 self._overlap_diverges(job, replicas)):
             overlap = False
+        # overlap=True: each push a version more late, the rate of twice the replicas
+        rate = worker_rate(replicas * (2 if overlap else 1)) if worker_momentum else 1.0
         server_momentum = _server_momentum(momentum, replicas, mode, staleness,
                                            self._on_gpus(job) if overlap is None else overlap)
         clip = server_clip(self.clip, replicas, mode)

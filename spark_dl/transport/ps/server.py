@@ -214,7 +214,10 @@ class ParameterServer:
 
     def load_state_dict(self, state: dict, start_epoch: int = 0) -> None:
         """Restore ``state_dict()``'s output (before any worker arrives); the workers then
-        start at epoch ``start_epoch`` (their hello tells them so)."""
+        start at epoch ``start_epoch`` (their hello tells them so). The optimizer's state
+        (its buffers) comes from the checkpoint, its settings stay this server's: a fit
+        resumed under another staleness rule runs that rule's momentum (and a momentum of 0
+        drops the saved buffer), not the one saved."""
         if list(state["bounds"]) != self.bounds:
             raise ValueError(f"the saved server has shards {state['bounds']}, this one "
                              f"{self.bounds}: a different model or partitioning")
@@ -228,7 +231,7 @@ class ParameterServer:
             with s.lock:
                 s.norm_mean, s.norm_steps = float(norm[0]), int(norm[1])
                 s.param.data.copy_(values)
-                s.opt.load_state_dict(opt)
+                s.load_optimizer(opt)
                 s.version, s.steps = int(version), int(steps)
                 if s.averaged is not None:     # none saved: the average starts at x
                     s.load_average(saved)

@@ -108,6 +108,18 @@ class Shard:
         """x̄ as of the last push (None without an average); under the lock."""
         return None if self.averaged is None else self.averaged.current()[0]
 
+    def load_optimizer(self, saved: dict) -> None:
+        """A checkpoint's optimizer state under this shard's own settings (torch's
+        load_state_dict takes the saved ones too): the momentum the fit's staleness rule
+        gives now, the saved buffer dropped where that momentum is 0."""
+        settings = [{k: v for k, v in g.items() if k != "params"}
+                    for g in self.opt.param_groups]
+        self.opt.load_state_dict(saved)
+        for group, mine in zip(self.opt.param_groups, settings):
+            group.update(mine)
+        if self._sgd and self.opt.param_groups[0]["momentum"] == 0:
+            self.opt.state[self.param].pop("momentum_buffer", None)
+
     def load_average(self, saved: torch.Tensor | None) -> None:
         """A checkpoint's x̄ (None: the average restarts at x), after its steps are set."""
         self.averaged.steps = self.steps
