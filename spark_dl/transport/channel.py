@@ -87,11 +87,15 @@ def stop_listening(sock: socket.socket) -> None:
 
 
 def accept_loop(sock: socket.socket, stop: threading.Event,
-                handle: Callable[[socket.socket], None]) -> None:
+                handle: Callable[[socket.socket], None],
+                tick: Callable[[], None] | None = None) -> None:
     """Accept connections on ``sock`` until ``stop`` is set or ``sock`` is closed, each handled
     by ``handle`` on a daemon thread of its own; ``sock``'s timeout is how soon ``stop`` is
-    seen. The serving loop of the message channel and of the parameter server."""
+    seen, and ``tick`` (if given) is called that often too. The serving loop of the message
+    channel and of the parameter server."""
     while not stop.is_set():
+        if tick is not None:
+            tick()
         try:
             conn, _ = sock.accept()
         except TimeoutError:
@@ -108,6 +112,48 @@ def accept_loop(sock: socket.socket, stop: threading.Event,
             time.sleep(0.1)
 
 
+class Arrivals:
+    """The connections of a server that have not yet sent a valid first frame (the parameter
+    server's hello, the message channel's first message): each gets ``seconds`` to, however
+    slowly it sends its bytes, and at most ``most`` wait at once (each holds a thread), so a
+    peer that connects and stalls cannot hold the server's threads and descriptors for
+    long. ``reap`` (the accept loop's tick) shuts the late ones; their threads then end."""
+
+    def __init__(self, seconds: float = 30.0, most: int = 256):
+        self.seconds, self.most = seconds, most
+        self.turned_away = 0                  # closed unserved or shut for being late
+        self._due: dict[socket.socket, float] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, sock: socket.socket) -> bool:
+        """Whether ``sock`` is served (False: too many wait; the caller closes it)."""
+        with self._lock:
+            if len(self._due) >= self.most:
+                self.turned_away += 1
+                return False
+            self._due[sock] = time.monotonic() + self.seconds
+            return True
+
+    def arrived(self, sock: socket.socket) -> None:
+        """``sock``'s first valid frame came (in time), or its connection ended."""
+        if sock in self._due:
+            with self._lock:
+                self._due.pop(sock, None)
+
+    def reap(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [sock for sock, due in self._due.items() if due < now]
+            for sock in late:
+                del self._due[sock]
+            self.turned_away += len(late)
+        for sock in late:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class MessageServer:
     """Receives authenticated messages on ``host`` (a free port) and calls ``on_message``."""
 
@@ -120,13 +166,17 @@ class MessageServer:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.gather = StatusGather()
+        self.arrivals = Arrivals()        # a task's first message comes as it connects
         self._thread = threading.Thread(target=self._serve, name="spark_dl-messages", daemon=True)
         self._thread.start()
 
     def _serve(self):
-        accept_loop(self._sock, self._stop, self._handle)
+        accept_loop(self._sock, self._stop, self._handle, tick=self.arrivals.reap)
 
     def _handle(self, conn: socket.socket):
+        if not self.arrivals.admit(conn):
+            conn.close()
+            return
         with conn:
             conn.settimeout(None)
             while not self._stop.is_set():
@@ -137,6 +187,8 @@ class MessageServer:
                     return
                 except OSError:
                     return
+                finally:                                  # a valid frame, or the end
+                    self.arrivals.arrived(conn)
                 if message is None:                       # the task closed: the normal end
                     return
                 if message.get("type") == "gather":       # a task waits for the answer

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -102,3 +103,28 @@ def test_the_gather_alone_decides_once_per_round():
     stop = threading.Event()
     one = g.join({"key": "k", "rank": 0, "world": 1, "status": {"a": 1}}, stop)
     assert one["statuses"] == [{"a": 1}] and one["rank"] == 0
+
+
+def test_a_peer_that_sends_nothing_is_let_go_and_the_channel_serves_on(server):
+    """A connection's first valid message must come within ``arrivals.seconds``, and at
+    most ``arrivals.most`` connections wait for theirs at once: a third is closed at once,
+    the silent ones when their time is up, and a task's progress message still arrives."""
+    srv, got = server
+    srv.arrivals.seconds, srv.arrivals.most = 1.0, 2
+    silent = [socket.create_connection(srv.address, timeout=5) for _ in range(2)]
+    silent[1].sendall(b"\x00")                     # a byte of a frame, never the rest
+    third = socket.create_connection(srv.address, timeout=5)
+    third.settimeout(1.0)
+    assert third.recv(1) == b""                    # closed unserved
+    for s in silent:
+        s.settimeout(3.0)
+        assert s.recv(1) == b""                    # shut when its second is up
+        s.close()
+    third.close()
+    assert srv.arrivals.turned_away == 3
+    with socket.create_connection(srv.address, timeout=5) as ok:
+        ok.sendall(pack(SECRET, {"type": "step", "loss": 1.0}))
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert got == [{"type": "step", "loss": 1.0}]

@@ -392,6 +392,42 @@ def test_hostile_peers_are_rejected_and_change_nothing(server):
     assert torch.equal(_still_serving(ps), before) and ps.versions == [0, 0]
 
 
+def _closed_by_server(s, within: float) -> bool:
+    """Whether the server ends the connection ``s`` within ``within`` seconds (what it sent
+    before that, e.g. the nonce, is read and dropped)."""
+    s.settimeout(within)
+    try:
+        while s.recv(1 << 16):
+            pass
+        return True                                # end of stream: closed
+    except TimeoutError:
+        return False
+    except OSError:
+        return True                                # reset: closed
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_a_peer_that_stalls_before_its_hello_is_let_go(server, loop):
+    """A connection gets ``arrivals.seconds`` to say a valid hello, however slowly it sends
+    its bytes, and at most ``arrivals.most`` wait for theirs at once (each a thread): a third
+    peer is closed at once, the stalled ones when their time is up, and a real worker is
+    served after them."""
+    ps = server(n=10, optimizer="sgd", lr=1.0, workers=8 if loop else 2, loop=loop)
+    ps.arrivals.seconds, ps.arrivals.most = 1.0, 2
+    silent, _ = _raw(ps)                           # says nothing
+    trickle, _ = _raw(ps)                          # a byte at a time, never a whole frame
+    for _ in range(3):
+        trickle.sendall(MAGIC[:1])
+        time.sleep(0.1)
+    third = socket.create_connection(ps.address, timeout=5)
+    assert _closed_by_server(third, 1.0)           # two are waiting: not served
+    assert _closed_by_server(silent, 3.0) and _closed_by_server(trickle, 3.0)
+    for s in (silent, trickle, third):
+        s.close()
+    assert ps.stats()["turned_away_before_hello"] == 3 and ps.rejected == 0
+    assert torch.equal(_still_serving(ps), torch.linspace(-1, 1, 10, dtype=torch.float64))
+
+
 def test_push_of_the_wrong_size_or_nan_is_refused(server):
     ps = server(n=10, optimizer="sgd", lr=1.0)
     c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)

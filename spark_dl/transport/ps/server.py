@@ -63,7 +63,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..channel import accept_loop, stop_listening
+from ..channel import Arrivals, accept_loop, stop_listening
 from .buffers import BufferMean
 from .loop import EventLoop, fault
 from .shard import SERVER_OPTIMIZERS, Shard
@@ -149,6 +149,7 @@ class ParameterServer:
         self._epochs_cv = threading.Condition()
         self._stop = threading.Event()
         self._handlers: set[socket.socket] = set()    # sockets a thread of _handle serves
+        self.arrivals = Arrivals()        # connections whose hello has not come yet
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.2)
         self.address = (host, self._sock.getsockname()[1])
@@ -256,6 +257,7 @@ class ParameterServer:
                 "pushes": self.pushes, "pulls": self.pulls, "dropped_stale": self.dropped,
                 "max_staleness": self.max_staleness, "held_back_pushes": self.waits,
                 "rejected_connections": self.rejected,
+                "turned_away_before_hello": self.arrivals.turned_away,
                 "staleness_histogram": dict(sorted(self.staleness.items())),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
                 "push_seconds": self.push_seconds, "pull_seconds": self.pull_seconds,
@@ -284,7 +286,7 @@ class ParameterServer:
 
     # -- serving -------------------------------------------------------------------------
     def _serve(self):
-        accept_loop(self._sock, self._stop, self._handle)
+        accept_loop(self._sock, self._stop, self._handle, tick=self.arrivals.reap)
 
     def _handle(self, sock: socket.socket):
         """A connection's thread: the nonce, the hello, and every frame after it unless the
@@ -295,6 +297,9 @@ class ParameterServer:
         conn = Conn(sock, self.secret, nonce)
         buf = Growing()
         adopted = refused = False
+        if not self.arrivals.admit(sock):   # too many peers mid-handshake: not served
+            sock.close()
+            return
         with self._stats_lock:
             self._handlers.add(sock)
         try:
@@ -304,6 +309,8 @@ class ParameterServer:
                 frame = conn.recv(self.max_payload, buf)
                 if not self._dispatch(conn, *frame):
                     break
+                if conn.worker is not None:      # the hello came in time
+                    self.arrivals.arrived(sock)
                 if self._loop is not None and conn.worker is not None:
                     adopted = True               # the loop serves (or closes) it from now
                     self._loop.adopt(conn)
@@ -321,6 +328,7 @@ class ParameterServer:
         finally:            # whatever ended the thread (a fault of ours too): the worker's
             with self._stats_lock:          # connection closes, it does not wait for a reply
                 self._handlers.discard(sock)
+            self.arrivals.arrived(sock)
             if not adopted:
                 self._closed(conn)
                 if refused:
