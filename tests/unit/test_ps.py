@@ -428,6 +428,24 @@ def test_a_peer_that_stalls_before_its_hello_is_let_go(server, loop):
     assert torch.equal(_still_serving(ps), torch.linspace(-1, 1, 10, dtype=torch.float64))
 
 
+def test_a_sync_hello_that_waits_for_the_others_is_not_late(server):
+    """The time limit is on saying the hello, not on its answer: in sync mode a worker's
+    hello waits for every worker, here longer than the limit, and is answered."""
+    ps = server(n=10, mode="sync", workers=2)
+    ps.arrivals.seconds = 0.5
+    first = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+    answered = []
+    t = threading.Thread(target=lambda: answered.append(first.hello(rows=4, batch_size=2)))
+    t.start()
+    time.sleep(1.5)                                # three times the limit
+    second = PSClient(ps.address, SECRET, 1, dtype=torch.float64)
+    assert second.hello(rows=4, batch_size=2) == 2
+    t.join(timeout=10)
+    assert answered == [2] and ps.stats()["turned_away_before_hello"] == 0
+    first.close()
+    second.close()
+
+
 def test_push_of_the_wrong_size_or_nan_is_refused(server):
     ps = server(n=10, optimizer="sgd", lr=1.0)
     c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)

@@ -257,13 +257,14 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         if not _is_out_of_memory(e):
             raise
         _out_of_memory(comm)
+    # profiled before connecting: the server gives a connection 30 s to say its hello
+    prof = _profile(cfg, model, loss_fn, shard, device, dtype, worker) if comm is None else None
     client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
     # progress and epoch reports come from one task per replica
     progress = MessageClient(channel if part == 0 else None, secret)
     resume_epoch = resume_step = 0
     batch_size = cfg.batch_size
     if comm is None:
-        prof = _profile(cfg, model, loss_fn, shard, device, dtype, worker)
         steps = client.hello(len(shard), cfg.batch_size, profile=prof)
         if prof is not None:                      # balanced sync rounds: this worker's share
             batch_size = client.batch

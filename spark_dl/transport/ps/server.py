@@ -309,8 +309,6 @@ class ParameterServer:
                 frame = conn.recv(self.max_payload, buf)
                 if not self._dispatch(conn, *frame):
                     break
-                if conn.worker is not None:      # the hello came in time
-                    self.arrivals.arrived(sock)
                 if self._loop is not None and conn.worker is not None:
                     adopted = True               # the loop serves (or closes) it from now
                     self._loop.adopt(conn)
@@ -439,6 +437,7 @@ class ParameterServer:
                           "as int64")
         info = np.frombuffer(payload, np.int64)
         conn.worker = worker
+        self.arrivals.arrived(conn.sock)          # in time (sync mode then waits for all)
         rows, batch = int(info[0]), int(info[1])
         with self._clock_cv:                      # a (re)started worker starts at the slowest
             others = [c for w, c in self._clocks.items() if w != worker]
