@@ -14,7 +14,8 @@
 # then over seeds), ships-step (Downpour's and Boosting's staleness rules "step" and
 # "momentum", interleaved), ships-halfway (Downpour's "halfway" and "momentum", interleaved),
 # ships-worker (Downpour's "worker" and "halfway", interleaved), ships-boosting-worker
-# (Boosting's "worker" and its default "momentum", interleaved),
+# (Boosting's "worker" and its default "momentum", interleaved), cnn-bn-worker (Downpour's
+# "worker" and "halfway" on the cnn-bn job, interleaved),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
@@ -260,6 +261,18 @@ if [ "$group" = ships-step ]; then
   # and ships-boosting-step/, 2026-11-28).
   ships_rules downpour step momentum
   ships_rules boosting step momentum
+fi
+if [ "$group" = cnn-bn-worker ]; then
+  # Downpour on the cnn-bn job below with staleness="worker" against its default, 2 runs
+  # each, interleaved (results/quality/cnn-bn-worker/, 2026-11-28 night).
+  CNN=(jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.model=cnn_bn
+       --set data.extended_samples=50000 --set train.epochs=4 --set train.replicas=2)
+  for i in 1 2; do
+    for rule in worker halfway; do
+      run_named "cnn-bn-downpour-$rule-$i" "${CNN[@]}" \
+        --set "train.strategy={'name': 'downpour', 'staleness': '$rule'}"
+    done
+  done
 fi
 if [ "$group" = cnn-bn ]; then
   # The thesis CNN with BatchNorm (train.model=cnn_bn) on a quarter of the digits (50,000
