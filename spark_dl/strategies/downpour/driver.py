@@ -68,8 +68,9 @@ class Downpour(Strategy):
     buffer starts empty in every task attempt (a retried or resumed task); server optimizers
     other than SGD keep their state on the server (the rule moves nothing there); overlap
     stays off by default with it (overlap=True: the rate of twice the replicas, each push a
-    version more late); the server's clip cuts the pushed buffer's step, not the buffer. Faster than "halfway" on the thesis CNN at lr 0.02 (2 to 8
-    replicas), slower at lr 0.05 and far lower on the ships U-Net (docs/guides/downpour.md).
+    version more late); the server's clip cuts the pushed buffer's step, not the buffer.
+    Faster than "halfway" on the thesis CNN at lr 0.02 (2 to 8 replicas); slower at lr 0.05,
+    no gain with BatchNorm, far lower on the ships U-Net (docs/guides/downpour.md).
     average (async): the model validated and returned is the server's moving average over this
     fraction of an epoch (its mini-batch steps, whatever n_push; default 0.1, as AllReduce's
     and Gossip's ``average``);
