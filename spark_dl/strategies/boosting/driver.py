@@ -123,6 +123,7 @@ class Boosting(Strategy):
             _server_average,
             _server_momentum,
             _server_optimizer,
+            _worker_momentum,
             server_clip,
             worker_rate,
         )
@@ -133,8 +134,8 @@ class Boosting(Strategy):
             _server_optimizer(job.train["optimizer"], momentum)
         # the workers push in turn: each push W - 1 versions old, as Downpour's async pushes
         server_momentum = _server_momentum(momentum, workers, "async", self.staleness)
-        worker_momentum = momentum if workers > 1 and self.staleness == "worker" and \
-            server_optimizer == "momentum" else 0.0
+        worker_momentum = _worker_momentum(momentum, workers, "async", self.staleness,
+                                           server_optimizer)
         rate = worker_rate(workers) if worker_momentum else 1.0
         average = _server_average(self.average, workers, "async")
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,

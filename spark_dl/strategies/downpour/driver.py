@@ -243,8 +243,8 @@ class Downpour(Strategy):
             _server_optimizer(job.train["optimizer"], momentum)
         average = _server_average(self.average, replicas, mode)
         overlap = self.overlap          # None: the task turns it on if it runs on a GPU
-        worker_momentum = momentum if mode == "async" and replicas > 1 and \
-            staleness == "worker" and server_optimizer == "momentum" else 0.0
+        worker_momentum = _worker_momentum(momentum, replicas, mode, staleness,
+                                           server_optimizer)
         if overlap is None and (mode != "async" or partitions != 1 or worker_momentum or
                                 self._overlap_diverges(job, replicas)):
             overlap = False
@@ -553,6 +553,15 @@ def worker_rate(replicas: int) -> float:
     the full rate was best at 2 and 4, half of it at 8, a quarter at 16 (where the full rate
     fell to chance)."""
     return min(1.0, 4.0 / replicas)
+
+
+def _worker_momentum(momentum: float, replicas: int, mode: str, staleness: str,
+                     server_optimizer: str) -> float:
+    """The momentum each worker carries over its pushes: fit's under rule "worker" with
+    several asynchronous replicas and a momentum SGD server, else 0 (nothing to move)."""
+    carried = mode == "async" and replicas > 1 and staleness == "worker" and \
+        server_optimizer == "momentum"
+    return momentum if carried else 0.0
 
 
 def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str,
