@@ -23,7 +23,10 @@ over real run-to-run variation, not over one trajectory timed again:
                     "downpour" in runs before then is "downpour+momentum" now;
                     "downpour+worker" / "boosting+worker": staleness="worker", the
                     momentum kept at the workers (2026-11-28 night); their
-                    one-replica reference is Downpour's (Boosting's);
+                    one-replica reference is Downpour's (Boosting's); "worker" became
+                    Downpour's default later that night (with its ramp, at half the
+                    rate), so "downpour" since is "downpour+worker", and the default
+                    before, "downpour+halfway";
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;

@@ -18,6 +18,9 @@ ingredient of the strategy can be switched on alone:
   "-lmom"      (a suffix) local steps with the job's momentum on the worker (its momentum
                buffer kept across its keys), the push is the worker's displacement over
                the key, and the server (momentum 0) adds it: momentum SGD on the workers
+  "-ramp"      (a suffix, after -lmom) each worker's momentum grows from 0 over its first
+               MOMENTUM_RAMP mini-batches (spark_dl.strategies.downpour.exchange.ramped, the
+               "worker" rule's since 2026-11-28)
   "-own"       (a suffix, before "-avg") each worker trains the keys of its own partition
                only (Downpour's shards: partition w = the w-th part of the rows), in its own
                order; when one runs out first the other takes the rest of the epoch
@@ -72,6 +75,7 @@ from spark_dl.data.ships import ship_batch  # noqa: E402
 from spark_dl.models.unet import FocalDiceLoss, UNet  # noqa: E402
 from spark_dl.optim.schedule import LRSchedule  # noqa: E402
 from spark_dl.recipes.ships import TEST_START, mask_scores  # noqa: E402
+from spark_dl.strategies.downpour.exchange import ramped  # noqa: E402
 from spark_dl.transport.ps.server import _push_factor  # noqa: E402
 from spark_dl.transport.ps.shard import Shard  # noqa: E402
 
@@ -87,6 +91,7 @@ CONFIGS = {
     "k4r2-cyc": (4, 2, 0.9, "linear", "turns", True),   # ... the seed's cyclic lr
     "k4r2-m04-rand": (4, 2, 0.4, "linear", "random", False),
     "r2-m04": (1, 2, 0.4, "linear", "turns", False),
+    "r2-m06": (1, 2, 0.6, "linear", "turns", False),    # Downpour's "halfway" at 2 workers
     "r2-m04-rand": (1, 2, 0.4, "linear", "random", False),  # Downpour, pushes in any order
     "r2-m0-rand": (1, 2, 0.0, "linear", "random", False),   # ... the server's momentum 0
     "r2-rand": (1, 2, 0.9, "linear", "random", False),      # ... the job's momentum 0.9
@@ -129,10 +134,14 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     base = base.removesuffix("-look")
     dc = base.endswith("-dc")
     base = base.removesuffix("-dc")
+    ramp = base.endswith("-ramp")
+    base = base.removesuffix("-ramp")
     lmom = base.endswith("-lmom")
     base = base.removesuffix("-lmom")
     local = base.endswith("-local")
     k, R, momentum, scaling, order, cyc = CONFIGS[base.removesuffix("-local")]
+    if ramp and not lmom:
+        raise SystemExit(f"{label}: -ramp ramps the workers' momentum: it needs -lmom")
     if (fresh or conc) and (not local or lmom or dc or look or slr or own or cyc
                             or order != "turns"):
         raise SystemExit(f"{label}: -fresh and -conc emulate local steps in turns only "
@@ -149,6 +158,7 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
     keys = keys_of(len(x), k * batch)
     held = [shard.param.detach().clone() for _ in range(R)]     # each worker's fetched values
     bufs = [torch.zeros_like(flat) for _ in range(R)]           # "-lmom": each worker's momentum
+    carried = [0] * R                                           # "-ramp": its mini-batches so far
     meansq = torch.zeros_like(flat)                             # "-dc": running mean of g^2
     fetched = [0] * R                                           # the version each worker holds
     rng = np.random.default_rng(seed + 7)
@@ -184,7 +194,9 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
                         g = torch.cat([p.grad.reshape(-1) for p in params])
                         new = (g if before is None else g - before) / len(idx)
                         before = g
-                        bufs[w].mul_(worker_momentum).add_(new)
+                        bufs[w].mul_(ramped(worker_momentum, carried[w]) if ramp
+                                     else worker_momentum).add_(new)
+                        carried[w] += 1
                         cur = torch.nn.utils.parameters_to_vector(params)
                         cur.sub_(shard.lr_now(steps_per_epoch) * bufs[w])
                         torch.nn.utils.vector_to_parameters(cur, params)

@@ -13,7 +13,8 @@
 # ships-fresh (Boosting with fresh values mid-key and the cap against without, interleaved,
 # then over seeds), ships-step (Downpour's and Boosting's staleness rules "step" and
 # "momentum", interleaved), ships-halfway (Downpour's "halfway" and "momentum", interleaved),
-# ships-worker (Downpour's "worker" and "halfway", interleaved), ships-boosting-worker
+# ships-worker (Downpour's "worker" and "halfway", interleaved), ships-worker-seeds (one
+# process, Downpour's "worker" and "halfway" at seeds 1..3), ships-boosting-worker
 # (Boosting's "worker" and its default "momentum", interleaved), cnn-bn-worker (Downpour's
 # "worker" and "halfway" on the cnn-bn job, interleaved),
 # split (the split runs of hybrid and model-parallel again, their one-process references
@@ -249,6 +250,20 @@ if [ "$group" = ships-worker ]; then
   # Downpour on the ships job with staleness="worker" (the momentum kept at the workers)
   # against "halfway", seed 0 each (results/quality/ships-downpour-worker/, 2026-11-28).
   ships_rules downpour worker halfway
+fi
+if [ "$group" = ships-worker-seeds ]; then
+  # One process, Downpour's "worker" (the default since 2026-11-28 night: the ramped momentum
+  # at the workers, half the rate) and "halfway", interleaved, at train.seed 1..3
+  # (results/quality/ships-downpour-worker-ramp/, 2026-11-28 night).
+  for s in 1 2 3; do
+    run_named "ships-single-seed$s" jobs/segment_ships.py --config conf/jobs/ships.toml \
+        --set train.strategy=allreduce --set train.replicas=1 --set train.seed=$s
+    for rule in worker halfway; do
+      run_named "ships-downpour-$rule-seed$s" jobs/segment_ships.py \
+          --config conf/jobs/ships.toml --set train.replicas=2 --set train.seed=$s \
+          --set "train.strategy={'name': 'downpour', 'staleness': '$rule'}"
+    done
+  done
 fi
 if [ "$group" = ships-boosting-worker ]; then
   # Boosting on its ships job with staleness="worker" against its default ("momentum"),

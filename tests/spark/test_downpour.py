@@ -295,19 +295,27 @@ def test_downpour_argument_errors(spark):
 
 
 def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
-    """Two async replicas with momentum 0.9: "momentum" lowers the server's momentum by the
-    asynchrony's own, 0.9 - (1 - 1/2) = 0.4; "step" runs 1 - 2 x (1 - 0.9) = 0.8 on CPUs,
-    half the single process's effective step (the driver guesses device='auto' from this
-    machine: GPU workers overlap their pushes, a version more stale, and get a quarter: 0.6);
-    the default, "halfway", runs their mean, 0.6 on CPUs (0.5 on GPUs); "none" keeps 0.9;
-    sync rounds keep 0.9."""
+    """Two async replicas with momentum 0.9. The default, "worker": each worker carries the
+    momentum over its pushes and the server steps them plainly at half fit's rate.
+    "momentum" lowers the server's momentum by the asynchrony's own, 0.9 - (1 - 1/2) = 0.4;
+    "step" runs 1 - 2 x (1 - 0.9) = 0.8 on CPUs, half the single process's effective step
+    (the driver guesses device='auto' from this machine: GPU workers overlap their pushes, a
+    version more stale, and get a quarter: 0.6); "halfway" runs their mean, 0.6 on CPUs (0.5
+    on GPUs); "none" keeps 0.9; sync rounds keep 0.9."""
     x, y = data(32, seed=12)
     df = frame(spark, x, y, [16, 16])
     kw = dict(replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9, log=None)
     default = fit(df, small_fc, strategy="downpour", run_dir=tmp_path / "a", **kw)
     gpu = torch.cuda.is_available()
-    assert default.info["staleness"] == "halfway"
-    assert default.info["server_momentum"] == pytest.approx(0.5 if gpu else 0.6)
+    assert default.info["staleness"] == "worker"
+    assert (default.info["server_momentum"], default.info["worker_momentum"],
+            default.info["server_rate"], default.info["overlap"]) == (0.0, 0.9, 0.5, [gpu] * 2)
+    assert default.history[0]["lr"] == pytest.approx(0.05)
+    halfway = fit(df, small_fc, strategy=Downpour(staleness="halfway"),
+                  run_dir=tmp_path / "f", **kw)
+    assert halfway.info["server_momentum"] == pytest.approx(0.5 if gpu else 0.6)
+    assert (halfway.info["worker_momentum"], halfway.info["server_rate"]) == (0.0, 1.0)
+    assert halfway.history[0]["lr"] == pytest.approx(0.1)
     rule = fit(df, small_fc, strategy=Downpour(staleness="momentum"), run_dir=tmp_path / "e",
                **kw)
     assert rule.info["server_momentum"] == pytest.approx(0.4)
@@ -319,17 +327,10 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     assert plain.info["server_momentum"] == 0.9
     sync = fit(df, small_fc, strategy=Downpour(mode="sync"), run_dir=tmp_path / "c", **kw)
     assert sync.info["server_momentum"] == 0.9
-    # "worker": each worker carries the momentum over its pushes, the server steps plainly
-    # at fit's rate (up to 4 workers), and the pushes do not overlap by default
-    worker = fit(df, small_fc, strategy=Downpour(staleness="worker"), run_dir=tmp_path / "f",
-                 **kw)
-    assert (worker.info["server_momentum"], worker.info["worker_momentum"],
-            worker.info["server_rate"], worker.info["overlap"]) == (0.0, 0.9, 1.0, [False] * 2)
-    assert worker.history[0]["lr"] == pytest.approx(0.1)
-    assert (default.info["worker_momentum"], sync.info["worker_momentum"]) == (0.0, 0.0)
-    # each worker carried a buffer (the default's carry none)
-    assert all(r["velocity_norm"] > 0 for r in worker.info["workers"])
-    assert all(r["velocity_norm"] is None for r in default.info["workers"])
+    assert sync.info["worker_momentum"] == 0.0
+    # each default worker carried a buffer ("halfway"'s carry none)
+    assert all(r["velocity_norm"] > 0 for r in default.info["workers"])
+    assert all(r["velocity_norm"] is None for r in halfway.info["workers"])
     # the returned model averages the server's values over 0.1 epoch by default in async
     # mode (with one worker too, since 2026-11-28), never in sync rounds
     assert (default.info["average"], plain.info["average"], sync.info["average"]) == \

@@ -668,15 +668,37 @@ def test_a_resumed_server_runs_its_own_momentum_with_the_saved_buffer():
     torch.testing.assert_close(plain.param.detach(), torch.full((5,), -0.1))
 
 
-def test_the_worker_rules_rate_falls_as_one_over_the_replicas_from_4():
+def test_the_worker_rules_rate_is_half_then_falls_as_one_over_the_replicas_from_8():
     from types import SimpleNamespace
 
     from spark_dl.strategies.downpour.driver import _schedule, worker_rate
-    assert [worker_rate(r) for r in (2, 4, 8, 16)] == [1.0, 1.0, 0.5, 0.25]
+    assert [worker_rate(r) for r in (2, 4, 8, 16, 32)] == [0.5, 0.5, 0.5, 0.25, 0.125]
     job = SimpleNamespace(train={"lr": 0.02, "lr_scaling": "linear", "warmup_epochs": "auto",
                                  "lr_decay": 0.5}, stage={"epochs": 3})
-    schedule = _schedule(job, 8, "async", worker_rate(8))
-    assert schedule.at(0.0) == pytest.approx(0.01) and schedule.at(1.0) == pytest.approx(0.005)
+    schedule = _schedule(job, 16, "async", worker_rate(16))
+    assert schedule.at(0.0) == pytest.approx(0.005) and schedule.at(1.0) == pytest.approx(0.0025)
+
+
+def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():
+    """Staleness rule "worker": the momentum a worker carries grows linearly from 0 over its
+    first MOMENTUM_RAMP mini-batches (its first push a plain gradient), then stays fit's;
+    carried through carry_momentum, the buffer is torch's SGD buffer under that schedule."""
+    from spark_dl.strategies.downpour.exchange import MOMENTUM_RAMP, carry_momentum, ramped
+    assert ramped(0.9, 0) == 0.0
+    assert ramped(0.9, MOMENTUM_RAMP // 2) == pytest.approx(0.45)
+    assert ramped(0.9, MOMENTUM_RAMP) == ramped(0.9, 10 * MOMENTUM_RAMP) == 0.9
+    assert ramped(0.0, MOMENTUM_RAMP) == 0.0
+    velocity, expected, carried = torch.zeros(4), torch.zeros(4), 0
+    for i in range(MOMENTUM_RAMP // 4 + 3):             # pushes of 4 mini-batches of 8 rows
+        mean = torch.full((4,), float(i + 1))
+        pushed = mean * 32
+        m = ramped(0.9, carried)
+        carry_momentum(velocity, pushed, 32, m)
+        expected = m * expected + mean
+        carried += 4
+        torch.testing.assert_close(velocity, expected)
+        torch.testing.assert_close(pushed, expected * 32)
+    assert m == 0.9 and carried > MOMENTUM_RAMP
 
 
 @pytest.mark.parametrize("n", [10, 1 << 20])

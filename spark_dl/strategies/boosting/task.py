@@ -154,7 +154,7 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
 
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
     from spark_dl.data.memory import memory_headroom
-    from spark_dl.strategies.downpour.exchange import carry_momentum, flat_parameters
+    from spark_dl.strategies.downpour.exchange import carry_momentum, flat_parameters, ramped
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
     from spark_dl.transport.ps.buffers import read_buffers, spec_numel
@@ -188,6 +188,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             moved = torch.empty_like(grad)      # the key's local steps so far, summed
     # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
     velocity = torch.zeros_like(grad) if cfg.worker_momentum else None
+    carried = 0                                 # mini-batches in the buffer's pushes so far
     buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
                           if dtype == torch.float64 else torch.float32) if cfg.buffers else None
     files = _Files(memory_headroom() // 4)       # decoded row groups kept in a quarter of it
@@ -237,7 +238,9 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             if not scaler.unscale(grad):             # fp16 overflow: an empty push
                 grad.zero_()
             elif velocity is not None and samples:
-                carry_momentum(velocity, grad, int(samples), cfg.worker_momentum)
+                carry_momentum(velocity, grad, int(samples),
+                               ramped(cfg.worker_momentum, carried))
+                carried += steps
             out = grad if grad.device.type == "cpu" else grad.cpu()
             client.push(out, int(samples), max(steps, 1), pull_into=wire,
                         buffers=None if buffers is None else

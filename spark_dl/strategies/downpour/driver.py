@@ -48,29 +48,30 @@ class Downpour(Strategy):
     more step of staleness, no waiting for the round trip (default None: on for workers on a
     GPU, where the host is otherwise idle while the GPU computes; off on CPUs, where the round
     trip takes the cores the step needs, with partitions > 1, and where it diverges, below).
-    staleness (async): how the server allows for stale pushes: "momentum": fit's
-    ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/replicas (0.4 for 2
-    replicas at 0.9); "step": its momentum m' makes its effective step lr / (1 - m') the single
-    process's lr / (1 - momentum) divided by the replicas R (2R when the pushes overlap), not
-    below momentum 0: R workers pushing in turn land each push about R - 1 versions late, and
-    the effective step that stays stable falls about as 1 / (tau + 1) with a delay of tau (0.8
-    for 2 replicas at momentum 0.9, 0 from 10); "halfway" (default): the mean of the two
-    (0.6 for 2 replicas at 0.9, 0.375 for 4, 0 from 10). On the thesis CNN "step" reaches 98%
-    in half the time of "momentum", but the ships U-Net ends at IoU 0.84 in 2 runs of 3 with
-    it where "momentum" keeps 0.97; "halfway" kept 0.97 there and reached 98% on the CNN in
-    every seed, sooner than "momentum" (docs/guides/downpour.md, "Staleness rule"). "lr": a
-    push computed tau >= 2 versions ago steps lr / tau; "lr+momentum": both; "none": every
-    push a plain step. "worker": SGD's momentum moves to the workers: each keeps fit's
-    ``momentum`` over its own pushes (a buffer of its mean gradients, as torch's SGD keeps
-    one) and pushes that, which the server steps without momentum of its own, at fit's rate
-    up to 4 replicas and at 4 / replicas of it from there (a push lands about replicas - 1
-    versions late, and a full momentum step that late runs away: worker_rate). A worker's
-    buffer starts empty in every task attempt (a retried or resumed task); server optimizers
-    other than SGD keep their state on the server (the rule moves nothing there); overlap
-    stays off by default with it (overlap=True: the rate of twice the replicas, each push a
-    version more late); the server's clip cuts the pushed buffer's step, not the buffer.
-    Faster than "halfway" on the thesis CNN at lr 0.02 (2 to 8 replicas); slower at lr 0.05,
-    no gain with BatchNorm, far lower on the ships U-Net (docs/guides/downpour.md).
+    staleness (async): how the replicas allow for stale pushes. "worker" (default since
+    2026-11-28 night): SGD's momentum moves to the workers: each keeps fit's ``momentum`` over
+    its own pushes (a buffer of its mean gradients, as torch's SGD keeps one; the momentum
+    grows from 0 over its first MOMENTUM_RAMP = 50 mini-batches, whose large early gradients
+    would otherwise be carried, late, for ten pushes each) and pushes that, which the server
+    steps without momentum of its own, at half fit's rate up to 8 replicas and at 4 / replicas
+    of it from there (a push lands about replicas - 1 versions late: worker_rate; overlapped
+    pushes take the rate of twice the replicas). On 2 CPU workers of the thesis CNN it reached
+    98% in 0.69-0.76x one worker's time where "halfway" took 0.93-1.05x, as soon at lr 0.05,
+    and on the ships U-Net it ends where one process does (IoU about 0.95) where "halfway"
+    ends about 0.015 above (docs/guides/downpour.md, "Staleness rule"). A worker's buffer
+    starts empty in every task attempt (a retried or resumed task); server optimizers other
+    than SGD keep their state on the server (the rule moves nothing there, and their rates
+    stay fit's); the server's clip cuts the pushed buffer's step, not the buffer. The rules
+    that keep the momentum on the server: "momentum": fit's ``momentum`` lowered by the
+    momentum asynchrony adds of itself, 1 - 1/replicas (0.4 for 2 replicas at 0.9); "step":
+    its momentum m' makes its effective step lr / (1 - m') the single process's lr / (1 -
+    momentum) divided by the replicas R (2R when the pushes overlap), not below momentum 0: R
+    workers pushing in turn land each push about R - 1 versions late, and the effective step
+    that stays stable falls about as 1 / (tau + 1) with a delay of tau (0.8 for 2 replicas at
+    momentum 0.9, 0 from 10); "halfway" (the default until "worker"): the mean of the two
+    (0.6 for 2 replicas at 0.9, 0.375 for 4, 0 from 10), the best of them on the ships U-Net
+    and the thesis CNN together; "lr": a push computed tau >= 2 versions ago steps lr / tau;
+    "lr+momentum": both; "none": every push a plain step.
     average (async): the model validated and returned is the server's moving average over this
     fraction of an epoch (its mini-batch steps, whatever n_push; default 0.1, as AllReduce's
     and Gossip's ``average``);
@@ -103,7 +104,7 @@ class Downpour(Strategy):
     amp: str | None = None
     max_staleness: int | None = None
     overlap: bool | None = None
-    staleness: str = "halfway"
+    staleness: str = "worker"
     average: float | None = None
     clip: float | None = None
     partitions: int | str = 1
@@ -201,8 +202,8 @@ class Downpour(Strategy):
                 f"overlap=True with staleness={self.staleness!r} and server momentum "
                 f"{momentum} over {replicas} replicas diverges (in 2 of 3 benchmark runs to "
                 f"chance): every push is one step more stale, and the server's momentum adds "
-                f"to the momentum the asynchrony makes; use staleness='halfway' (the "
-                f"default), 'momentum', 'step' or 'lr+momentum'")
+                f"to the momentum the asynchrony makes; use staleness='worker' (the "
+                f"default), 'halfway', 'momentum', 'step' or 'lr+momentum'")
         if partitions > 1 and replicas * partitions > job.slots:
             raise ResourceError(
                 f"replicas={replicas} x partitions={partitions} = {replicas * partitions} "
@@ -245,13 +246,13 @@ class Downpour(Strategy):
         overlap = self.overlap          # None: the task turns it on if it runs on a GPU
         worker_momentum = _worker_momentum(momentum, replicas, mode, staleness,
                                            server_optimizer)
-        if overlap is None and (mode != "async" or partitions != 1 or worker_momentum or
+        if overlap is None and (mode != "async" or partitions != 1 or
                                 self._overlap_diverges(job, replicas)):
             overlap = False
-        # overlap=True: each push a version more late, the rate of twice the replicas
-        rate = worker_rate(replicas * (2 if overlap else 1)) if worker_momentum else 1.0
-        server_momentum = _server_momentum(momentum, replicas, mode, staleness,
-                                           self._on_gpus(job) if overlap is None else overlap)
+        overlapped = self._on_gpus(job) if overlap is None else overlap
+        # overlapped pushes: each a version more late, the rate of twice the replicas
+        rate = worker_rate(replicas * (2 if overlapped else 1)) if worker_momentum else 1.0
+        server_momentum = _server_momentum(momentum, replicas, mode, staleness, overlapped)
         clip = server_clip(self.clip, replicas, mode)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
@@ -547,12 +548,14 @@ def server_clip(clip: float | None, replicas: int, mode: str) -> float | None:
 
 
 def worker_rate(replicas: int) -> float:
-    """Staleness rule "worker": the server's rate as a multiple of fit's, min(1, 4 / R) for R
-    replicas. Measured in a one-process simulation of R workers pushing in turn (the thesis
-    CNN, lr 0.02, momentum 0.9 at the workers; docs/guides/downpour.md, "Staleness rule"):
-    the full rate was best at 2 and 4, half of it at 8, a quarter at 16 (where the full rate
-    fell to chance)."""
-    return min(1.0, 4.0 / replicas)
+    """Staleness rule "worker": the server's rate as a multiple of fit's, min(1/2, 4 / R) for
+    R replicas (docs/guides/downpour.md, "Staleness rule"). A one-process simulation of R
+    workers pushing in turn (the thesis CNN, lr 0.02, momentum 0.9 at the workers) found half
+    the rate best at 8 and a quarter at 16, where the full rate fell to chance. At 2 the full
+    rate was a little faster at lr 0.02 but did not reach 98% at lr 0.05 in 2 seeds of 3
+    (half of it: 0.5-0.75 epochs); at 4 it missed 98% in a seed of 3 where half of it did
+    not."""
+    return min(0.5, 4.0 / replicas)
 
 
 def _worker_momentum(momentum: float, replicas: int, mode: str, staleness: str,

@@ -33,7 +33,7 @@ from spark_dl.runtime.stage import (
     write_task_info,
 )
 
-from .exchange import Exchange, carry_momentum, flat_parameters
+from .exchange import Exchange, carry_momentum, flat_parameters, ramped
 
 __all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
@@ -317,6 +317,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
     # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
     velocity = torch.zeros_like(grad) if cfg.worker_momentum else None
+    carried = 0                                   # mini-batches in the buffer's pushes so far
     thesis = comm is not None and cfg.model_parallel == "thesis"
     master = part == 0                            # the thesis algorithm's master
     rows_total = len(shard) if comm is None else None
@@ -371,7 +372,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 if cfg.mode != "sync":
                     acc_steps, due = 0, False
             if due and velocity is not None and acc_samples:
-                carry_momentum(velocity, grad, acc_samples, cfg.worker_momentum)
+                carry_momentum(velocity, grad, acc_samples, ramped(cfg.worker_momentum, carried))
+                carried += acc_steps
             if exchange is not None and due:
                 for s in exchange.wait():         # the previous push's reply: the
                     staleness[s] += 1             # parameters after it, into the model
