@@ -33,8 +33,10 @@
 # (2026-11-28 night, scaling-16-2026-11-28-worker.json; SCALING_REPLICAS sets the counts):
 #   TOTAL=560 SCALING_REPLICAS=1,4,8,16 SCALING_STRATEGIES=downpour,downpour+worker \
 #     SCALING_REPEATS=3 SCALING_EPOCHS=3 SCALING_S=530 bash benchmarks/gpu_session.sh "$OUT"
-# Next on 16 cores: Downpour's "lr" rule with the event loop (never measured there since the
-# server stopped capping the rate), SCALING_STRATEGIES=downpour,downpour+lr.
+# (then "downpour" was "halfway"; since later that night "worker", ramped, at half the rate,
+# is the default.) Next on 16 cores: the new default against "halfway" and "lr" at 1, 4, 8 and
+# 16 replicas, SCALING_STRATEGIES=downpour,downpour+halfway,downpour+lr (the "lr" rule was
+# never measured there since the server stopped capping the rate).
 set -u
 O=$1
 t0=$(date +%s)

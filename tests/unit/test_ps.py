@@ -701,6 +701,16 @@ def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():
     assert m == 0.9 and carried > MOMENTUM_RAMP
 
 
+def test_a_short_fits_ramp_is_a_tenth_of_it():
+    """The ramp takes MOMENTUM_RAMP mini-batches, or a tenth of a worker's fit where that is
+    shorter (a fit of 24 mini-batches ramps over 2), at least 1; ramped follows its length."""
+    from spark_dl.strategies.downpour.exchange import MOMENTUM_RAMP, ramp_length, ramped
+    assert ramp_length(3000) == ramp_length(10 * MOMENTUM_RAMP) == MOMENTUM_RAMP
+    assert ramp_length(24) == 2 and ramp_length(5) == ramp_length(0) == 1
+    assert ramp_length(123.9) == 12
+    assert [ramped(0.9, b, 2) for b in (0, 1, 2, 3)] == [0.0, 0.45, 0.9, 0.9]
+
+
 @pytest.mark.parametrize("n", [10, 1 << 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_the_nan_check_of_small_and_large_pushes(n, dtype):

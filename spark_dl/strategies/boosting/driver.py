@@ -129,6 +129,7 @@ class Boosting(Strategy):
             server_clip,
             worker_rate,
         )
+        from ..downpour.exchange import ramp_length
         from .keys import KeyScheduler
         workers = job.replicas
         momentum, lr = job.train["momentum"], job.train["lr"]
@@ -243,6 +244,9 @@ class Boosting(Strategy):
                                    buffers=layout.buffer_spec,
                                    local=schedule if local else None, fresh=fresh,
                                    worker_momentum=worker_momentum,
+                                   momentum_ramp=ramp_length(
+                                       sum(hi - lo for _, lo, hi in keys) * stage["epochs"]
+                                       / stage["batch_size"] / workers),
                                    wire_dtype="float64" if stage["dtype"] == "float64" else
                                    "bfloat16" if self.amp else "float32")
         task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret.encode(), ps.address,

@@ -48,6 +48,7 @@ class BoostingConfig(StageConfig):
     fresh: bool = False                # before each mini-batch, the server's newer values
     #                                    less the key's local steps so far (see _work)
     worker_momentum: float = 0.0       # staleness "worker": SGD's momentum kept here
+    momentum_ramp: int = 50            # ... ramped up over this many mini-batches
 
 
 def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
@@ -239,7 +240,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 grad.zero_()
             elif velocity is not None and samples:
                 carry_momentum(velocity, grad, int(samples),
-                               ramped(cfg.worker_momentum, carried))
+                               ramped(cfg.worker_momentum, carried, cfg.momentum_ramp))
                 carried += steps
             out = grad if grad.device.type == "cpu" else grad.cpu()
             client.push(out, int(samples), max(steps, 1), pull_into=wire,

@@ -13,13 +13,14 @@ import threading
 
 import torch
 
-__all__ = ["MOMENTUM_RAMP", "Exchange", "carry_momentum", "flat_parameters", "ramped"]
+__all__ = ["MOMENTUM_RAMP", "Exchange", "carry_momentum", "flat_parameters", "ramp_length",
+           "ramped"]
 
 # staleness "worker": a worker's momentum grows from 0 to fit's over its first this many
-# mini-batches (docs/guides/downpour.md, "Staleness rule": without the ramp the first pushes'
-# large gradients, carried for ~1 / (1 - momentum) pushes each and landing late, set the
-# ships U-Net's normalized convolutions' weights 2.5x their scale, and it ended at IoU
-# 0.69-0.87; with it, where one process does)
+# mini-batches, at most a tenth of its fit (docs/guides/downpour.md, "Staleness rule":
+# without the ramp the first pushes' large gradients, carried for ~1 / (1 - momentum) pushes
+# each and landing late, blew up the ships U-Net's normalized convolutions' weights, and it
+# ended at IoU 0.78-0.88; with it, where one process does)
 MOMENTUM_RAMP = 50
 
 
@@ -129,10 +130,17 @@ def flat_parameters(model: torch.nn.Module, numel: int, device, dtype
     return flat, grad
 
 
-def ramped(momentum: float, batches: int) -> float:
+def ramp_length(total: float) -> int:
+    """The ramp of a worker that trains ``total`` mini-batches in its fit: MOMENTUM_RAMP, or
+    a tenth of them where that is shorter (a short fit would otherwise spend itself
+    ramping), at least 1."""
+    return max(1, min(MOMENTUM_RAMP, int(total) // 10))
+
+
+def ramped(momentum: float, batches: int, ramp: int = MOMENTUM_RAMP) -> float:
     """The momentum a worker carries after ``batches`` mini-batches of its own: ``momentum``
-    x batches / MOMENTUM_RAMP up to MOMENTUM_RAMP, then ``momentum``."""
-    return momentum * min(1.0, batches / MOMENTUM_RAMP)
+    x batches / ``ramp`` up to ``ramp``, then ``momentum``."""
+    return momentum * min(1.0, batches / ramp)
 
 
 def carry_momentum(velocity: torch.Tensor, grad: torch.Tensor, samples: int,

@@ -33,7 +33,7 @@ from spark_dl.runtime.stage import (
     write_task_info,
 )
 
-from .exchange import Exchange, carry_momentum, flat_parameters, ramped
+from .exchange import Exchange, carry_momentum, flat_parameters, ramp_length, ramped
 
 __all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
@@ -318,6 +318,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
     velocity = torch.zeros_like(grad) if cfg.worker_momentum else None
     carried = 0                                   # mini-batches in the buffer's pushes so far
+    ramp = ramp_length(steps * cfg.epochs)        # the momentum's ramp over them
     thesis = comm is not None and cfg.model_parallel == "thesis"
     master = part == 0                            # the thesis algorithm's master
     rows_total = len(shard) if comm is None else None
@@ -372,7 +373,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 if cfg.mode != "sync":
                     acc_steps, due = 0, False
             if due and velocity is not None and acc_samples:
-                carry_momentum(velocity, grad, acc_samples, ramped(cfg.worker_momentum, carried))
+                carry_momentum(velocity, grad, acc_samples, ramped(cfg.worker_momentum, carried,
+                                                                     ramp))
                 carried += acc_steps
             if exchange is not None and due:
                 for s in exchange.wait():         # the previous push's reply: the
