@@ -8,9 +8,11 @@ of --repeats runs:
   plain-1t            single-process loop, 1 thread (the calibration)
   allreduce           spark_dl.fit(strategy="allreduce")
   downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.9 as the
-                      others, the defaults: staleness rule "halfway" (since 2026-11-28;
-                      the server runs 0.6, the mean of the "step" rule's 0.8 and the
-                      "momentum" rule's 0.4; runs before then had "momentum" here) and
+                      others, the defaults: staleness rule "worker" since the night of
+                      2026-11-28 (the momentum at the workers, ramped, the server at
+                      half the rate; runs from 2026-11-28 until then had "halfway", the
+                      server at 0.6, the mean of the "step" rule's 0.8 and the "momentum"
+                      rule's 0.4; runs before then had "momentum" here) and
                       average=0.1 (the model returned and validated is the server's
                       moving average over a tenth of an epoch), and clip=2 (a push's step at
                       most twice the running gradient norm; since 2026-11-27)
@@ -26,7 +28,9 @@ of --repeats runs:
   downpour-1-1-lrmom  staleness="lr+momentum": also lr / tau for pushes tau >= 2 versions old
   downpour-1-1-ovl    as downpour-1-1 with overlap=True: the push of step t travels while step
                       t+1 computes (one more step of staleness, no waiting)
-  downpour-4-4        async, n_fetch = n_push = 4, lr / 4
+  downpour-4-4        async, n_fetch = n_push = 4, lr / 4 (with the default rule since the
+                      night of 2026-11-28, "worker": its buffer decays once a push of 4;
+                      not run since)
   downpour-sync       the synchronous parameter server
   elephas-epoch       Elephas 7.3, asynchronous mode, frequency "epoch" (its default)
   elephas-batch       Elephas 7.3, asynchronous mode, frequency "batch" (Downpour-like)

@@ -241,8 +241,8 @@ ships_rules() {                   # STRATEGY RULE...: 2 workers, the rules inter
   done
 }
 if [ "$group" = ships-halfway ]; then
-  # Downpour on the ships job with staleness="halfway" (the default since 2026-11-28)
-  # against "momentum", seed 0 each. The runs of 2026-11-28 (results/downpour-halfway/)
+  # Downpour on the ships job with staleness="halfway" (the default from 2026-11-28 until
+  # "worker" that night) against "momentum", seed 0 each. The runs of 2026-11-28 (results/downpour-halfway/)
   # forced the same server momenta by a scratch switch (0.6 and 0.4 at 2 workers).
   ships_rules downpour halfway momentum
 fi

@@ -111,6 +111,8 @@ def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path):
     assert (res.info["server_momentum"], res.info["worker_momentum"],
             res.info["server_rate"]) == (0.0, 0.5, 0.5)
     assert all(r["velocity_norm"] > 0 for r in res.info["workers"] if r["keys"])
+    # the momentum's ramp: a tenth of a worker's 320 x 3 / 8 / 2 = 60 mini-batches
+    assert all(r["momentum_ramp"] == 6 for r in res.info["workers"])
     assert res.history[-1]["val_accuracy"] > 0.6
 
 

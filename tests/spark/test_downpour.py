@@ -328,9 +328,12 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     sync = fit(df, small_fc, strategy=Downpour(mode="sync"), run_dir=tmp_path / "c", **kw)
     assert sync.info["server_momentum"] == 0.9
     assert sync.info["worker_momentum"] == 0.0
-    # each default worker carried a buffer ("halfway"'s carry none)
-    assert all(r["velocity_norm"] > 0 for r in default.info["workers"])
-    assert all(r["velocity_norm"] is None for r in halfway.info["workers"])
+    # each default worker carried a buffer ("halfway"'s carry none), its momentum ramped over
+    # a tenth of its 2 mini-batches, at least 1
+    assert all(r["velocity_norm"] > 0 and r["momentum_ramp"] == 1
+               for r in default.info["workers"])
+    assert all(r["velocity_norm"] is None and r["momentum_ramp"] is None
+               for r in halfway.info["workers"])
     # the returned model averages the server's values over 0.1 epoch by default in async
     # mode (with one worker too, since 2026-11-28), never in sync rounds
     assert (default.info["average"], plain.info["average"], sync.info["average"]) == \

@@ -291,8 +291,8 @@ def test_staleness_aware_server_steps_lr_over_tau(server, staleness_lr):
 def test_the_staleness_rules_set_the_server_momentum():
     """"step": the server's effective step lr / (1 - m) is the single process's divided by R,
     2R when the pushes overlap, not below momentum 0; "momentum": lowered by 1 - 1/R;
-    "halfway" (the default): the mean of those two; "lr" and "none" keep it; one worker, sync
-    and sequential keep it."""
+    "halfway" (the default until "worker"): the mean of those two; "lr" and "none" keep it;
+    one worker, sync and sequential keep it."""
     from spark_dl.strategies.downpour.driver import _server_momentum
     step = [_server_momentum(0.9, r, "async", "step") for r in (1, 2, 4, 8, 10, 16)]
     assert step == pytest.approx([0.9, 0.8, 0.6, 0.2, 0.0, 0.0])
@@ -677,6 +677,13 @@ def test_the_worker_rules_rate_is_half_then_falls_as_one_over_the_replicas_from_
                                  "lr_decay": 0.5}, stage={"epochs": 3})
     schedule = _schedule(job, 16, "async", worker_rate(16))
     assert schedule.at(0.0) == pytest.approx(0.005) and schedule.at(1.0) == pytest.approx(0.0025)
+
+
+def test_overlapped_pushes_take_the_worker_rules_rate_of_twice_the_replicas():
+    from spark_dl.strategies.downpour.driver import _worker_rule_rate
+    assert [_worker_rule_rate(0.9, 8, o) for o in (False, True)] == [0.5, 0.25]
+    assert [_worker_rule_rate(0.9, 2, o) for o in (False, True)] == [0.5, 0.5]
+    assert _worker_rule_rate(0.0, 8, True) == 1.0             # nothing carried: fit's rate
 
 
 def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():

@@ -262,6 +262,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     progress.close()
     return {"worker": rank, "device": str(device), "note": note, "keys": trained,
             "velocity_norm": None if velocity is None else float(velocity.norm()),
+            "momentum_ramp": cfg.momentum_ramp if velocity is not None else None,
             "rows": rows, "pushes": pushes, "rebased": rebased,
             "fresh_asks": client.newer_asks, "waited_s": waited,
             "amp_skipped_pushes": scaler.skipped, "row_groups_decoded": files.decoded,

@@ -250,8 +250,9 @@ class Downpour(Strategy):
                                 self._overlap_diverges(job, replicas)):
             overlap = False
         overlapped = self._on_gpus(job) if overlap is None else overlap
-        # overlapped pushes: each a version more late, the rate of twice the replicas
-        rate = worker_rate(replicas * (2 if overlapped else 1)) if worker_momentum else 1.0
+        if overlap is None and worker_momentum:
+            overlap = overlapped      # the tasks overlap as the server's rate assumes
+        rate = _worker_rule_rate(worker_momentum, replicas, overlapped)
         server_momentum = _server_momentum(momentum, replicas, mode, staleness, overlapped)
         clip = server_clip(self.clip, replicas, mode)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
@@ -556,6 +557,13 @@ def worker_rate(replicas: int) -> float:
     (half of it: 0.5-0.75 epochs); at 4 it missed 98% in a seed of 3 where half of it did
     not."""
     return min(0.5, 4.0 / replicas)
+
+
+def _worker_rule_rate(worker_momentum: float, replicas: int, overlapped: bool) -> float:
+    """The server's rate as a multiple of fit's: worker_rate where the workers carry the
+    momentum (of twice the replicas where the pushes overlap the next step, each a version
+    more late), else 1."""
+    return worker_rate(replicas * (2 if overlapped else 1)) if worker_momentum else 1.0
 
 
 def _worker_momentum(momentum: float, replicas: int, mode: str, staleness: str,

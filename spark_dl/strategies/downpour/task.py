@@ -432,6 +432,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
               "overlap": overlap,
               # staleness "worker": the momentum buffer this worker carried, its norm at the end
               "velocity_norm": None if velocity is None else float(velocity.norm()),
+              "momentum_ramp": ramp if velocity is not None else None,
               "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}
               if resume_epoch or resume_step else None,
               "staleness": {str(k): v for k, v in sorted(staleness.items())},
