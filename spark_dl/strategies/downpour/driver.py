@@ -55,8 +55,9 @@ class Downpour(Strategy):
     the first large gradients would otherwise be carried, late, for ten pushes each) and
     pushes that, which the server steps without momentum of its own, at half fit's rate up to
     8 replicas and at 4 / replicas of it from there (a push lands about replicas - 1 versions
-    late: worker_rate; overlapped pushes take the rate of twice the replicas). On 2 CPU workers of the thesis CNN it reached
-    98% in 0.69-0.76x one worker's time where "halfway" took 0.93-1.05x, as soon at lr 0.05,
+    late: worker_rate; overlapped pushes take the rate of twice the replicas). On 2 CPU
+    workers of the thesis CNN it reached 98% in 0.69-0.85x one worker's time where "halfway"
+    took 0.93-1.10x, as soon at lr 0.05,
     and on the ships U-Net it ends where one process does (IoU about 0.95) where "halfway"
     ends about 0.015 above (docs/guides/downpour.md, "Staleness rule"). A worker's buffer
     starts empty in every task attempt (a retried or resumed task); server optimizers other
