@@ -126,8 +126,8 @@ class Boosting(Strategy):
             _server_momentum,
             _server_optimizer,
             _worker_momentum,
+            _worker_rule_rate,
             server_clip,
-            worker_rate,
         )
         from ..downpour.exchange import ramp_length
         from .keys import KeyScheduler
@@ -139,7 +139,7 @@ class Boosting(Strategy):
         server_momentum = _server_momentum(momentum, workers, "async", self.staleness)
         worker_momentum = _worker_momentum(momentum, workers, "async", self.staleness,
                                            server_optimizer)
-        rate = worker_rate(workers) if worker_momentum else 1.0
+        rate = _worker_rule_rate(worker_momentum, workers, False)   # pushes never overlap
         average = _server_average(self.average, workers, "async")
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": job.train["lr_decay"], "momentum": momentum,

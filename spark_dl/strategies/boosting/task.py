@@ -30,6 +30,7 @@ from spark_dl.runtime.stage import (
     read_shard,
     write_task_info,
 )
+from spark_dl.strategies.downpour.exchange import MOMENTUM_RAMP
 
 __all__ = ["RESULT_SCHEMA", "BoostingConfig", "make_task", "read_key", "rebase"]
 
@@ -48,7 +49,7 @@ class BoostingConfig(StageConfig):
     fresh: bool = False                # before each mini-batch, the server's newer values
     #                                    less the key's local steps so far (see _work)
     worker_momentum: float = 0.0       # staleness "worker": SGD's momentum kept here
-    momentum_ramp: int = 50            # ... ramped up over this many mini-batches
+    momentum_ramp: int = MOMENTUM_RAMP  # ... ramped up over this many mini-batches
 
 
 def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
@@ -155,7 +156,11 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
 
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
     from spark_dl.data.memory import memory_headroom
-    from spark_dl.strategies.downpour.exchange import carry_momentum, flat_parameters, ramped
+    from spark_dl.strategies.downpour.exchange import (
+        CarriedMomentum,
+        carried_report,
+        flat_parameters,
+    )
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
     from spark_dl.transport.ps.buffers import read_buffers, spec_numel
@@ -188,8 +193,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
         if cfg.fresh:
             moved = torch.empty_like(grad)      # the key's local steps so far, summed
     # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
-    velocity = torch.zeros_like(grad) if cfg.worker_momentum else None
-    carried = 0                                 # mini-batches in the buffer's pushes so far
+    carrier = CarriedMomentum(grad, cfg.worker_momentum, cfg.momentum_ramp) \
+        if cfg.worker_momentum else None
     buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
                           if dtype == torch.float64 else torch.float32) if cfg.buffers else None
     files = _Files(memory_headroom() // 4)       # decoded row groups kept in a quarter of it
@@ -238,10 +243,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             shard.close()
             if not scaler.unscale(grad):             # fp16 overflow: an empty push
                 grad.zero_()
-            elif velocity is not None and samples:
-                carry_momentum(velocity, grad, int(samples),
-                               ramped(cfg.worker_momentum, carried, cfg.momentum_ramp))
-                carried += steps
+            elif carrier is not None and samples:
+                carrier.carry(grad, int(samples), steps)
             out = grad if grad.device.type == "cpu" else grad.cpu()
             client.push(out, int(samples), max(steps, 1), pull_into=wire,
                         buffers=None if buffers is None else
@@ -261,8 +264,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     client.close()
     progress.close()
     return {"worker": rank, "device": str(device), "note": note, "keys": trained,
-            "velocity_norm": None if velocity is None else float(velocity.norm()),
-            "momentum_ramp": cfg.momentum_ramp if velocity is not None else None,
+            **carried_report(carrier),
             "rows": rows, "pushes": pushes, "rebased": rebased,
             "fresh_asks": client.newer_asks, "waited_s": waited,
             "amp_skipped_pushes": scaler.skipped, "row_groups_decoded": files.decoded,

@@ -13,8 +13,16 @@ import threading
 
 import torch
 
-__all__ = ["MOMENTUM_RAMP", "Exchange", "carry_momentum", "flat_parameters", "ramp_length",
-           "ramped"]
+__all__ = [
+    "MOMENTUM_RAMP",
+    "CarriedMomentum",
+    "Exchange",
+    "carried_report",
+    "carry_momentum",
+    "flat_parameters",
+    "ramp_length",
+    "ramped",
+]
 
 # staleness "worker": a worker's momentum grows from 0 to fit's over its first this many
 # mini-batches, at most a tenth of its fit (docs/guides/downpour.md, "Staleness rule":
@@ -152,3 +160,28 @@ def carry_momentum(velocity: torch.Tensor, grad: torch.Tensor, samples: int,
     step."""
     velocity.mul_(momentum).add_(grad, alpha=1.0 / samples)
     torch.mul(velocity, samples, out=grad)
+
+
+class CarriedMomentum:
+    """Staleness rule "worker": a worker's momentum buffer over its pushes' mean gradients,
+    shaped like ``like`` and empty at first, its momentum ramped from 0 to ``momentum`` over
+    its first ``ramp`` mini-batches (ramp_length)."""
+
+    def __init__(self, like: torch.Tensor, momentum: float, ramp: int):
+        self.velocity = torch.zeros_like(like)
+        self.momentum, self.ramp, self.carried = momentum, ramp, 0
+
+    def carry(self, grad: torch.Tensor, samples: int, batches: int) -> None:
+        """A push of ``batches`` mini-batches (``samples`` rows, their gradient sum ``grad``)
+        into the buffer; ``grad`` becomes what the server steps (carry_momentum)."""
+        carry_momentum(self.velocity, grad, samples,
+                       ramped(self.momentum, self.carried, self.ramp))
+        self.carried += batches
+
+
+def carried_report(carrier: CarriedMomentum | None) -> dict:
+    """A worker's report of its buffer: its norm at the end and its ramp (None: it carried
+    none)."""
+    if carrier is None:
+        return {"velocity_norm": None, "momentum_ramp": None}
+    return {"velocity_norm": float(carrier.velocity.norm()), "momentum_ramp": carrier.ramp}

@@ -33,7 +33,7 @@ from spark_dl.runtime.stage import (
     write_task_info,
 )
 
-from .exchange import Exchange, carry_momentum, flat_parameters, ramp_length, ramped
+from .exchange import CarriedMomentum, Exchange, carried_report, flat_parameters, ramp_length
 
 __all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
@@ -316,9 +316,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
     # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
-    velocity = torch.zeros_like(grad) if cfg.worker_momentum else None
-    carried = 0                                   # mini-batches in the buffer's pushes so far
-    ramp = ramp_length(steps * cfg.epochs)        # the momentum's ramp over them
+    carrier = CarriedMomentum(grad, cfg.worker_momentum, ramp_length(steps * cfg.epochs)) \
+        if cfg.worker_momentum else None
     thesis = comm is not None and cfg.model_parallel == "thesis"
     master = part == 0                            # the thesis algorithm's master
     rows_total = len(shard) if comm is None else None
@@ -372,10 +371,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 acc_samples = 0                   # (a sync round still gets its empty push)
                 if cfg.mode != "sync":
                     acc_steps, due = 0, False
-            if due and velocity is not None and acc_samples:
-                carry_momentum(velocity, grad, acc_samples, ramped(cfg.worker_momentum, carried,
-                                                                     ramp))
-                carried += acc_steps
+            if due and carrier is not None and acc_samples:
+                carrier.carry(grad, acc_samples, acc_steps)
             if exchange is not None and due:
                 for s in exchange.wait():         # the previous push's reply: the
                     staleness[s] += 1             # parameters after it, into the model
@@ -430,9 +427,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
               "data": shard.kind, "spill_dir": getattr(shard, "directory", None),
               "device": str(device), "note": note, "history": history, "pushes": pushes,
               "overlap": overlap,
-              # staleness "worker": the momentum buffer this worker carried, its norm at the end
-              "velocity_norm": None if velocity is None else float(velocity.norm()),
-              "momentum_ramp": ramp if velocity is not None else None,
+              **carried_report(carrier),        # staleness "worker": the buffer it carried
               "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}
               if resume_epoch or resume_step else None,
               "staleness": {str(k): v for k, v in sorted(staleness.items())},
