@@ -311,6 +311,12 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     assert (default.info["server_momentum"], default.info["worker_momentum"],
             default.info["server_rate"], default.info["overlap"]) == (0.0, 0.9, 0.5, [gpu] * 2)
     assert default.history[0]["lr"] == pytest.approx(0.05)
+    short = fit(df, small_fc, strategy=Downpour(staleness="worker+short"),
+                run_dir=tmp_path / "g", **kw)       # the same step: 0.8 at the full rate
+    assert (short.info["server_momentum"], short.info["worker_momentum"],
+            short.info["server_rate"]) == (0.0, pytest.approx(0.8), 1.0)
+    assert short.history[0]["lr"] == pytest.approx(0.1)
+    assert all(r["velocity_norm"] > 0 for r in short.info["workers"])
     halfway = fit(df, small_fc, strategy=Downpour(staleness="halfway"),
                   run_dir=tmp_path / "f", **kw)
     assert halfway.info["server_momentum"] == pytest.approx(0.5 if gpu else 0.6)

@@ -686,6 +686,21 @@ def test_overlapped_pushes_take_the_worker_rules_rate_of_twice_the_replicas():
     assert _worker_rule_rate(0.0, 8, True) == 1.0             # nothing carried: fit's rate
 
 
+def test_the_shorter_memory_keeps_the_worker_rules_step_at_the_full_rate():
+    """Staleness rule "worker+short": rate / (1 - momentum) as under "worker", at rate 1 with
+    the momentum that gives it, or at no momentum where that would fall below 0."""
+    from spark_dl.strategies.downpour.driver import shorter_memory, worker_rate
+    for replicas, carried in ((2, 0.8), (8, 0.8), (16, 0.6), (32, 0.2)):
+        m, rate = shorter_memory(0.9, worker_rate(replicas))
+        assert (m, rate) == (pytest.approx(carried), 1.0)
+        assert rate / (1 - m) == pytest.approx(worker_rate(replicas) / (1 - 0.9))
+    assert shorter_memory(0.5, 0.5) == (0.0, 1.0)
+    m, rate = shorter_memory(0.3, 0.5)                    # below 0: none, a smaller rate
+    assert m == 0.0 and rate == pytest.approx(0.5 / 0.7)
+    assert shorter_memory(0.0, 1.0) == (0.0, 1.0)         # nothing carried
+    assert shorter_memory(0.9, 1.0) == (0.9, 1.0)         # the full rate already
+
+
 def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():
     """Staleness rule "worker": the momentum a worker carries grows linearly from 0 over its
     first MOMENTUM_RAMP mini-batches (its first push a plain gradient), then stays fit's;

@@ -55,7 +55,8 @@ class Boosting(Strategy):
     docs/guides/boosting.md); "worker" (Downpour's default): each worker keeps fit's momentum
     over its own pushes, ramped up over its first mini-batches, and the server steps them
     plainly (Downpour's rule, its rate included; faster on the thesis CNN, IoU 0.92 against
-    0.96 on the ships U-Net). local
+    0.96 on the ships U-Net). "worker+short": Downpour's too, the same step at fit's full
+    rate with a shorter memory (IoU 0.94 against 0.955 on the ships U-Net). local
     (SGD servers, default True): a
     worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k
@@ -128,6 +129,7 @@ class Boosting(Strategy):
             _worker_momentum,
             _worker_rule_rate,
             server_clip,
+            shorter_memory,
         )
         from ..downpour.exchange import ramp_length
         from .keys import KeyScheduler
@@ -140,6 +142,8 @@ class Boosting(Strategy):
         worker_momentum = _worker_momentum(momentum, workers, "async", self.staleness,
                                            server_optimizer)
         rate = _worker_rule_rate(worker_momentum, workers, False)   # pushes never overlap
+        if self.staleness == "worker+short":
+            worker_momentum, rate = shorter_memory(worker_momentum, rate)
         average = _server_average(self.average, workers, "async")
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": job.train["lr_decay"], "momentum": momentum,
