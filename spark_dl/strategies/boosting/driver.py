@@ -223,7 +223,8 @@ class Boosting(Strategy):
                        "seconds": now - t_epoch, "since_start_s": now - run.t_start,
                        "samples_per_s": n / max(now - t_epoch, 1e-9),
                        "server_versions": list(state["versions"]),
-                       "keys_per_worker": served, "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
+                       "keys_per_worker": served,
+                       "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
                 t_epoch = now
                 if val is not None:
                     kept = state["averages"][0]          # the averaged server's, if any

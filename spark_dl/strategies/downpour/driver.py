@@ -241,7 +241,8 @@ class Downpour(Strategy):
         return float(job.spark.conf.get("spark.task.resource.gpu.amount", None) or 0) > 0
 
     def run(self, job: Job) -> FitResult:
-        """Downpour SGD: a parameter server here, workers as Spark tasks (see spark_dl.transport.ps)."""
+        """Downpour SGD: a parameter server here, workers as Spark tasks (see
+        spark_dl.transport.ps)."""
         from ...transport.ps import ParameterServer
         replicas, partitions = job.replicas, job.plan["partitions"]
         check_balance(self.balance, replicas)
@@ -425,7 +426,8 @@ class Downpour(Strategy):
                 "n_push": cfg.n_push,
                 "staleness": staleness, "server_momentum": server_momentum,
                 "worker_momentum": worker_momentum, "server_rate": rate, "average": average,
-                "evals": evals, "lr_schedule": {**schedule.describe(), "push_scaling": job.train["lr_scaling"]},
+                "evals": evals,
+                "lr_schedule": {**schedule.describe(), "push_scaling": job.train["lr_scaling"]},
                 "server": ps.stats(), "staleness_histogram": dict(sorted(stale.items())),
                 "served": {"parameter_server": list(ps.address)},
                 "rows_per_replica": [sum(t["rows"] for t in tasks if t["worker"] == r["worker"])
