@@ -116,6 +116,22 @@ def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path):
     assert res.history[-1]["val_accuracy"] > 0.6
 
 
+def test_a_resumed_fit_ramps_the_workers_momentum_over_the_epochs_it_has_left(spark,
+                                                                             tmp_path):
+    """Each worker's buffer starts empty in a resumed fit; its ramp is a tenth of the
+    mini-batches still to come: 400 rows x 2 epochs left / 8 a batch / 2 workers = 50 -> 5
+    (7 if the epoch done were counted)."""
+    x, y = data(400, seed=9)
+    df = frame(spark, x, y, [200, 200])
+    kw = dict(strategy=Boosting(staleness="worker"), batch_size=8, lr=0.1, momentum=0.9,
+              run_dir=tmp_path / "run", log=None)
+    first = fit(df, small_fc, epochs=1, **kw)
+    assert all(r["momentum_ramp"] == 2 for r in first.info["workers"])       # 25 -> 2
+    again = fit(df, small_fc, epochs=3, **kw)
+    assert again.info["resumed_from_epoch"] == 1
+    assert all(r["momentum_ramp"] == 5 for r in again.info["workers"])
+
+
 def test_bad_options_and_more_workers_than_keys(spark, tmp_path):
     with pytest.raises(ConfigError, match="n_push"):
         Boosting(n_push=0)

@@ -142,6 +142,21 @@ def test_a_fit_resumes_from_the_servers_checkpoint_exactly(spark, tmp_path, part
     assert_same_weights(fresh.model, first.model)
 
 
+def test_a_resumed_fit_ramps_the_workers_momentum_over_the_steps_it_has_left(spark,
+                                                                            tmp_path):
+    """The default rule's buffers start empty in a resumed fit; each worker's ramp is a tenth
+    of its mini-batches still to come: 25 a worker an epoch x 2 epochs left = 50 -> 5 (7 if
+    the epoch done were counted)."""
+    x, y = data(400, seed=15)
+    kw = dict(strategy="downpour", replicas=2, batch_size=8, lr=0.1, momentum=0.9,
+              run_dir=tmp_path / "run", log=None)
+    first = fit(frame(spark, x, y, [200, 200]), small_fc, epochs=1, **kw)
+    assert all(r["momentum_ramp"] == 2 for r in first.info["workers"])       # 25 -> 2
+    again = fit(frame(spark, x, y, [200, 200]), small_fc, epochs=3, **kw)
+    assert again.info["resumed_from_epoch"] == 1
+    assert all(r["momentum_ramp"] == 5 for r in again.info["workers"])
+
+
 @pytest.mark.parametrize("model_fn,loss,kept", [(small_ssda, first_three_ce, []),
                                                  (SmallRNN, "cross_entropy", []),
                                                  (narrow_fc, "cross_entropy", ["2"])])

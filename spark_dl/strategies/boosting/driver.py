@@ -249,8 +249,9 @@ class Boosting(Strategy):
                                    buffers=layout.buffer_spec,
                                    local=schedule if local else None, fresh=fresh,
                                    worker_momentum=worker_momentum,
-                                   momentum_ramp=ramp_length(
-                                       sum(hi - lo for _, lo, hi in keys) * stage["epochs"]
+                                   momentum_ramp=ramp_length(       # the epochs to go
+                                       sum(hi - lo for _, lo, hi in keys)
+                                       * (stage["epochs"] - start_epoch)
                                        / stage["batch_size"] / workers),
                                    wire_dtype="float64" if stage["dtype"] == "float64" else
                                    "bfloat16" if self.amp else "float32")

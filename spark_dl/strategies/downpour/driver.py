@@ -61,7 +61,8 @@ class Downpour(Strategy):
     took 0.93-1.10x, as soon at lr 0.05,
     and on the ships U-Net it ends where one process does (IoU about 0.95) where "halfway"
     ends about 0.015 above (docs/guides/downpour.md, "Staleness rule"). A worker's buffer
-    starts empty in every task attempt (a retried or resumed task); server optimizers other
+    starts empty in every task attempt (a retried or resumed task; its ramp then a tenth of
+    what the task has left); server optimizers other
     than SGD keep their state on the server (the rule moves nothing there, and their rates
     stay fit's); the server's clip cuts the pushed buffer's step, not the buffer.
     "worker+short": the same step per gradient, rate x lr / (1 - momentum), at fit's full rate

@@ -316,7 +316,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
     # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
-    carrier = CarriedMomentum(grad, cfg.worker_momentum, ramp_length(steps * cfg.epochs)) \
+    carrier = CarriedMomentum(grad, cfg.worker_momentum,     # ramped over what is left
+                              ramp_length(steps * (cfg.epochs - resume_epoch) - resume_step)) \
         if cfg.worker_momentum else None
     thesis = comm is not None and cfg.model_parallel == "thesis"
     master = part == 0                            # the thesis algorithm's master
