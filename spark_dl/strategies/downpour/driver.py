@@ -57,8 +57,8 @@ class Downpour(Strategy):
     pushes that, which the server steps without momentum of its own, at half fit's rate up to
     8 replicas and at 4 / replicas of it from there (a push lands about replicas - 1 versions
     late: worker_rate; overlapped pushes take the rate of twice the replicas). On 2 CPU
-    workers of the thesis CNN it reached 98% in 0.69-0.85x one worker's time where "halfway"
-    took 0.93-1.10x, as soon at lr 0.05,
+    workers of the thesis CNN it reached 98% in 0.57-0.85x one worker's time (four runs of 6
+    seeds) where "halfway" took 0.93-1.10x, as soon at lr 0.05,
     and on the ships U-Net it ends where one process does (IoU about 0.95) where "halfway"
     ends about 0.015 above (docs/guides/downpour.md, "Staleness rule"). A worker's buffer
     starts empty in every task attempt (a retried or resumed task; its ramp then a tenth of
