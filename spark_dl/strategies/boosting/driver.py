@@ -127,9 +127,8 @@ class Boosting(Strategy):
             _server_momentum,
             _server_optimizer,
             _worker_momentum,
-            _worker_rule_rate,
+            _worker_rule,
             server_clip,
-            shorter_memory,
         )
         from ..downpour.exchange import ramp_length
         from .keys import KeyScheduler
@@ -141,9 +140,8 @@ class Boosting(Strategy):
         server_momentum = _server_momentum(momentum, workers, "async", self.staleness)
         worker_momentum = _worker_momentum(momentum, workers, "async", self.staleness,
                                            server_optimizer)
-        rate = _worker_rule_rate(worker_momentum, workers, False)   # pushes never overlap
-        if self.staleness == "worker+short":
-            worker_momentum, rate = shorter_memory(worker_momentum, rate)
+        # Boosting's pushes never overlap the next step
+        worker_momentum, rate = _worker_rule(worker_momentum, workers, False, self.staleness)
         average = _server_average(self.average, workers, "async")
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": job.train["lr_decay"], "momentum": momentum,

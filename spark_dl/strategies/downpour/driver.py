@@ -261,9 +261,7 @@ class Downpour(Strategy):
         overlapped = self._on_gpus(job) if overlap is None else overlap
         if overlap is None and worker_momentum:
             overlap = overlapped      # the tasks overlap as the server's rate assumes
-        rate = _worker_rule_rate(worker_momentum, replicas, overlapped)
-        if staleness == "worker+short":
-            worker_momentum, rate = shorter_memory(worker_momentum, rate)
+        worker_momentum, rate = _worker_rule(worker_momentum, replicas, overlapped, staleness)
         server_momentum = _server_momentum(momentum, replicas, mode, staleness, overlapped)
         clip = server_clip(self.clip, replicas, mode)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
@@ -576,6 +574,17 @@ def _worker_rule_rate(worker_momentum: float, replicas: int, overlapped: bool) -
     momentum (of twice the replicas where the pushes overlap the next step, each a version
     more late), else 1."""
     return worker_rate(replicas * (2 if overlapped else 1)) if worker_momentum else 1.0
+
+
+def _worker_rule(worker_momentum: float, replicas: int, overlapped: bool,
+                 staleness: str) -> tuple[float, float]:
+    """(the momentum each worker carries, the server's rate as a multiple of fit's) under
+    ``staleness``, from the momentum _worker_momentum moves to the workers: its rate
+    (_worker_rule_rate), at the full rate with a shorter memory under "worker+short"."""
+    rate = _worker_rule_rate(worker_momentum, replicas, overlapped)
+    if staleness == "worker+short":
+        return shorter_memory(worker_momentum, rate)
+    return worker_momentum, rate
 
 
 def shorter_memory(momentum: float, rate: float) -> tuple[float, float]:
