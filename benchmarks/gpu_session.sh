@@ -33,12 +33,13 @@
 # (2026-11-28 night, scaling-16-2026-11-28-worker.json; SCALING_REPLICAS sets the counts):
 #   TOTAL=560 SCALING_REPLICAS=1,4,8,16 SCALING_STRATEGIES=downpour,downpour+worker \
 #     SCALING_REPEATS=3 SCALING_EPOCHS=3 SCALING_S=530 bash benchmarks/gpu_session.sh "$OUT"
-# (then "downpour" was "halfway"; since later that night "worker", ramped, at half the rate,
-# is the default.) Next on 16 cores: the new default against "halfway", "worker+short" (the
-# same step at the full rate with a shorter memory: 2 of 3 seeds to 98% on local[16] on 2 cores
-# where the default got 1, 2026-11-29) and "lr" at 1, 4, 8 and 16 replicas,
-# SCALING_STRATEGIES=downpour,downpour+halfway,downpour+worker+short,downpour+lr (the "lr"
-# rule was never measured there since the server stopped capping the rate).
+# (then "downpour" was "halfway"; later that night "worker", ramped, at half the rate, became
+# the default, and on 2026-11-29 "worker+short": the same step at the full rate with a shorter
+# memory, 2 of 3 seeds to 98% on local[16] on 2 cores where "worker" got 1, and ahead after an
+# epoch at 8 and 16 workers in benchmarks/async_turns.py.) Next on 16 cores: the default
+# against "worker", "halfway" and "lr" at 1, 4, 8 and 16 replicas,
+# SCALING_STRATEGIES=downpour,downpour+worker,downpour+halfway,downpour+lr (the "lr" rule was
+# never measured there since the server stopped capping the rate).
 set -u
 O=$1
 t0=$(date +%s)

@@ -278,12 +278,13 @@ if [ "$group" = ships-step ]; then
   ships_rules boosting step momentum
 fi
 if [ "$group" = cnn-bn-worker ]; then
-  # Downpour on the cnn-bn job below with staleness="worker" against its default, 2 runs
-  # each, interleaved (results/quality/cnn-bn-worker/, 2026-11-28 night).
+  # Downpour on the cnn-bn job below with staleness="worker" against "halfway", 2 runs
+  # each, interleaved (results/quality/cnn-bn-worker/, 2026-11-28 night); RULES="worker+short
+  # worker": the rules compared (results/quality/cnn-bn-worker-short/, 2026-11-29).
   CNN=(jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.model=cnn_bn
        --set data.extended_samples=50000 --set train.epochs=4 --set train.replicas=2)
   for i in 1 2; do
-    for rule in worker halfway; do
+    for rule in ${RULES:-worker halfway}; do
       run_named "cnn-bn-downpour-$rule-$i" "${CNN[@]}" \
         --set "train.strategy={'name': 'downpour', 'staleness': '$rule'}"
     done

@@ -29,6 +29,21 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 MOMENTUM, LR, DECAY, BATCH, TARGET = 0.9, 0.02, 0.5, 16, 0.98
 
 
+def start(data: str, seed: int):
+    """One thread, the rows and held-out digits of ``data`` (make_data's .npz) as tensors,
+    and the thesis CNN initialized from ``seed``: (x, y, vx, vy, model)."""
+    import numpy as np
+    import torch
+
+    from spark_dl.models import build_model
+    torch.set_num_threads(1)
+    d = np.load(data)
+    x, y = torch.from_numpy(d["x"]).reshape(-1, 1, 28, 28), torch.from_numpy(d["y"])
+    vx, vy = torch.from_numpy(d["vx"]).reshape(-1, 1, 28, 28), torch.from_numpy(d["vy"])
+    torch.manual_seed(seed)
+    return x, y, vx, vy, build_model("cnn")
+
+
 def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
              factor: float | None = None, warmup: float | str = "auto",
              stop: bool = False, lr_factor: float = 1.0, watch=None) -> dict:
@@ -38,20 +53,13 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
     ``lr_factor``: the scheduled rate times this, warmup's start included; ``watch``: an
     observer of the trajectory, ``watch.start(model, steps_per_epoch)`` before the first
     step, ``watch.step()`` after each, ``watch.mark(model, vx, vy)`` at each validation)."""
-    import numpy as np
     import torch
 
-    from spark_dl.models import build_model
     from spark_dl.optim import clip as clip_rule
     from spark_dl.optim.schedule import LRSchedule
     if factor is not None:
         clip_rule.FACTOR = factor
-    torch.set_num_threads(1)
-    d = np.load(data)
-    x, y = torch.from_numpy(d["x"]).reshape(-1, 1, 28, 28), torch.from_numpy(d["y"])
-    vx, vy = torch.from_numpy(d["vx"]).reshape(-1, 1, 28, 28), torch.from_numpy(d["vy"])
-    torch.manual_seed(seed)
-    model = build_model("cnn")
+    x, y, vx, vy, model = start(data, seed)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     schedule = LRSchedule(LR, k, "linear", warmup, DECAY, epochs)
     cut = clip_rule.GradClip("auto" if clip else None, k > 1, "cpu")

@@ -310,8 +310,9 @@ def test_downpour_argument_errors(spark):
 
 
 def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
-    """Two async replicas with momentum 0.9. The default, "worker": each worker carries the
-    momentum over its pushes and the server steps them plainly at half fit's rate.
+    """Two async replicas with momentum 0.9. The default, "worker+short": each worker carries
+    momentum 0.8 over its pushes and the server steps them plainly at fit's rate, the step
+    per gradient of "worker" (fit's 0.9 at the workers, half fit's rate at the server).
     "momentum" lowers the server's momentum by the asynchrony's own, 0.9 - (1 - 1/2) = 0.4;
     "step" runs 1 - 2 x (1 - 0.9) = 0.8 on CPUs, half the single process's effective step
     (the driver guesses device='auto' from this machine: GPU workers overlap their pushes, a
@@ -322,16 +323,17 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     kw = dict(replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9, log=None)
     default = fit(df, small_fc, strategy="downpour", run_dir=tmp_path / "a", **kw)
     gpu = torch.cuda.is_available()
-    assert default.info["staleness"] == "worker"
+    assert default.info["staleness"] == "worker+short"
     assert (default.info["server_momentum"], default.info["worker_momentum"],
-            default.info["server_rate"], default.info["overlap"]) == (0.0, 0.9, 0.5, [gpu] * 2)
-    assert default.history[0]["lr"] == pytest.approx(0.05)
-    short = fit(df, small_fc, strategy=Downpour(staleness="worker+short"),
-                run_dir=tmp_path / "g", **kw)       # the same step: 0.8 at the full rate
-    assert (short.info["server_momentum"], short.info["worker_momentum"],
-            short.info["server_rate"]) == (0.0, pytest.approx(0.8), 1.0)
-    assert short.history[0]["lr"] == pytest.approx(0.1)
-    assert all(r["velocity_norm"] > 0 for r in short.info["workers"])
+            default.info["server_rate"], default.info["overlap"]) == \
+        (0.0, pytest.approx(0.8), 1.0, [gpu] * 2)
+    assert default.history[0]["lr"] == pytest.approx(0.1)
+    worker = fit(df, small_fc, strategy=Downpour(staleness="worker"),
+                 run_dir=tmp_path / "g", **kw)      # the same step: 0.9 at half the rate
+    assert (worker.info["server_momentum"], worker.info["worker_momentum"],
+            worker.info["server_rate"]) == (0.0, 0.9, 0.5)
+    assert worker.history[0]["lr"] == pytest.approx(0.05)
+    assert all(r["velocity_norm"] > 0 for r in worker.info["workers"])
     halfway = fit(df, small_fc, strategy=Downpour(staleness="halfway"),
                   run_dir=tmp_path / "f", **kw)
     assert halfway.info["server_momentum"] == pytest.approx(0.5 if gpu else 0.6)

@@ -52,11 +52,11 @@ class Boosting(Strategy):
     the thesis CNN, not on the ships U-Net: docs/guides/boosting.md); "lr": a push tau >= 2
     versions old steps lr / tau; "lr+momentum"; "none"; "halfway" (the mean of "step" and
     "momentum": faster on the thesis CNN, a little lower on the ships U-Net,
-    docs/guides/boosting.md); "worker" (Downpour's default): each worker keeps fit's momentum
-    over its own pushes, ramped up over its first mini-batches, and the server steps them
-    plainly (Downpour's rule, its rate included; faster on the thesis CNN, IoU 0.92 against
-    0.96 on the ships U-Net). "worker+short": Downpour's too, the same step at fit's full
-    rate with a shorter memory (IoU 0.94 against 0.955 on the ships U-Net). local
+    docs/guides/boosting.md); "worker": each worker keeps fit's momentum over its own
+    pushes, ramped up over its first mini-batches, and the server steps them plainly
+    (Downpour's rule, its rate included; faster on the thesis CNN, IoU 0.92 against 0.96 on
+    the ships U-Net). "worker+short" (Downpour's default): the same step at fit's full rate
+    with a shorter memory (IoU 0.94 against 0.955 on the ships U-Net). local
     (SGD servers, default True): a
     worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k

@@ -49,27 +49,29 @@ class Downpour(Strategy):
     more step of staleness, no waiting for the round trip (default None: on for workers on a
     GPU, where the host is otherwise idle while the GPU computes; off on CPUs, where the round
     trip takes the cores the step needs, with partitions > 1, and where it diverges, below).
-    staleness (async): how the replicas allow for stale pushes. "worker" (default since
-    2026-11-28 night): SGD's momentum moves to the workers: each keeps fit's ``momentum`` over
-    its own pushes (a buffer of its mean gradients, as torch's SGD keeps one; the momentum
-    grows from 0 over its first MOMENTUM_RAMP = 50 mini-batches, at most a tenth of its fit:
-    the first large gradients would otherwise be carried, late, for ten pushes each) and
-    pushes that, which the server steps without momentum of its own, at half fit's rate up to
-    8 replicas and at 4 / replicas of it from there (a push lands about replicas - 1 versions
-    late: worker_rate; overlapped pushes take the rate of twice the replicas). On 2 CPU
-    workers of the thesis CNN it reached 98% in 0.57-0.85x one worker's time (four runs of 6
-    seeds) where "halfway" took 0.93-1.10x, as soon at lr 0.05,
-    and on the ships U-Net it ends where one process does (IoU about 0.95) where "halfway"
-    ends about 0.015 above (docs/guides/downpour.md, "Staleness rule"). A worker's buffer
-    starts empty in every task attempt (a retried or resumed task; its ramp then a tenth of
-    what the task has left); server optimizers other
-    than SGD keep their state on the server (the rule moves nothing there, and their rates
-    stay fit's); the server's clip cuts the pushed buffer's step, not the buffer.
-    "worker+short": the same step per gradient, rate x lr / (1 - momentum), at fit's full rate
-    and with a shorter memory: each worker carries 1 - (1 - momentum) / worker_rate (0.8 for
-    up to 8 replicas at 0.9, 0.6 for 16: shorter_memory); an option for many replicas, whose
-    asynchrony adds momentum of its own (as fast as "worker" at 2 to 8 CPU workers, 2 of 3
-    seeds to 98% on local[16] where "worker" reached it in 1: docs/guides/downpour.md). The rules
+    staleness (async): how the replicas allow for stale pushes. "worker+short" (default since
+    2026-11-29): SGD's momentum moves to the workers: each keeps a momentum over its own
+    pushes (a buffer of its mean gradients, as torch's SGD keeps one; the momentum grows from
+    0 over its first MOMENTUM_RAMP = 50 mini-batches, at most a tenth of its fit: the first
+    large gradients would otherwise be carried, late, for ten pushes each) and pushes that,
+    which the server steps without momentum of its own at fit's rate. A gradient is stepped
+    rate x lr / (1 - momentum) in all, rate = worker_rate: half fit's up to 8 replicas, 4 /
+    replicas of it from there (a push lands about replicas - 1 versions late; overlapped
+    pushes take the rate of twice the replicas); the workers carry 1 - (1 - momentum) / rate
+    for it (0.8 up to 8 replicas at 0.9, 0.6 at 16; where that would fall below 0, none, and
+    the server's rate makes up the step: shorter_memory), so a push holds younger gradients,
+    as the asynchrony adds momentum of its own. "worker" (the default from 2026-11-28 night
+    until then) takes the same step with fit's ``momentum`` at the workers and rate x fit's
+    rate at the server. Against it, the shorter memory reached 98% on 2 CPU workers of the
+    thesis CNN in 0.58 / 0.68x one worker's time (two runs of 6 seeds; "worker" 0.57 /
+    0.78x), ended the ships U-Net higher in 5 seeds of 6 (IoU 0.948 against 0.941, about one
+    process's), reached 98% on local[16] in 2 seeds of 3 (1 of 3), and in a one-process
+    simulation of workers pushing in turn (benchmarks/async_turns.py) was ahead after one
+    epoch at 8 and 16 workers and at lr 0.05 (docs/guides/downpour.md, "Staleness rule"). A
+    worker's buffer starts empty in every task attempt (a retried or resumed task; its ramp
+    then a tenth of what the task has left); server optimizers other than SGD keep their
+    state on the server (the rule moves nothing there, and their rates stay fit's); the
+    server's clip cuts the pushed buffer's step, not the buffer. The rules
     that keep the momentum on the server: "momentum": fit's ``momentum`` lowered by the
     momentum asynchrony adds of itself, 1 - 1/replicas (0.4 for 2 replicas at 0.9); "step":
     its momentum m' makes its effective step lr / (1 - m') the single process's lr / (1 -
@@ -112,7 +114,7 @@ class Downpour(Strategy):
     amp: str | None = None
     max_staleness: int | None = None
     overlap: bool | None = None
-    staleness: str = "worker"
+    staleness: str = "worker+short"
     average: float | None = None
     clip: float | None = None
     partitions: int | str = 1
@@ -210,8 +212,8 @@ class Downpour(Strategy):
                 f"overlap=True with staleness={self.staleness!r} and server momentum "
                 f"{momentum} over {replicas} replicas diverges (in 2 of 3 benchmark runs to "
                 f"chance): every push is one step more stale, and the server's momentum adds "
-                f"to the momentum the asynchrony makes; use staleness='worker' (the "
-                f"default), 'halfway', 'momentum', 'step' or 'lr+momentum'")
+                f"to the momentum the asynchrony makes; use staleness='worker+short' (the "
+                f"default), 'worker', 'halfway', 'momentum', 'step' or 'lr+momentum'")
         if partitions > 1 and replicas * partitions > job.slots:
             raise ResourceError(
                 f"replicas={replicas} x partitions={partitions} = {replicas * partitions} "
