@@ -686,19 +686,25 @@ def test_overlapped_pushes_take_the_worker_rules_rate_of_twice_the_replicas():
     assert _worker_rule_rate(0.0, 8, True) == 1.0             # nothing carried: fit's rate
 
 
-def test_the_shorter_memory_keeps_the_worker_rules_step_at_the_full_rate():
-    """Staleness rule "worker+short": rate / (1 - momentum) as under "worker", at rate 1 with
-    the momentum that gives it, or at no momentum where that would fall below 0."""
-    from spark_dl.strategies.downpour.driver import shorter_memory, worker_rate
-    for replicas, carried in ((2, 0.8), (8, 0.8), (16, 0.6), (32, 0.2)):
-        m, rate = shorter_memory(0.9, worker_rate(replicas))
-        assert (m, rate) == (pytest.approx(carried), 1.0)
+def test_the_shorter_memory_keeps_the_worker_rules_step_and_the_single_process_memory():
+    """Staleness rule "worker+short": rate / (1 - momentum) as under "worker", with momentum
+    1 - R (1 - momentum) at the workers (a buffer decaying every R server steps spans as
+    many of them as the single process's), none from R = 10 at 0.9; the server's rate
+    makes up the step."""
+    from spark_dl.strategies.downpour.driver import _worker_rule, shorter_memory, worker_rate
+    for replicas, carried, server in ((2, 0.8, 1.0), (4, 0.6, 2.0), (8, 0.2, 4.0),
+                                      (16, 0.0, 2.5), (32, 0.0, 1.25)):
+        m, rate = shorter_memory(0.9, worker_rate(replicas), replicas)
+        assert (m, rate) == (pytest.approx(carried), pytest.approx(server))
         assert rate / (1 - m) == pytest.approx(worker_rate(replicas) / (1 - 0.9))
-    assert shorter_memory(0.5, 0.5) == (0.0, 1.0)
-    m, rate = shorter_memory(0.3, 0.5)                    # below 0: none, a smaller rate
+        assert replicas / (1 - m) >= 1 / (1 - 0.9) - 1e-9    # the single process's, or more
+    assert shorter_memory(0.5, 0.5, 2) == (0.0, 1.0)
+    m, rate = shorter_memory(0.3, 0.5, 2)                 # below 0: none, a smaller rate
     assert m == 0.0 and rate == pytest.approx(0.5 / 0.7)
-    assert shorter_memory(0.0, 1.0) == (0.0, 1.0)         # nothing carried
-    assert shorter_memory(0.9, 1.0) == (0.9, 1.0)         # the full rate already
+    assert shorter_memory(0.0, 1.0, 2) == (0.0, 1.0)      # nothing carried
+    # overlapped pushes: twice the replicas, for the memory as for worker_rate
+    assert _worker_rule(0.9, 2, True, "worker+short") == (pytest.approx(0.6), pytest.approx(2.0))
+    assert _worker_rule(0.9, 2, False, "worker") == (0.9, 0.5)
 
 
 def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():

@@ -57,17 +57,19 @@ class Downpour(Strategy):
     which the server steps without momentum of its own at fit's rate. A gradient is stepped
     rate x lr / (1 - momentum) in all, rate = worker_rate: half fit's up to 8 replicas, 4 /
     replicas of it from there (a push lands about replicas - 1 versions late; overlapped
-    pushes take the rate of twice the replicas); the workers carry 1 - (1 - momentum) / rate
-    for it (0.8 up to 8 replicas at 0.9, 0.6 at 16; where that would fall below 0, none, and
-    the server's rate makes up the step: shorter_memory), so a push holds younger gradients,
-    as the asynchrony adds momentum of its own. "worker" (the default from 2026-11-28 night
-    until then) takes the same step with fit's ``momentum`` at the workers and rate x fit's
-    rate at the server. Against it, the shorter memory reached 98% on 2 CPU workers of the
-    thesis CNN in 0.58 / 0.68x one worker's time (two runs of 6 seeds; "worker" 0.57 /
-    0.78x), ended the ships U-Net higher in 5 seeds of 6 (IoU 0.948 against 0.941, about one
-    process's), reached 98% on local[16] in 2 seeds of 3 (1 of 3), and in a one-process
-    simulation of workers pushing in turn (benchmarks/async_turns.py) was ahead after one
-    epoch at 8 and 16 workers and at lr 0.05 (docs/guides/downpour.md, "Staleness rule"). A
+    pushes take the rate of twice the replicas); the workers carry 1 - replicas x (1 -
+    momentum) for it, not below 0 (0.8 for 2 replicas at 0.9, 0.6 for 4, 0.2 for 8, none
+    from 10), and the server's rate makes up the step (shorter_memory): a worker's buffer
+    decays once a push of its own, every replicas server steps, and so spans as many of them
+    as the single process's momentum does, where the asynchrony adds momentum of its own.
+    "worker" (the default from 2026-11-28 night until then) takes the same step with fit's
+    ``momentum`` at the workers and rate x fit's rate at the server. Against it, the shorter
+    memory reached 98% on 2 CPU workers of the thesis CNN in 0.58 / 0.68x one worker's time
+    (two runs of 6 seeds; "worker" 0.57 / 0.78x), ended the ships U-Net higher in 5 seeds of
+    6 (IoU 0.948 against 0.941, about one process's), and in a one-process simulation of
+    workers pushing in turn (benchmarks/async_turns.py) was ahead at lr 0.05 and at 8 and 16
+    workers; on local[16] it reached 98% in 3 seeds of 3, at 95-96% after an epoch
+    (docs/guides/downpour.md, "Staleness rule"). A
     worker's buffer starts empty in every task attempt (a retried or resumed task; its ramp
     then a tenth of what the task has left); server optimizers other than SGD keep their
     state on the server (the rule moves nothing there, and their rates stay fit's); the
@@ -585,20 +587,24 @@ def _worker_rule(worker_momentum: float, replicas: int, overlapped: bool,
     (_worker_rule_rate), at the full rate with a shorter memory under "worker+short"."""
     rate = _worker_rule_rate(worker_momentum, replicas, overlapped)
     if staleness == "worker+short":
-        return shorter_memory(worker_momentum, rate)
+        return shorter_memory(worker_momentum, rate, replicas * (2 if overlapped else 1))
     return worker_momentum, rate
 
 
-def shorter_memory(momentum: float, rate: float) -> tuple[float, float]:
+def shorter_memory(momentum: float, rate: float, replicas: int) -> tuple[float, float]:
     """Staleness rule "worker+short": (the momentum a worker carries, the server's rate) that
     step a gradient as far as ``momentum`` carried at ``rate`` does, rate / (1 - momentum)
-    times fit's lr, at fit's full rate: 1 - (1 - momentum) / rate, so a pushed buffer holds
-    fewer, younger gradients. Where that would fall below 0: no momentum, at rate / (1 -
-    momentum). Nothing carried, or the full rate already: unchanged."""
-    if not momentum or rate >= 1.0:
+    times fit's lr, with the single process's memory counted in the server's steps. A
+    worker's buffer decays once a push of its own, every ``replicas`` server steps, so it
+    spans replicas / (1 - carried) of them where the single process's spans 1 / (1 -
+    momentum): it carries 1 - replicas x (1 - momentum), not below 0 (0.8 for 2 replicas at
+    0.9, 0.6 for 4, 0.2 for 8, none from 10; pass twice the replicas where the pushes
+    overlap, each a version more late), and the server's rate rate x (1 - carried) / (1 -
+    momentum) makes up the step. Nothing carried: unchanged."""
+    if not momentum:
         return momentum, rate
-    carried = 1.0 - (1.0 - momentum) / rate
-    return (carried, 1.0) if carried >= 0 else (0.0, rate / (1.0 - momentum))
+    carried = max(0.0, round(1.0 - replicas * (1.0 - momentum), 12))
+    return carried, rate * (1.0 - carried) / (1.0 - momentum)
 
 
 def _worker_momentum(momentum: float, replicas: int, mode: str, staleness: str,
