@@ -13,10 +13,11 @@ over ramp_length of its fit. One push is one mini-batch of 16 rows, fit's lr 0.0
 epoch, 2 epochs; no linear scaling (Downpour's pushes carry one worker's batch). The data
 are bench_scaling's (48,000 distorted digits from the first 8,000 shipped), made once.
 
-A configuration is comma-separated key=value (defaults: Downpour's for W):
-  W (1)  wm (0.9 with W > 1: the "worker" rule)  sm (0.9 for W = 1, else 0)
-  rate (worker_rate(W) with wm, else 1)  stale (W - 1)  clip (2 with W > 1, 0: off)
-  lr (0.02)  ramp (-1: ramp_length of the worker's fit)
+A configuration is comma-separated key=value (defaults: the "worker" rule's for W):
+  W (1)  rule ("worker"; "short": Downpour's default "worker+short", its wm and rate)
+  wm (0.9 with W > 1)  sm (0.9 for W = 1, else 0)  rate (worker_rate(W) with wm, else 1;
+  give it with wm: wm alone keeps it)  stale (W - 1)  clip (2 with W > 1, 0: off)
+  lr (0.02)  ramp (-1: ramp_length of the worker's fit; 0: none)
 
     .venv/bin/python benchmarks/async_turns.py --configs "W=1;W=2;W=2,stale=0" --seeds 6 \
         [--out benchmarks/results/async-turns.json]
@@ -39,13 +40,17 @@ LR, MOMENTUM, DECAY, BATCH, TARGET, EPOCHS, AVERAGE = 0.02, 0.9, 0.5, 16, 0.98, 
 
 def settings(config: str) -> dict:
     """A configuration's settings, Downpour's defaults for its W filled in."""
-    from spark_dl.strategies.downpour.driver import worker_rate
+    from spark_dl.strategies.downpour.driver import _worker_rule, worker_rate
     given = dict(kv.split("=") for kv in config.split(",") if kv)
-    unknown = set(given) - {"W", "wm", "sm", "rate", "stale", "clip", "lr", "ramp"}
-    if unknown:
-        raise SystemExit(f"unknown setting(s) {sorted(unknown)} in {config!r}")
+    unknown = set(given) - {"W", "rule", "wm", "sm", "rate", "stale", "clip", "lr", "ramp"}
+    if unknown or given.get("rule", "worker") not in ("worker", "short"):
+        raise SystemExit(f"unknown setting(s) {sorted(unknown)} or rule in {config!r}")
     w = int(given.get("W", 1))
-    s = {"W": w, "wm": float(given.get("wm", MOMENTUM if w > 1 else 0.0)),
+    if given.get("rule") == "short" and w > 1:
+        wm, rate = _worker_rule(MOMENTUM, w, False, "worker+short")
+        given = {"wm": str(wm), "rate": str(rate), **given}
+    s = {"W": w, "rule": given.get("rule", "worker"),
+         "wm": float(given.get("wm", MOMENTUM if w > 1 else 0.0)),
          "sm": float(given.get("sm", MOMENTUM if w == 1 else 0.0)),
          "stale": int(given.get("stale", w - 1)), "clip": float(given.get("clip", 2 if w > 1
                                                                           else 0)),
@@ -94,7 +99,7 @@ def simulate(data: str, config: str, seed: int) -> dict:
                 g = gradient(versions[max(0, len(versions) - 1 - stale)],
                              perms[i][b * BATCH:(b + 1) * BATCH])
                 if s["wm"]:
-                    m = s["wm"] * min(1.0, (e * per_worker + b) / ramp)
+                    m = s["wm"] * (min(1.0, (e * per_worker + b) / ramp) if ramp else 1.0)
                     g = velocity[i].mul_(m).add_(g).clone()
                 if s["clip"]:
                     norm = float(g.norm())

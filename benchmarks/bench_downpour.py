@@ -8,9 +8,10 @@ of --repeats runs:
   plain-1t            single-process loop, 1 thread (the calibration)
   allreduce           spark_dl.fit(strategy="allreduce")
   downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.9 as the
-                      others, the defaults: staleness rule "worker" since the night of
-                      2026-11-28 (the momentum at the workers, ramped, the server at
-                      half the rate; runs from 2026-11-28 until then had "halfway", the
+                      others, the defaults: staleness rule "worker+short" since
+                      2026-11-29 ("worker", the momentum at the workers, ramped, the
+                      server at half the rate, from the night of 2026-11-28 until then;
+                      runs from 2026-11-28 until that night had "halfway", the
                       server at 0.6, the mean of the "step" rule's 0.8 and the "momentum"
                       rule's 0.4; runs before then had "momentum" here) and
                       average=0.1 (the model returned and validated is the server's
@@ -29,8 +30,8 @@ of --repeats runs:
   downpour-1-1-ovl    as downpour-1-1 with overlap=True: the push of step t travels while step
                       t+1 computes (one more step of staleness, no waiting)
   downpour-4-4        async, n_fetch = n_push = 4, lr / 4 (with the default rule since the
-                      night of 2026-11-28, "worker": its buffer decays once a push of 4;
-                      not run since)
+                      night of 2026-11-28, "worker", and its shorter memory since
+                      2026-11-29: a buffer decays once a push of 4; not run since)
   downpour-sync       the synchronous parameter server
   elephas-epoch       Elephas 7.3, asynchronous mode, frequency "epoch" (its default)
   elephas-batch       Elephas 7.3, asynchronous mode, frequency "batch" (Downpour-like)

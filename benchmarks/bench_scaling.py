@@ -25,10 +25,10 @@ over real run-to-run variation, not over one trajectory timed again:
                     momentum kept at the workers (2026-11-28 night); their
                     one-replica reference is Downpour's (Boosting's); "worker" became
                     Downpour's default later that night (with its ramp, at half the
-                    rate), so "downpour" since is "downpour+worker", and the default
-                    before, "downpour+halfway"; "downpour+worker+short":
-                    staleness="worker+short", the same step at fit's full rate with
-                    a shorter memory at the workers (2026-11-29);
+                    rate), and "worker+short" on 2026-11-29 (the same step with a
+                    shorter memory at the workers: 0.8 at 2 workers at fit's rate),
+                    so "downpour" since is "downpour+worker+short", and the defaults
+                    before, "downpour+worker" and "downpour+halfway";
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;

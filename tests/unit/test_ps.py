@@ -702,9 +702,14 @@ def test_the_shorter_memory_keeps_the_worker_rules_step_and_the_single_process_m
     m, rate = shorter_memory(0.3, 0.5, 2)                 # below 0: none, a smaller rate
     assert m == 0.0 and rate == pytest.approx(0.5 / 0.7)
     assert shorter_memory(0.0, 1.0, 2) == (0.0, 1.0)      # nothing carried
-    # overlapped pushes: twice the replicas, for the memory as for worker_rate
-    assert _worker_rule(0.9, 2, True, "worker+short") == (pytest.approx(0.6), pytest.approx(2.0))
+    # the driver's rule: where the two formulas differ (4 replicas: 0.8 at fit's rate before);
+    # overlapped pushes land later (worker_rate of twice the replicas), not more often (the
+    # memory of the replicas)
+    assert _worker_rule(0.9, 4, False, "worker+short") == (0.6, 2.0)
+    assert _worker_rule(0.9, 8, True, "worker+short") == (0.2, 2.0)
+    assert _worker_rule(0.9, 2, True, "worker+short") == (0.8, 1.0)
     assert _worker_rule(0.9, 2, False, "worker") == (0.9, 0.5)
+    assert _worker_rule(0.0, 4, False, "worker+short") == (0.0, 1.0)   # nothing moved
 
 
 def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():

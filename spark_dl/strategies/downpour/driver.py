@@ -54,12 +54,13 @@ class Downpour(Strategy):
     pushes (a buffer of its mean gradients, as torch's SGD keeps one; the momentum grows from
     0 over its first MOMENTUM_RAMP = 50 mini-batches, at most a tenth of its fit: the first
     large gradients would otherwise be carried, late, for ten pushes each) and pushes that,
-    which the server steps without momentum of its own at fit's rate. A gradient is stepped
+    which the server steps without momentum of its own. A gradient is stepped
     rate x lr / (1 - momentum) in all, rate = worker_rate: half fit's up to 8 replicas, 4 /
     replicas of it from there (a push lands about replicas - 1 versions late; overlapped
     pushes take the rate of twice the replicas); the workers carry 1 - replicas x (1 -
     momentum) for it, not below 0 (0.8 for 2 replicas at 0.9, 0.6 for 4, 0.2 for 8, none
-    from 10), and the server's rate makes up the step (shorter_memory): a worker's buffer
+    from 10), and the server's rate makes up the step (fit's rate at 2 replicas, 2x at 4, 4x
+    at 8, 2.5x at 16: shorter_memory): a worker's buffer
     decays once a push of its own, every replicas server steps, and so spans as many of them
     as the single process's momentum does, where the asynchrony adds momentum of its own.
     "worker" (the default from 2026-11-28 night until then) takes the same step with fit's
@@ -584,10 +585,11 @@ def _worker_rule(worker_momentum: float, replicas: int, overlapped: bool,
                  staleness: str) -> tuple[float, float]:
     """(the momentum each worker carries, the server's rate as a multiple of fit's) under
     ``staleness``, from the momentum _worker_momentum moves to the workers: its rate
-    (_worker_rule_rate), at the full rate with a shorter memory under "worker+short"."""
+    (_worker_rule_rate), or under "worker+short" the same step with the single process's
+    memory counted in the server's steps (shorter_memory)."""
     rate = _worker_rule_rate(worker_momentum, replicas, overlapped)
     if staleness == "worker+short":
-        return shorter_memory(worker_momentum, rate, replicas * (2 if overlapped else 1))
+        return shorter_memory(worker_momentum, rate, replicas)
     return worker_momentum, rate
 
 
@@ -598,13 +600,14 @@ def shorter_memory(momentum: float, rate: float, replicas: int) -> tuple[float, 
     worker's buffer decays once a push of its own, every ``replicas`` server steps, so it
     spans replicas / (1 - carried) of them where the single process's spans 1 / (1 -
     momentum): it carries 1 - replicas x (1 - momentum), not below 0 (0.8 for 2 replicas at
-    0.9, 0.6 for 4, 0.2 for 8, none from 10; pass twice the replicas where the pushes
-    overlap, each a version more late), and the server's rate rate x (1 - carried) / (1 -
-    momentum) makes up the step. Nothing carried: unchanged."""
+    0.9, 0.6 for 4, 0.2 for 8, none from 10; overlapped pushes land later, not more often:
+    their lateness is in ``rate``), and the server's rate rate x (1 - carried) / (1 -
+    momentum) makes up the step: above fit's rate from 3 replicas on (2x at 4, 4x at 8, 2.5x
+    at 16 at 0.9). Nothing carried: unchanged."""
     if not momentum:
         return momentum, rate
     carried = max(0.0, round(1.0 - replicas * (1.0 - momentum), 12))
-    return carried, rate * (1.0 - carried) / (1.0 - momentum)
+    return carried, round(rate * (1.0 - carried) / (1.0 - momentum), 12)
 
 
 def _worker_momentum(momentum: float, replicas: int, mode: str, staleness: str,
