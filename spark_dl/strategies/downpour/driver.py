@@ -67,7 +67,8 @@ class Downpour(Strategy):
     ``momentum`` at the workers and rate x fit's rate at the server. Against it, the shorter
     memory reached 98% on 2 CPU workers of the thesis CNN in 0.58 / 0.68x one worker's time
     (two runs of 6 seeds; "worker" 0.57 / 0.78x), ended the ships U-Net higher in 5 seeds of
-    6 (IoU 0.948 against 0.941, about one process's), and in a one-process simulation of
+    6 (IoU 0.948 against 0.941, about one process's; with 4 workers 0.906 against 0.919,
+    within the seeds' spread), and in a one-process simulation of
     workers pushing in turn (benchmarks/async_turns.py) was ahead at lr 0.05 and at 8 and 16
     workers; on local[16] it reached 98% in 3 seeds of 3, at 95-96% after an epoch
     (docs/guides/downpour.md, "Staleness rule"). A
