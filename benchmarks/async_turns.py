@@ -60,36 +60,41 @@ def settings(config: str) -> dict:
 
 
 def simulate(data: str, config: str, seed: int) -> dict:
+    """One run: the server is Downpour's own (spark_dl.transport.ps.Shard: the schedule,
+    the clip, the server's momentum, the averaged values), a worker's momentum its task's
+    (CarriedMomentum, ramped)."""
     import numpy as np
     import torch
     from scaled_rate_clip import start
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     from spark_dl.optim.schedule import LRSchedule
-    from spark_dl.strategies.downpour.exchange import ramp_length
+    from spark_dl.strategies.downpour.exchange import CarriedMomentum, ramp_length
+    from spark_dl.transport.ps.shard import Shard
     s = settings(config)
     w_count, stale = s["W"], s["stale"]
     x, y, vx, vy, model = start(data, seed)
     params = list(model.parameters())
-    server = parameters_to_vector(params).detach().clone()
-    average, server_velocity = server.clone(), torch.zeros_like(server)
+    values = parameters_to_vector(params).detach()
+    lr = s["lr"] * s["rate"]
+    server = Shard(values, "momentum" if s["sm"] else "sgd", lr, s["sm"], average=AVERAGE,
+                   schedule=LRSchedule(lr, decay=DECAY), clip=s["clip"] or None)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     shards = [order[i::w_count] for i in range(w_count)]
-    velocity = [torch.zeros_like(server) for _ in range(w_count)]
     per_worker = len(shards[0]) // BATCH
-    ramp = ramp_length(per_worker * EPOCHS) if s["ramp"] < 0 else s["ramp"]
-    schedule = LRSchedule(s["lr"], 1, "none", 0.0, DECAY, EPOCHS)
-    versions = [server.clone()]                 # the last stale + 1 server values
+    ramp = ramp_length(per_worker * EPOCHS) if s["ramp"] < 0 else max(s["ramp"], 1)
+    carriers = [CarriedMomentum(values, s["wm"], ramp) for _ in range(w_count)]
+    versions = [values.clone()]                 # the last stale + 1 server values
     epoch_pushes = per_worker * w_count
     marks = {round(epoch_pushes * f) for f in (0.25, 0.5, 0.75)} | {0}
-    norm_mean, clipped, pushes, acc = 0.0, 0, 0, []
+    acc = []
 
-    def gradient(values, idx):
-        vector_to_parameters(values, params)
+    def gradient(at, idx):
+        vector_to_parameters(at, params)
         for p in params:
             p.grad = None
         torch.nn.functional.cross_entropy(model(x[idx].float() / 255), y[idx]).backward()
-        return torch.cat([p.grad.reshape(-1) for p in params])
+        return torch.cat([p.grad.reshape(-1) for p in params]) * BATCH   # the row sum
 
     for e in range(EPOCHS):
         perms = [sh[torch.randperm(len(sh), generator=torch.Generator().manual_seed(
@@ -99,31 +104,21 @@ def simulate(data: str, config: str, seed: int) -> dict:
                 g = gradient(versions[max(0, len(versions) - 1 - stale)],
                              perms[i][b * BATCH:(b + 1) * BATCH])
                 if s["wm"]:
-                    m = s["wm"] * (min(1.0, (e * per_worker + b) / ramp) if ramp else 1.0)
-                    g = velocity[i].mul_(m).add_(g).clone()
-                if s["clip"]:
-                    norm = float(g.norm())
-                    if pushes >= 20 and norm > s["clip"] * norm_mean:
-                        g.mul_(s["clip"] * norm_mean / norm)
-                        norm, clipped = s["clip"] * norm_mean, clipped + 1
-                    norm_mean = norm if pushes == 0 else norm_mean + 0.05 * (norm - norm_mean)
-                if s["sm"]:
-                    g = server_velocity.mul_(s["sm"]).add_(g)
-                server = server - s["rate"] * schedule.at(pushes / epoch_pushes) * g
-                versions = (versions + [server])[-(stale + 1):]
-                pushes += 1
-                average += (server - average) / max(1.0, AVERAGE * min(epoch_pushes, pushes))
-                if pushes % epoch_pushes in marks:
-                    vector_to_parameters(average, params)
+                    carriers[i].carry(g, BATCH, 1)
+                server.apply(g, 1.0 / BATCH, epoch_steps=epoch_pushes)
+                versions = (versions + [server.param.detach().clone()])[-(stale + 1):]
+                if server.steps % epoch_pushes in marks:
+                    vector_to_parameters(server.avg, params)
                     with torch.no_grad():
                         acc.append(round((model(vx).argmax(1) == vy).float().mean().item(),
                                          4))
-                    if acc[-1] >= TARGET or not np.isfinite(float(server.norm())):
+                    if acc[-1] >= TARGET or not np.isfinite(float(server.param.norm())):
                         return {"config": config, "seed": seed, "accuracy": acc,
                                 "epochs_to_target": len(acc) / 4 if acc[-1] >= TARGET
-                                else None, "clipped": clipped, "pushes": pushes}
+                                else None, "clipped": server.clipped,
+                                "pushes": server.steps}
     return {"config": config, "seed": seed, "accuracy": acc, "epochs_to_target": None,
-            "clipped": clipped, "pushes": pushes}
+            "clipped": server.clipped, "pushes": server.steps}
 
 
 def main(argv=None):

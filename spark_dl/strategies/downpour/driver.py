@@ -68,10 +68,10 @@ class Downpour(Strategy):
     memory reached 98% on 2 CPU workers of the thesis CNN in 0.58 / 0.68x one worker's time
     (two runs of 6 seeds; "worker" 0.57 / 0.78x), ended the ships U-Net higher in 5 seeds of
     6 (IoU 0.948 against 0.941, about one process's; with 4 workers 0.906 against 0.919,
-    within the seeds' spread), and in a one-process simulation of
-    workers pushing in turn (benchmarks/async_turns.py) was ahead at lr 0.05 and at 8 and 16
-    workers; on local[16] it reached 98% in 3 seeds of 3, at 95-96% after an epoch
-    (docs/guides/downpour.md, "Staleness rule"). A
+    within the seeds' spread); on local[4] it reached 98% sooner in 3 seeds of 3, on
+    local[16] in 3 seeds of 3, at 95-96% after an epoch (a one-process simulation of workers
+    pushing in turn, benchmarks/async_turns.py, does not separate the rules at 8 workers:
+    docs/guides/downpour.md, "Staleness rule"). A
     worker's buffer starts empty in every task attempt (a retried or resumed task; its ramp
     then a tenth of what the task has left); server optimizers other than SGD keep their
     state on the server (the rule moves nothing there, and their rates stay fit's); the
