@@ -33,6 +33,9 @@ def test_segment_ships_job_runs_tiny_with_the_boosting_server(spark, tmp_path):
     # 64 rows in keys of 4 mini-batches of 8: one push per key, every key once
     info = json.loads((tmp_path / "unet-boosting" / "info.json").read_text())
     assert info["mode"] == "sequential" and info["n_push"] == 4
+    # the default rule (since 2026-11-29): 2 workers carry 0.8 of momentum 0.9, fit's rate
+    assert (info["staleness"], round(info["worker_momentum"], 9), info["server_momentum"],
+            info["server_rate"]) == ("worker+short", 0.8, 0.0, 1.0)
     assert [sorted(k for k, _ in ep) for ep in info["keys"]["served"]] == \
         [list(range(info["keys"]["count"]))]
     assert info["server"]["versions"] == [info["keys"]["count"]]

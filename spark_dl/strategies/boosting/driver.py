@@ -29,7 +29,7 @@ from ...transport.ps import SERVER_OPTIMIZERS
 from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
 from . import task as _task
 
-__all__ = ["Boosting", "cut_keys", "parquet_files"]
+__all__ = ["Boosting", "cut_keys", "parquet_files", "staleness_rule"]
 
 
 @options
@@ -46,7 +46,15 @@ class Boosting(Strategy):
     reads). amp: None, "bf16" or "fp16" (autocast forward passes, float32 on the server,
     bfloat16 on the wire). staleness: how the server allows for the pushes computed on values
     the other workers' pushes have moved since (with W equally fast workers every push is
-    W - 1 versions old), Downpour's rules: "momentum" (default): the server's momentum is
+    W - 1 versions old), Downpour's rules: "worker+short" (the default since 2026-11-29, as
+    Downpour's): each worker carries 1 - W (1 - m) of fit's momentum m over its own pushes
+    (0.8 at 2 workers, 0.6 at 4, 0.2 at 8, none from 10 at 0.9), ramped up over its first
+    mini-batches, and the server steps them plainly at the rate that keeps Downpour's step
+    per gradient (fit's at 2 workers, 2x at 4, 4x at 8; a key's local steps too): on the
+    thesis CNN 2 workers reach 98% in 6 seeds of 6 where "momentum" did in 4, and at 4 and 8
+    workers more often; on the ships U-Net at its lr 0.004 the IoU of "momentum" within
+    noise (docs/guides/boosting.md, "The default since 2026-11-29"); "momentum" (the
+    default before): the server's momentum is
     fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/W; "step":
     the server's effective step lr / (1 - m) that of fit's momentum divided by W (faster on
     the thesis CNN, not on the ships U-Net: docs/guides/boosting.md); "lr": a push tau >= 2
@@ -55,9 +63,7 @@ class Boosting(Strategy):
     docs/guides/boosting.md); "worker": each worker keeps fit's momentum over its own
     pushes, ramped up over its first mini-batches, and the server steps them plainly
     (Downpour's rule, its rate included; faster on the thesis CNN, IoU 0.92 against 0.96 on
-    the ships U-Net). "worker+short" (Downpour's default): the same step with a shorter
-    memory at the workers, 0.8 at 2 workers (IoU 0.94 against 0.955 on the ships U-Net). local
-    (SGD servers, default True): a
+    the ships U-Net at lr 0.01). local (SGD servers, default True): a
     worker steps its copy by each mini-batch of a key (plain SGD at the server's
     rate) before taking the next one's gradient, so that a push sums the gradients of k
     sequential steps; False: k gradients of the values the worker holds (docs/quality.md,
@@ -80,7 +86,7 @@ class Boosting(Strategy):
     lease_s: float = 300.0
     data_dir: str | None = None
     amp: str | None = None
-    staleness: str = "momentum"
+    staleness: str = "worker+short"
     local: bool = True
     fresh: bool | None = None
     average: float | None = None
@@ -124,10 +130,7 @@ class Boosting(Strategy):
             ServerSnapshots,
             _schedule,
             _server_average,
-            _server_momentum,
             _server_optimizer,
-            _worker_momentum,
-            _worker_rule,
             server_clip,
         )
         from ..downpour.exchange import ramp_length
@@ -136,12 +139,8 @@ class Boosting(Strategy):
         momentum, lr = job.train["momentum"], job.train["lr"]
         server_optimizer = self.server_optimizer or \
             _server_optimizer(job.train["optimizer"], momentum)
-        # the workers push in turn: each push W - 1 versions old, as Downpour's async pushes
-        server_momentum = _server_momentum(momentum, workers, "async", self.staleness)
-        worker_momentum = _worker_momentum(momentum, workers, "async", self.staleness,
-                                           server_optimizer)
-        # Boosting's pushes never overlap the next step
-        worker_momentum, rate = _worker_rule(worker_momentum, workers, False, self.staleness)
+        server_momentum, worker_momentum, rate = staleness_rule(
+            self.staleness, momentum, workers, server_optimizer)
         average = _server_average(self.average, workers, "async")
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": job.train["lr_decay"], "momentum": momentum,
@@ -299,6 +298,20 @@ class Boosting(Strategy):
                 "resumed_from_epoch": start_epoch or None, "evals": evals,
                 "lr_schedule": {**schedule.describe(), "push_scaling": job.train["lr_scaling"]}}
         return run.finish(net, history, info, f"boosting PS, {workers} worker(s)")
+
+
+def staleness_rule(staleness: str, momentum: float, workers: int, server_optimizer: str
+                   ) -> tuple[float, float, float]:
+    """(the server's momentum, the momentum each worker carries, the server's rate as a
+    multiple of fit's) under Downpour's ``staleness`` rule for ``workers`` pushing in turn,
+    each push W - 1 versions old as Downpour's asynchronous pushes, never overlapping the
+    next step: Boosting(staleness=...) with fit's ``momentum``."""
+    from ..downpour.driver import _server_momentum, _worker_momentum, _worker_rule
+    server_momentum = _server_momentum(momentum, workers, "async", staleness)
+    worker_momentum = _worker_momentum(momentum, workers, "async", staleness,
+                                       server_optimizer)
+    worker_momentum, rate = _worker_rule(worker_momentum, workers, False, staleness)
+    return server_momentum, worker_momentum, rate
 
 
 def parquet_files(job: Job, data_dir: Path | str, say) -> list[str]:
