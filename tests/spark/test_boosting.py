@@ -99,6 +99,10 @@ def test_two_workers_share_the_keys_of_a_parquet_dataset_exactly_once(spark, tmp
     assert res.info["fresh"] is True
     assert all(r["fresh_asks"] == r["rows"] // 8 and r["rebased"] <= r["fresh_asks"]
                for r in res.info["workers"])
+    # beside the driver they read the server's version from shared memory and ask only
+    # when it has moved: every ask sent brings newer values
+    assert all(r["board"] and r["asks_sent"] == r["rebased"] for r in res.info["workers"])
+    assert not (tmp_path / "run" / "ps-versions").exists()         # gone with the server
 
 
 def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path):

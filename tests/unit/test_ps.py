@@ -847,3 +847,45 @@ def test_a_refused_worker_reads_the_reason_not_a_reset(loop):
                 c.push(grad, samples=1)
         finally:
             ps.close()
+
+
+def test_a_worker_beside_the_server_reads_its_version_from_the_board_and_asks_when_moved(
+        server, tmp_path):
+    """Fresh values with the version board: an unmoved server is answered from shared
+    memory (no request: the server counts no pull), a moved one over the channel, with the
+    values; the board's file is the driver's user's alone and goes with the server."""
+    import os
+
+    from spark_dl.transport.ps.board import BoardReader, host_id
+    path = tmp_path / "ps-versions"
+    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, board=path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    a, b = (PSClient(ps.address, SECRET, w, torch.float64) for w in (0, 1))
+    for c in (a, b):
+        c.hello(0, 1)
+        c.pull(torch.empty(10, dtype=torch.float64))
+    a.watch(BoardReader.open(str(path), host_id()))
+    assert a.board is not None
+    out = torch.full((10,), 7.0, dtype=torch.float64)
+    pulls = ps.stats()["pulls"]
+    assert a.pull_newer(out) == [] and a.board_skips == 1
+    assert ps.stats()["pulls"] == pulls and (out == 7.0).all()    # nothing asked, untouched
+    b.push(torch.ones(10, dtype=torch.float64), 1)                # the server moves
+    assert a.pull_newer(out) == [(0, 10)] and a.board_skips == 1  # asked: the new values
+    assert torch.allclose(out, torch.linspace(-1, 1, 10, dtype=torch.float64) - 1)
+    assert a.versions == [1] and a.pull_newer(out) == [] and a.board_skips == 2
+    ps.close()
+    assert not path.exists()
+    for c in (a, b):
+        c.close()
+
+
+def test_a_board_on_another_machine_or_missing_is_not_read(tmp_path):
+    from spark_dl.transport.ps.board import BoardReader, VersionBoard, host_id
+    board = VersionBoard(tmp_path / "v", 3)
+    board.write(2, 41)
+    assert BoardReader.open(str(tmp_path / "v"), host_id()).version(2) == 41
+    assert BoardReader.open(str(tmp_path / "v"), "another-host/boot") is None
+    assert BoardReader.open(str(tmp_path / "missing"), host_id()) is None
+    assert BoardReader.open(None, host_id()) is None
+    board.close()

@@ -126,6 +126,7 @@ class Boosting(Strategy):
     def run(self, job: Job) -> FitResult:
         from ...planning.partitions import Layout
         from ...transport.ps import ParameterServer
+        from ...transport.ps.board import host_id
         from ..downpour.driver import (
             ServerSnapshots,
             _schedule,
@@ -164,6 +165,10 @@ class Boosting(Strategy):
         scheduler = KeyScheduler(len(keys), stage["epochs"], workers, seed=stage["seed"],
                                  lease_s=self.lease_s, start_epoch=start_epoch)
         schedule = _schedule(job, 1, "sequential", rate)   # each push its own step, as it comes
+        fresh = workers > 1 if self.fresh is None else self.fresh
+        # fresh values: the workers beside the driver read the server's version from shared
+        # memory and ask only when it has moved (transport/ps/board.py)
+        board = run.path / "ps-versions" if fresh else None
         ps = ParameterServer(layout.flatten(), run.secret.encode(), job.host,
                              optimizer=server_optimizer, lr=lr * rate,
                              momentum=server_momentum,
@@ -172,7 +177,7 @@ class Boosting(Strategy):
                              lr_decay=job.train["lr_decay"], keys=scheduler,
                              schedule=schedule, push_scaling=job.train["lr_scaling"],
                              average=average, clip=server_clip(self.clip, workers, "async"),
-                             buffers=layout.flatten_buffers())
+                             buffers=layout.flatten_buffers(), board=board)
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:
             try:
@@ -241,11 +246,12 @@ class Boosting(Strategy):
         # local steps: plain SGD on the worker, for the servers whose step is lr x gradient
         local = self.local and server_optimizer in ("sgd", "momentum") and \
             self.amp != "fp16" and job.train["lr_scaling"] == "linear"
-        fresh = workers > 1 if self.fresh is None else self.fresh
         cfg = _task.BoostingConfig(**stage, n_push=self.n_push, amp=self.amp,
                                    buffers=layout.buffer_spec,
                                    local=schedule if local else None, fresh=fresh,
                                    worker_momentum=worker_momentum,
+                                   board=None if board is None else str(board),
+                                   board_host=host_id(),
                                    momentum_ramp=ramp_length(       # the epochs to go
                                        sum(hi - lo for _, lo, hi in keys)
                                        * (stage["epochs"] - start_epoch)

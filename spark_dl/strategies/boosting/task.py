@@ -7,7 +7,9 @@ server's rate): the push sums the gradients k sequential steps would take, not k
 of one point; the server steps their sum once, with its momentum, and the worker fetches.
 With ``fresh``, before each mini-batch a worker asks the server for values newer than its
 own (another worker pushed meanwhile) and takes them, less the key's local steps so far: the
-key's later gradients are taken on values that include the pushes landed since its fetch. A
+key's later gradients are taken on values that include the pushes landed since its fetch (a
+worker on the driver's machine reads the server's version from shared memory first and asks
+only when it has moved: transport/ps/board.py). A
 task Spark retries asks again and gets back the key its last attempt held (keys.py)."""
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class BoostingConfig(StageConfig):
     fresh: bool = False                # before each mini-batch, the server's newer values
     #                                    less the key's local steps so far (see _work)
     worker_momentum: float = 0.0       # staleness "worker": SGD's momentum kept here
+    board: str | None = None           # fresh: the server's versions in shared memory ...
+    board_host: str = ""               # ... on this machine (transport/ps/board.py)
     momentum_ramp: int = MOMENTUM_RAMP  # ... ramped up over this many mini-batches
 
 
@@ -163,6 +167,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     )
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
+    from spark_dl.transport.ps.board import BoardReader
     from spark_dl.transport.ps.buffers import read_buffers, spec_numel
     from spark_dl.transport.rendezvous import task_device
 
@@ -180,6 +185,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
     progress = MessageClient(channel, secret)
     client.hello(0, cfg.batch_size)
+    if cfg.fresh:
+        client.watch(BoardReader.open(cfg.board, cfg.board_host))
     flat, grad = flat_parameters(model, client.numel, device, dtype)
     direct = flat.dtype == client.dtype and flat.device.type == "cpu"
     wire = flat if direct else torch.empty(flat.numel(), dtype=client.dtype)
@@ -266,7 +273,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     return {"worker": rank, "device": str(device), "note": note, "keys": trained,
             **carried_report(carrier),
             "rows": rows, "pushes": pushes, "rebased": rebased,
-            "fresh_asks": client.newer_asks, "waited_s": waited,
+            "fresh_asks": client.newer_asks, "waited_s": waited, "board": client.board is not None,
+            "asks_sent": client.newer_asks - client.board_skips,
             "amp_skipped_pushes": scaler.skipped, "row_groups_decoded": files.decoded,
             "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
             "bytes_sent": client.conn.bytes_sent, "bytes_received": client.conn.bytes_received,

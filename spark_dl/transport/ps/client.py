@@ -32,6 +32,8 @@ class PSClient:
         self._skip: list[int] = []                # steps whose push a shard already has
         self.push_seconds = self.pull_seconds = 0.0
         self.newer_asks = 0                       # pull_newer calls
+        self.board = None                         # the server's versions, on this machine
+        self.board_skips = 0                      # pull_newer calls the board answered
 
     def _reply(self, max_payload: int, into=None):
         op, code, _steps, _worker, shard, version, count, payload = self.conn.recv(max_payload,
@@ -96,12 +98,22 @@ class PSClient:
         versions. The requests go out together (they are small), the replies come in order."""
         self._pull(out, shards, newer=False)
 
+    def watch(self, board) -> None:
+        """Read the server's versions from ``board`` (a board.BoardReader, or None: ask)."""
+        self.board = board
+
     def pull_newer(self, out: torch.Tensor, shards: list[int] | None = None
                    ) -> list[tuple[int, int]]:
         """As ``pull``, but a shard still at the version this worker holds comes back empty
         (a header, no values) and leaves its part of ``out`` as it was; returns the (offset,
-        size) in ``out`` of the shards that had moved (empty: none)."""
+        size) in ``out`` of the shards that had moved (empty: none). With a board
+        (``watch``) that shows every shard at this worker's version, nothing is sent."""
         self.newer_asks += 1
+        if self.board is not None:
+            mine = range(len(self.versions)) if shards is None else shards
+            if all(self.board.version(i) == self.versions[i] for i in mine):
+                self.board_skips += 1
+                return []
         return self._pull(out, shards, newer=True)
 
     def _pull(self, out: torch.Tensor, shards: list[int] | None, newer: bool

@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from ..channel import Arrivals, accept_loop, stop_listening
+from .board import VersionBoard
 from .buffers import BufferMean
 from .loop import EventLoop, fault
 from .shard import SERVER_OPTIMIZERS, Shard
@@ -92,7 +93,7 @@ class ParameterServer:
                  staleness_lr: bool = False, average: float = 0.0, keys=None,
                  schedule=None, push_scaling: str = "linear",
                  buffers: torch.Tensor | None = None, clip: float | None = None,
-                 loop: bool | None = None):
+                 loop: bool | None = None, board: str | os.PathLike | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -145,6 +146,9 @@ class ParameterServer:
             raise ValueError("data keys need mode='sequential' and one shard (a push is "
                              "applied whole, or dropped whole)")
         self.keys = keys
+        # the shards' versions in shared memory for the workers on this machine (board.py)
+        self.board = VersionBoard(board, len(self.shards)) if board is not None else None
+        self._slot = {id(s): i for i, s in enumerate(self.shards)}
         self.epoch_states: dict[int, dict] = {}   # keys: epoch -> state_dict() at its end
         self._epochs_cv = threading.Condition()
         self._stop = threading.Event()
@@ -236,6 +240,7 @@ class ParameterServer:
                 s.version, s.steps = int(version), int(steps)
                 if s.averaged is not None:     # none saved: the average starts at x
                     s.load_average(saved)
+                self._posted(s)
         self.start_epoch = start_epoch
 
     def take_gradient_mean_abs(self) -> float | None:
@@ -283,6 +288,8 @@ class ParameterServer:
         self._thread.join(timeout=2)
         if self._loop is not None:
             self._loop.close()
+        if self.board is not None:
+            self.board.close()
 
     # -- serving -------------------------------------------------------------------------
     def _serve(self):
@@ -519,6 +526,11 @@ class ParameterServer:
     def numel(self) -> int:
         return self.bounds[-1]
 
+    def _posted(self, s: Shard) -> None:
+        """Shard ``s``'s version onto the board, if any (under its lock, after its step)."""
+        if self.board is not None:
+            self.board.write(self._slot[id(s)], s.version)
+
     def _push(self, s: Shard, worker: int, grad: torch.Tensor, base: int, samples: int,
               steps: int, pull: bool = False):
         """Apply (or collect) one push; returns (version, staleness, and with ``pull`` the
@@ -537,6 +549,7 @@ class ParameterServer:
                 if self.staleness_lr and staleness > 1:
                     scale /= staleness
                 s.apply(grad, scale, steps, self.epoch_steps, summed=steps)
+                self._posted(s)
                 s.done[worker] += steps
                 if self.keys is not None and self.keys.epoch > epoch:   # the epoch's last key
                     state = self.state_dict()
@@ -557,6 +570,7 @@ class ParameterServer:
             target = s.version + 1
             if len(s.round_workers) >= self.workers:
                 s.apply(s.round_sum, 1.0 / max(s.round_count, 1.0), steps, self.epoch_steps)
+                self._posted(s)
                 s.round_sum.zero_()
                 s.round_count = 0.0
                 s.round_workers.clear()
