@@ -889,3 +889,13 @@ def test_a_board_on_another_machine_or_missing_is_not_read(tmp_path):
     assert BoardReader.open(str(tmp_path / "missing"), host_id()) is None
     assert BoardReader.open(None, host_id()) is None
     board.close()
+
+
+def test_a_board_that_cannot_be_made_leaves_the_workers_asking(server, tmp_path):
+    ps = server(n=10, mode="sequential", board=tmp_path / "no-such-dir" / "ps-versions")
+    assert ps.board is None                  # the fit goes on; its workers ask the server
+    c = PSClient(ps.address, SECRET, 0, torch.float64)
+    c.hello(0, 1)
+    c.pull(torch.empty(10, dtype=torch.float64))
+    assert c.pull_newer(torch.empty(10, dtype=torch.float64)) == []
+    c.close()

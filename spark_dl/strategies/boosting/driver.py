@@ -250,7 +250,7 @@ class Boosting(Strategy):
                                    buffers=layout.buffer_spec,
                                    local=schedule if local else None, fresh=fresh,
                                    worker_momentum=worker_momentum,
-                                   board=None if board is None else str(board),
+                                   board=None if ps.board is None else str(board),
                                    board_host=host_id(),
                                    momentum_ramp=ramp_length(       # the epochs to go
                                        sum(hi - lo for _, lo, hi in keys)

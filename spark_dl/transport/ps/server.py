@@ -146,8 +146,12 @@ class ParameterServer:
             raise ValueError("data keys need mode='sequential' and one shard (a push is "
                              "applied whole, or dropped whole)")
         self.keys = keys
-        # the shards' versions in shared memory for the workers on this machine (board.py)
-        self.board = VersionBoard(board, len(self.shards)) if board is not None else None
+        # the shards' versions in shared memory for the workers on this machine (board.py);
+        # where the file cannot be made or mapped, the workers ask the server as before
+        self.board = None
+        if board is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.board = VersionBoard(board, len(self.shards))
         self._slot = {id(s): i for i, s in enumerate(self.shards)}
         self.epoch_states: dict[int, dict] = {}   # keys: epoch -> state_dict() at its end
         self._epochs_cv = threading.Condition()
