@@ -151,15 +151,6 @@ def _schema():
 RESULT_SCHEMA = "state binary, history string, info string, error string"
 
 
-def _machine_id() -> str:
-    """Host name + boot id: equal for tasks that can share memory."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return f"{os.uname().nodename}/{boot}"
-
-
 def barrier_task(cfg: StageConfig, train: Callable, secret: str,
                  channel: tuple[str, int] | None, run_dir: str | None):
     """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task of
@@ -187,6 +178,7 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
 
         from spark_dl.errors import SparkDLError
         from spark_dl.transport.channel import MessageClient
+        from spark_dl.transport.ps.board import host_id
         from spark_dl.transport.rendezvous import choose_backend, process_group, task_device
 
         ctx = BarrierTaskContext.get()
@@ -207,7 +199,7 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
                     note += "; rows held on the GPU"
             status.update(rows=len(shard) if shard is not None else 0, device=str(device),
                           note=note, gpus=gpus, data=shard.kind if shard is not None else None,
-                          host=os.uname().nodename, machine=_machine_id(), pid=os.getpid(),
+                          host=os.uname().nodename, machine=host_id(), pid=os.getpid(),
                           read_s=time.perf_counter() - t_start)
         except SparkDLError as e:        # reported to all tasks and the driver; not retried
             status["error"] = {"type": type(e).__name__, "message": str(e)}

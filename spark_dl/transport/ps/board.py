@@ -14,7 +14,6 @@ differ), or one that cannot open it, goes on asking the server.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +22,13 @@ __all__ = ["BoardReader", "VersionBoard", "host_id"]
 
 
 def host_id() -> str:
-    """This machine: its name and the kernel's boot id (a container's name may repeat)."""
+    """This machine: its name and the kernel's boot id (a container's name may repeat);
+    equal for processes that can share memory (the barrier tasks' too: runtime/stage.py)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    return f"{os.uname().nodename}/{boot}"
 
 
 class VersionBoard:
