@@ -28,7 +28,9 @@ over real run-to-run variation, not over one trajectory timed again:
                     rate), and "worker+short" on 2026-11-29 (the same step with a
                     shorter memory at the workers: 0.8 at 2 workers at fit's rate),
                     so "downpour" since is "downpour+worker+short", and the defaults
-                    before, "downpour+worker" and "downpour+halfway";
+                    before, "downpour+worker" and "downpour+halfway"; Boosting's
+                    default became "worker+short" later on 2026-11-29, so "boosting"
+                    in runs before then is "boosting+momentum" now;
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;

@@ -849,46 +849,65 @@ def test_a_refused_worker_reads_the_reason_not_a_reset(loop):
             ps.close()
 
 
+
+@pytest.mark.parametrize("loop", [False, True])
 def test_a_worker_beside_the_server_reads_its_version_from_the_board_and_asks_when_moved(
-        server, tmp_path):
-    """Fresh values with the version board: an unmoved server is answered from shared
-    memory (no request: the server counts no pull), a moved one over the channel, with the
-    values; the board's file is the driver's user's alone and goes with the server."""
+        server, tmp_path, loop):
+    """Fresh values with the version board (both serving paths): an unmoved server is
+    answered from the mapped file (nothing sent), a moved one over the channel, with the
+    values; the file is the driver's user's alone, carries the fit's token, and goes with
+    the server."""
     import os
 
     from spark_dl.transport.ps.board import BoardReader, host_id
     path = tmp_path / "ps-versions"
-    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, board=path)
-    assert os.stat(path).st_mode & 0o777 == 0o600
+    path.write_bytes(b"left by an earlier fit")            # replaced, not reused
+    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, board=path,
+                workers=8 if loop else 2, loop=loop)
+    assert os.stat(path).st_mode & 0o777 == 0o600 and path.stat().st_size == 16
     a, b = (PSClient(ps.address, SECRET, w, torch.float64) for w in (0, 1))
     for c in (a, b):
         c.hello(0, 1)
         c.pull(torch.empty(10, dtype=torch.float64))
-    a.watch(BoardReader.open(str(path), host_id()))
+    assert BoardReader.open(str(path), host_id(), ps.board.token + 1, 1) is None  # not ours
+    a.watch(BoardReader.open(str(path), host_id(), ps.board.token, 1))
     assert a.board is not None
     out = torch.full((10,), 7.0, dtype=torch.float64)
-    pulls = ps.stats()["pulls"]
+    sent = a.conn.bytes_sent
     assert a.pull_newer(out) == [] and a.board_skips == 1
-    assert ps.stats()["pulls"] == pulls and (out == 7.0).all()    # nothing asked, untouched
+    assert a.conn.bytes_sent == sent and (out == 7.0).all()       # nothing asked, untouched
     b.push(torch.ones(10, dtype=torch.float64), 1)                # the server moves
     assert a.pull_newer(out) == [(0, 10)] and a.board_skips == 1  # asked: the new values
+    assert a.conn.bytes_sent > sent
     assert torch.allclose(out, torch.linspace(-1, 1, 10, dtype=torch.float64) - 1)
     assert a.versions == [1] and a.pull_newer(out) == [] and a.board_skips == 2
-    ps.close()
-    assert not path.exists()
     for c in (a, b):
         c.close()
+    # a resumed server puts its restored versions on the board
+    state = ps.state_dict()
+    again = server(n=10, mode="sequential", optimizer="sgd", lr=1.0,
+                   board=tmp_path / "again")
+    again.load_state_dict(state)
+    assert BoardReader.open(str(tmp_path / "again"), host_id(), again.board.token,
+                            1).version(0) == 1
+    ps.close()
+    assert not path.exists()
 
 
-def test_a_board_on_another_machine_or_missing_is_not_read(tmp_path):
+def test_a_board_on_another_machine_or_missing_or_cut_short_is_not_read(tmp_path):
     from spark_dl.transport.ps.board import BoardReader, VersionBoard, host_id
     board = VersionBoard(tmp_path / "v", 3)
     board.write(2, 41)
-    assert BoardReader.open(str(tmp_path / "v"), host_id()).version(2) == 41
-    assert BoardReader.open(str(tmp_path / "v"), "another-host/boot") is None
-    assert BoardReader.open(str(tmp_path / "missing"), host_id()) is None
-    assert BoardReader.open(None, host_id()) is None
+    assert BoardReader.open(str(tmp_path / "v"), host_id(), board.token, 3).version(2) == 41
+    assert BoardReader.open(str(tmp_path / "v"), "another-host/boot", board.token, 3) is None
+    assert BoardReader.open(str(tmp_path / "v"), host_id(), board.token, 4) is None
+    assert BoardReader.open(str(tmp_path / "missing"), host_id(), board.token, 3) is None
+    assert BoardReader.open(None, host_id(), board.token, 3) is None
+    (tmp_path / "short").write_bytes(b"\0" * 12)
+    assert BoardReader.open(str(tmp_path / "short"), host_id(), 0, 1) is None
     board.close()
+    board.write(2, 42)                      # a push that raced the close: dropped, no error
+    assert not (tmp_path / "v").exists()
 
 
 def test_a_board_that_cannot_be_made_leaves_the_workers_asking(server, tmp_path):
@@ -897,5 +916,7 @@ def test_a_board_that_cannot_be_made_leaves_the_workers_asking(server, tmp_path)
     c = PSClient(ps.address, SECRET, 0, torch.float64)
     c.hello(0, 1)
     c.pull(torch.empty(10, dtype=torch.float64))
+    sent = c.conn.bytes_sent
     assert c.pull_newer(torch.empty(10, dtype=torch.float64)) == []
+    assert c.board is None and c.board_skips == 0 and c.conn.bytes_sent > sent
     c.close()

@@ -166,8 +166,8 @@ class Boosting(Strategy):
                                  lease_s=self.lease_s, start_epoch=start_epoch)
         schedule = _schedule(job, 1, "sequential", rate)   # each push its own step, as it comes
         fresh = workers > 1 if self.fresh is None else self.fresh
-        # fresh values: the workers beside the driver read the server's version from shared
-        # memory and ask only when it has moved (transport/ps/board.py)
+        # fresh values: the workers beside the driver read the server's version from a
+        # memory-mapped file and ask only when it has moved (transport/ps/board.py)
         board = run.path / "ps-versions" if fresh else None
         ps = ParameterServer(layout.flatten(), run.secret.encode(), job.host,
                              optimizer=server_optimizer, lr=lr * rate,
@@ -183,6 +183,7 @@ class Boosting(Strategy):
             try:
                 ps.load_state_dict(ckpt["server"])
             except ValueError as e:
+                ps.close()                     # its thread, socket and board with it
                 raise ConfigError(f"{ckpt_path} does not fit this fit's model: {e}; give a new "
                                   f"run_dir, or resume=False to start over in this one") from None
             run.say(f"resumed from the checkpoint of epoch {start_epoch} ({ckpt_path})")
@@ -251,7 +252,8 @@ class Boosting(Strategy):
                                    local=schedule if local else None, fresh=fresh,
                                    worker_momentum=worker_momentum,
                                    board=None if ps.board is None else str(board),
-                                   board_host=host_id(),
+                                   board_host="" if ps.board is None else host_id(),
+                                   board_token=0 if ps.board is None else ps.board.token,
                                    momentum_ramp=ramp_length(       # the epochs to go
                                        sum(hi - lo for _, lo, hi in keys)
                                        * (stage["epochs"] - start_epoch)

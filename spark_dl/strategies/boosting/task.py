@@ -8,8 +8,8 @@ of one point; the server steps their sum once, with its momentum, and the worker
 With ``fresh``, before each mini-batch a worker asks the server for values newer than its
 own (another worker pushed meanwhile) and takes them, less the key's local steps so far: the
 key's later gradients are taken on values that include the pushes landed since its fetch (a
-worker on the driver's machine reads the server's version from shared memory first and asks
-only when it has moved: transport/ps/board.py). A
+worker on the driver's machine reads the server's version from a memory-mapped file first
+and asks only when it has moved: transport/ps/board.py). A
 task Spark retries asks again and gets back the key its last attempt held (keys.py)."""
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class BoostingConfig(StageConfig):
     fresh: bool = False                # before each mini-batch, the server's newer values
     #                                    less the key's local steps so far (see _work)
     worker_momentum: float = 0.0       # staleness "worker": SGD's momentum kept here
-    board: str | None = None           # fresh: the server's versions in shared memory ...
-    board_host: str = ""               # ... on this machine (transport/ps/board.py)
+    board: str | None = None           # fresh: the server's versions, mapped from a file
+    board_host: str = ""               # on this machine (transport/ps/board.py), with the
+    board_token: int = 0               # fit's token
     momentum_ramp: int = MOMENTUM_RAMP  # ... ramped up over this many mini-batches
 
 
@@ -186,7 +187,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     progress = MessageClient(channel, secret)
     client.hello(0, cfg.batch_size)
     if cfg.fresh:
-        client.watch(BoardReader.open(cfg.board, cfg.board_host))
+        client.watch(BoardReader.open(cfg.board, cfg.board_host, cfg.board_token,
+                                      len(client.versions)))
     flat, grad = flat_parameters(model, client.numel, device, dtype)
     direct = flat.dtype == client.dtype and flat.device.type == "cpu"
     wire = flat if direct else torch.empty(flat.numel(), dtype=client.dtype)

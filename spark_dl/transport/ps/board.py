@@ -1,19 +1,26 @@
-"""The server's shard versions on a page of shared memory, for the workers on the driver's own
+"""The server's shard versions on a memory-mapped page, for the workers on the driver's own
 machine (local mode, or executors beside the driver): a worker that wants values newer than
 its own (Boosting's fresh values, before each mini-batch) reads the versions there and asks
 the server only when one has moved, where it otherwise sent a request and read a reply for
 each mini-batch, four system calls that mostly answered "unchanged".
 
 The board is a hint, never a source of values: the values still come over the
-authenticated channel. It is a file of one int64 per shard in the run directory, the
-driver's user's alone (0600), which the server writes after each step (an aligned 8-byte
-store) and a worker maps read-only. A worker on another machine (the host's name and boot id
-differ), or one that cannot open it, goes on asking the server.
+authenticated channel, and a worker's versions only ever come from the server's replies, so
+a board that lies can make a worker ask more, or take the newer values at its next push
+rather than mid-key, nothing else. It is a file in the run directory, made new for each fit
+(the driver's user's alone, 0600), of the fit's token and one int64 per shard, which the
+server writes after each step (an aligned 8-byte store) and a worker maps read-only. A
+worker on another machine (the host's name and boot id differ), one that cannot map it, or
+one that finds another fit's token there, goes on asking the server.
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
+import platform
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -28,47 +35,67 @@ def host_id() -> str:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = ""
-    return f"{os.uname().nodename}/{boot}"
+    return f"{platform.node()}/{boot}"
 
 
 class VersionBoard:
-    """The server's side: ``shards`` versions, 0 at first, at ``path`` (made, or emptied)."""
+    """The server's side: the fit's ``token`` and ``shards`` versions, 0 at first, in a new
+    file at ``path`` (one left there, by an earlier fit of the run directory, is replaced).
+    Raises OSError where the file cannot be made or mapped (then there is no board)."""
 
     def __init__(self, path: str | Path, shards: int):
         self.path = Path(path)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.token = secrets.randbits(63)
+        self.path.unlink(missing_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL
+                     | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
-            os.ftruncate(fd, 8 * shards)
-        finally:
+            # written, not just sized: a full disk fails here, not as a SIGBUS on a store
+            os.write(fd, np.array([self.token] + [0] * shards, np.int64).tobytes())
+            self._map = mmap.mmap(fd, 8 * (shards + 1))
+        except BaseException:
             os.close(fd)
-        self._v = np.memmap(self.path, dtype=np.int64, mode="r+", shape=(shards,))
+            self.path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        self._v = np.frombuffer(self._map, dtype=np.int64)[1:]
 
     def write(self, shard: int, version: int) -> None:
-        self._v[shard] = version
+        v = self._v
+        if v is not None:                  # a push that raced the server's close: dropped
+            v[shard] = version
 
     def close(self) -> None:
-        """Unmapped and removed: a worker still reading its own mapping reads the last
-        versions, and asks the server from then on only if they differ from its own."""
+        """Removed (a worker still reading its own mapping reads the last versions, and
+        asks the server from then on only if they differ from its own)."""
         self._v = None
         self.path.unlink(missing_ok=True)
+        with contextlib.suppress(BufferError):   # a view still held: unmapped when freed
+            self._map.close()
 
 
 class BoardReader:
-    """A worker's side: the versions the server last wrote, read from the shared page."""
+    """A worker's side: the versions the server last wrote, read from the mapped page."""
 
-    def __init__(self, values: np.memmap):
+    def __init__(self, values: np.ndarray):
         self._v = values
 
     @classmethod
-    def open(cls, path: str | None, host: str) -> BoardReader | None:
+    def open(cls, path: str | None, host: str, token: int, shards: int) -> BoardReader | None:
         """The board at ``path`` when this worker runs on the machine ``host`` (``host_id()``
-        of the driver) and can map it; else None (ask the server every time)."""
+        of the driver), can map it and finds there the fit's ``token`` and ``shards``
+        versions; else None (ask the server every time)."""
         if not path or host != host_id():
             return None
         try:
-            return cls(np.memmap(path, dtype=np.int64, mode="r"))
+            with open(path, "rb") as f:
+                page = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError):
             return None
+        values = np.frombuffer(page, dtype=np.int64) if len(page) % 8 == 0 else None
+        if values is None or len(values) != shards + 1 or int(values[0]) != token:
+            return None
+        return cls(values[1:])
 
     def version(self, shard: int) -> int:
         return int(self._v[shard])

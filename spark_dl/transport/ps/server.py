@@ -146,7 +146,7 @@ class ParameterServer:
             raise ValueError("data keys need mode='sequential' and one shard (a push is "
                              "applied whole, or dropped whole)")
         self.keys = keys
-        # the shards' versions in shared memory for the workers on this machine (board.py);
+        # the shards' versions in a mapped file for the workers on this machine (board.py);
         # where the file cannot be made or mapped, the workers ask the server as before
         self.board = None
         if board is not None:
@@ -532,8 +532,9 @@ class ParameterServer:
 
     def _posted(self, s: Shard) -> None:
         """Shard ``s``'s version onto the board, if any (under its lock, after its step)."""
-        if self.board is not None:
-            self.board.write(self._slot[id(s)], s.version)
+        board = self.board
+        if board is not None:
+            board.write(self._slot[id(s)], s.version)
 
     def _push(self, s: Shard, worker: int, grad: torch.Tensor, base: int, samples: int,
               steps: int, pull: bool = False):
