@@ -869,8 +869,8 @@ def test_a_worker_beside_the_server_reads_its_version_from_the_board_and_asks_wh
     for c in (a, b):
         c.hello(0, 1)
         c.pull(torch.empty(10, dtype=torch.float64))
-    assert BoardReader.open(str(path), host_id(), ps.board.token + 1, 1) is None  # not ours
-    a.watch(BoardReader.open(str(path), host_id(), ps.board.token, 1))
+    assert BoardReader.open((str(path), host_id(), ps.board.token + 1), 1) is None  # not ours
+    a.watch(BoardReader.open(ps.board.ticket(), 1))
     assert a.board is not None
     out = torch.full((10,), 7.0, dtype=torch.float64)
     sent = a.conn.bytes_sent
@@ -888,8 +888,7 @@ def test_a_worker_beside_the_server_reads_its_version_from_the_board_and_asks_wh
     again = server(n=10, mode="sequential", optimizer="sgd", lr=1.0,
                    board=tmp_path / "again")
     again.load_state_dict(state)
-    assert BoardReader.open(str(tmp_path / "again"), host_id(), again.board.token,
-                            1).version(0) == 1
+    assert BoardReader.open(again.board.ticket(), 1).version(0) == 1
     ps.close()
     assert not path.exists()
 
@@ -898,13 +897,13 @@ def test_a_board_on_another_machine_or_missing_or_cut_short_is_not_read(tmp_path
     from spark_dl.transport.ps.board import BoardReader, VersionBoard, host_id
     board = VersionBoard(tmp_path / "v", 3)
     board.write(2, 41)
-    assert BoardReader.open(str(tmp_path / "v"), host_id(), board.token, 3).version(2) == 41
-    assert BoardReader.open(str(tmp_path / "v"), "another-host/boot", board.token, 3) is None
-    assert BoardReader.open(str(tmp_path / "v"), host_id(), board.token, 4) is None
-    assert BoardReader.open(str(tmp_path / "missing"), host_id(), board.token, 3) is None
-    assert BoardReader.open(None, host_id(), board.token, 3) is None
+    assert BoardReader.open(board.ticket(), 3).version(2) == 41
+    assert BoardReader.open((str(tmp_path / "v"), "another-host/boot", board.token), 3) is None
+    assert BoardReader.open(board.ticket(), 4) is None
+    assert BoardReader.open((str(tmp_path / "missing"), host_id(), board.token), 3) is None
+    assert BoardReader.open(None, 3) is None
     (tmp_path / "short").write_bytes(b"\0" * 12)
-    assert BoardReader.open(str(tmp_path / "short"), host_id(), 0, 1) is None
+    assert BoardReader.open((str(tmp_path / "short"), host_id(), 0), 1) is None
     board.close()
     board.write(2, 42)                      # a push that raced the close: dropped, no error
     assert not (tmp_path / "v").exists()

@@ -126,7 +126,6 @@ class Boosting(Strategy):
     def run(self, job: Job) -> FitResult:
         from ...planning.partitions import Layout
         from ...transport.ps import ParameterServer
-        from ...transport.ps.board import host_id
         from ..downpour.driver import (
             ServerSnapshots,
             _schedule,
@@ -251,9 +250,7 @@ class Boosting(Strategy):
                                    buffers=layout.buffer_spec,
                                    local=schedule if local else None, fresh=fresh,
                                    worker_momentum=worker_momentum,
-                                   board=None if ps.board is None else str(board),
-                                   board_host="" if ps.board is None else host_id(),
-                                   board_token=0 if ps.board is None else ps.board.token,
+                                   board=None if ps.board is None else ps.board.ticket(),
                                    momentum_ramp=ramp_length(       # the epochs to go
                                        sum(hi - lo for _, lo, hi in keys)
                                        * (stage["epochs"] - start_epoch)

@@ -51,9 +51,8 @@ class BoostingConfig(StageConfig):
     fresh: bool = False                # before each mini-batch, the server's newer values
     #                                    less the key's local steps so far (see _work)
     worker_momentum: float = 0.0       # staleness "worker": SGD's momentum kept here
-    board: str | None = None           # fresh: the server's versions, mapped from a file
-    board_host: str = ""               # on this machine (transport/ps/board.py), with the
-    board_token: int = 0               # fit's token
+    board: tuple | None = None         # fresh: where the server's versions are mapped from
+    #                                    on its machine (transport/ps/board.py: ticket)
     momentum_ramp: int = MOMENTUM_RAMP  # ... ramped up over this many mini-batches
 
 
@@ -187,8 +186,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     progress = MessageClient(channel, secret)
     client.hello(0, cfg.batch_size)
     if cfg.fresh:
-        client.watch(BoardReader.open(cfg.board, cfg.board_host, cfg.board_token,
-                                      len(client.versions)))
+        client.watch(BoardReader.open(cfg.board, len(client.versions)))
     flat, grad = flat_parameters(model, client.numel, device, dtype)
     direct = flat.dtype == client.dtype and flat.device.type == "cpu"
     wire = flat if direct else torch.empty(flat.numel(), dtype=client.dtype)

@@ -60,6 +60,11 @@ class VersionBoard:
         os.close(fd)
         self._v = np.frombuffer(self._map, dtype=np.int64)[1:]
 
+    def ticket(self) -> tuple[str, str, int]:
+        """What a worker needs to find and check the board: (its path, this machine's
+        ``host_id()``, the fit's token), for ``BoardReader.open``."""
+        return str(self.path), host_id(), self.token
+
     def write(self, shard: int, version: int) -> None:
         v = self._v
         if v is not None:                  # a push that raced the server's close: dropped
@@ -81,11 +86,14 @@ class BoardReader:
         self._v = values
 
     @classmethod
-    def open(cls, path: str | None, host: str, token: int, shards: int) -> BoardReader | None:
-        """The board at ``path`` when this worker runs on the machine ``host`` (``host_id()``
-        of the driver), can map it and finds there the fit's ``token`` and ``shards``
-        versions; else None (ask the server every time)."""
-        if not path or host != host_id():
+    def open(cls, ticket: tuple[str, str, int] | None, shards: int) -> BoardReader | None:
+        """The board of ``ticket`` (``VersionBoard.ticket()``: path, machine, token) when
+        this worker runs on that machine, can map the file and finds there the fit's token
+        and ``shards`` versions; else None (ask the server every time)."""
+        if ticket is None:
+            return None
+        path, host, token = ticket
+        if host != host_id():
             return None
         try:
             with open(path, "rb") as f:

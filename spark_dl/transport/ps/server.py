@@ -152,7 +152,6 @@ class ParameterServer:
         if board is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.board = VersionBoard(board, len(self.shards))
-        self._slot = {id(s): i for i, s in enumerate(self.shards)}
         self.epoch_states: dict[int, dict] = {}   # keys: epoch -> state_dict() at its end
         self._epochs_cv = threading.Condition()
         self._stop = threading.Event()
@@ -534,7 +533,7 @@ class ParameterServer:
         """Shard ``s``'s version onto the board, if any (under its lock, after its step)."""
         board = self.board
         if board is not None:
-            board.write(self._slot[id(s)], s.version)
+            board.write(self.shards.index(s), s.version)
 
     def _push(self, s: Shard, worker: int, grad: torch.Tensor, base: int, samples: int,
               steps: int, pull: bool = False):
