@@ -14,10 +14,13 @@ epoch, 2 epochs; no linear scaling (Downpour's pushes carry one worker's batch).
 are bench_scaling's (48,000 distorted digits from the first 8,000 shipped), made once.
 
 A configuration is comma-separated key=value (defaults: the "worker" rule's for W):
-  W (1)  rule ("worker"; "short": Downpour's default "worker+short", its wm and rate)
+  W (1)  rule ("worker"; "short": "worker+short", its wm and rate; "dana": Downpour's
+  default "dana", its wm and rate, and look=1)
   wm (0.9 with W > 1)  sm (0.9 for W = 1, else 0)  rate (worker_rate(W) with wm, else 1;
   give it with wm: wm alone keeps it)  stale (W - 1)  clip (2 with W > 1, 0: off)
   lr (0.02)  ramp (-1: ramp_length of the worker's fit; 0: none)
+  look (0; 1: the server's look-ahead of rule "dana", spark_dl.transport.ps.shard: a worker
+  takes its gradient at the values it fetched less lr x every worker's momentum step to come)
 
     .venv/bin/python benchmarks/async_turns.py --configs "W=1;W=2;W=2,stale=0" --seeds 6 \
         [--out benchmarks/results/async-turns.json]
@@ -42,19 +45,23 @@ def settings(config: str) -> dict:
     """A configuration's settings, Downpour's defaults for its W filled in."""
     from spark_dl.strategies.downpour.driver import _worker_rule, worker_rate
     given = dict(kv.split("=") for kv in config.split(",") if kv)
-    unknown = set(given) - {"W", "rule", "wm", "sm", "rate", "stale", "clip", "lr", "ramp"}
-    if unknown or given.get("rule", "worker") not in ("worker", "short"):
+    unknown = set(given) - {"W", "rule", "wm", "sm", "rate", "stale", "clip", "lr", "ramp",
+                            "look"}
+    if unknown or given.get("rule", "worker") not in ("worker", "short", "dana"):
         raise SystemExit(f"unknown setting(s) {sorted(unknown)} or rule in {config!r}")
     w = int(given.get("W", 1))
-    if given.get("rule") == "short" and w > 1:
-        wm, rate = _worker_rule(MOMENTUM, w, False, "worker+short")
-        given = {"wm": str(wm), "rate": str(rate), **given}
+    if given.get("rule") in ("short", "dana") and w > 1:
+        rule = "worker+short" if given["rule"] == "short" else "dana"
+        wm, rate = _worker_rule(MOMENTUM, w, False, rule)
+        given = {"wm": str(wm), "rate": str(rate), "look": str(int(rule == "dana")),
+                 **given}
     s = {"W": w, "rule": given.get("rule", "worker"),
          "wm": float(given.get("wm", MOMENTUM if w > 1 else 0.0)),
          "sm": float(given.get("sm", MOMENTUM if w == 1 else 0.0)),
          "stale": int(given.get("stale", w - 1)), "clip": float(given.get("clip", 2 if w > 1
                                                                           else 0)),
-         "lr": float(given.get("lr", LR)), "ramp": int(given.get("ramp", -1))}
+         "lr": float(given.get("lr", LR)), "ramp": int(given.get("ramp", -1)),
+         "look": bool(int(given.get("look", 0)))}
     s["rate"] = float(given.get("rate", worker_rate(w) if s["wm"] else 1.0))
     return s
 
@@ -78,7 +85,8 @@ def simulate(data: str, config: str, seed: int) -> dict:
     values = parameters_to_vector(params).detach()
     lr = s["lr"] * s["rate"]
     server = Shard(values, "momentum" if s["sm"] else "sgd", lr, s["sm"], average=AVERAGE,
-                   schedule=LRSchedule(lr, decay=DECAY), clip=s["clip"] or None)
+                   schedule=LRSchedule(lr, decay=DECAY), clip=s["clip"] or None,
+                   ahead=s["look"] and bool(s["wm"]))
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     shards = [order[i::w_count] for i in range(w_count)]
     per_worker = len(shards[0]) // BATCH
@@ -106,7 +114,9 @@ def simulate(data: str, config: str, seed: int) -> dict:
                 if s["wm"]:
                     carriers[i].carry(g, BATCH, 1)
                 server.apply(g, 1.0 / BATCH, epoch_steps=epoch_pushes)
-                versions = (versions + [server.param.detach().clone()])[-(stale + 1):]
+                if server.ahead is not None:      # as the real server does (rule "dana")
+                    server.ahead.record(i, g, 1.0 / BATCH, carriers[i].next_momentum)
+                versions = (versions + [server.fetched(epoch_pushes)])[-(stale + 1):]
                 if server.steps % epoch_pushes in marks:
                     vector_to_parameters(server.avg, params)
                     with torch.no_grad():

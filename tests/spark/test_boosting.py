@@ -105,15 +105,20 @@ def test_two_workers_share_the_keys_of_a_parquet_dataset_exactly_once(spark, tmp
     assert not (tmp_path / "run" / "ps-versions").exists()         # gone with the server
 
 
-def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path):
+@pytest.mark.parametrize("rule, rate", [("worker", 0.5), ("dana", 1.0)])
+def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path, rule, rate):
     """staleness="worker": the server steps plainly at half fit's rate (2 workers), each
-    worker carries fit's momentum over its pushes, and the fit still learns."""
+    worker carries fit's momentum over its pushes, and the fit still learns; "dana": at
+    fit's rate, each worker reporting its momentum as its ramp grows it (twice with 4-batch
+    keys: 1/3 and 1/2 of it after 1 and 2 of them), the server sending the look-ahead."""
     x, y = data(320, seed=6)
-    res = fit(frame(spark, x, y, [160, 160]), small_fc, strategy=Boosting(staleness="worker"),
+    res = fit(frame(spark, x, y, [160, 160]), small_fc, strategy=Boosting(staleness=rule),
               batch_size=8, epochs=3, lr=0.3, momentum=0.5, validation=(x[:64], y[:64]),
               run_dir=tmp_path / "run", log=None)
     assert (res.info["server_momentum"], res.info["worker_momentum"],
-            res.info["server_rate"]) == (0.0, 0.5, 0.5)
+            res.info["server_rate"], res.info["look_ahead"]) == (0.0, 0.5, rate, rule == "dana")
+    reports = sum(min(len(r["keys"]), 2) for r in res.info["workers"])   # keys it trained
+    assert res.info["server"]["momentum_reports"] == (reports if rule == "dana" else 0)
     assert all(r["velocity_norm"] > 0 for r in res.info["workers"] if r["keys"])
     # the momentum's ramp: a tenth of a worker's 320 x 3 / 8 / 2 = 60 mini-batches
     assert all(r["momentum_ramp"] == 6 for r in res.info["workers"])

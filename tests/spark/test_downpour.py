@@ -310,9 +310,10 @@ def test_downpour_argument_errors(spark):
 
 
 def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
-    """Two async replicas with momentum 0.9. The default, "worker+short": each worker carries
-    momentum 0.8 over its pushes and the server steps them plainly at fit's rate, the step
-    per gradient of "worker" (fit's 0.9 at the workers, half fit's rate at the server).
+    """Two async replicas with momentum 0.9. The default, "dana": each worker carries fit's
+    momentum over its pushes and reports it, the server steps them plainly at fit's rate
+    and sends the look-ahead; "worker+short": momentum 0.8 at the workers at fit's rate, the
+    step per gradient of "worker" (fit's 0.9 at the workers, half fit's rate at the server).
     "momentum" lowers the server's momentum by the asynchrony's own, 0.9 - (1 - 1/2) = 0.4;
     "step" runs 1 - 2 x (1 - 0.9) = 0.8 on CPUs, half the single process's effective step
     (the driver guesses device='auto' from this machine: GPU workers overlap their pushes, a
@@ -323,11 +324,19 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     kw = dict(replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9, log=None)
     default = fit(df, small_fc, strategy="downpour", run_dir=tmp_path / "a", **kw)
     gpu = torch.cuda.is_available()
-    assert default.info["staleness"] == "worker+short"
+    assert default.info["staleness"] == "dana"
     assert (default.info["server_momentum"], default.info["worker_momentum"],
-            default.info["server_rate"], default.info["overlap"]) == \
-        (0.0, pytest.approx(0.8), 1.0, [gpu] * 2)
+            default.info["server_rate"], default.info["overlap"], default.info["look_ahead"]) \
+        == (0.0, 0.9, 1.0, [gpu] * 2, True)
     assert default.history[0]["lr"] == pytest.approx(0.1)
+    # each worker reported its momentum once: 0 for its first push (the ramp of a tenth of
+    # its 2 mini-batches, at least 1), 0.9 from its second
+    assert default.info["server"]["momentum_reports"] == 2
+    short = fit(df, small_fc, strategy=Downpour(staleness="worker+short"),
+                run_dir=tmp_path / "h", **kw)
+    assert (short.info["server_momentum"], short.info["worker_momentum"],
+            short.info["server_rate"], short.info["look_ahead"]) == \
+        (0.0, pytest.approx(0.8), 1.0, False)
     worker = fit(df, small_fc, strategy=Downpour(staleness="worker"),
                  run_dir=tmp_path / "g", **kw)      # the same step: 0.9 at half the rate
     assert (worker.info["server_momentum"], worker.info["worker_momentum"],

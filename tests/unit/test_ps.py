@@ -919,3 +919,84 @@ def test_a_board_that_cannot_be_made_leaves_the_workers_asking(server, tmp_path)
     assert c.pull_newer(torch.empty(10, dtype=torch.float64)) == []
     assert c.board is None and c.board_skips == 0 and c.conn.bytes_sent > sent
     c.close()
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_dana_workers_fetch_the_look_ahead_of_every_workers_momentum_step(server, loop):
+    """Staleness rule "dana": a worker fetches x - lr S, S the sum over the workers of the
+    momentum each reported times its last step gradient, which its next push steps again;
+    a worker that said bye or says hello anew (a retried task, its buffer empty) is out of
+    S. The server's own values and its average are the plain x."""
+    ps = server(n=10, shards=2, optimizer="sgd", lr=0.5, ahead=True, loop=loop, average=0.1)
+    f64 = dict(dtype=torch.float64)
+    a, b = PSClient(ps.address, SECRET, 0, **f64), PSClient(ps.address, SECRET, 1, **f64)
+    a.hello(rows=4, batch_size=2)
+    b.hello(rows=4, batch_size=2)
+    out = torch.empty(10, **f64)
+    a.pull(out)
+    assert torch.equal(out, ps.parameters(averaged=False))           # nothing to come yet
+    ga, gb = torch.arange(10, **f64), torch.ones(10, **f64) * 3
+    a.push(ga * 2, samples=2, momentum=0.45)                           # sums of 2 samples
+    b.push(gb * 4, samples=4, momentum=0.9)
+    a.push(ga * 4, samples=2, pull_into=out, momentum=0.9)             # ga again, 2x
+    x = ps.parameters(averaged=False)
+    torch.testing.assert_close(x, torch.linspace(-1, 1, 10, **f64) - 0.5 * (ga + gb + 2 * ga))
+    torch.testing.assert_close(out, x - 0.5 * 0.9 * (2 * ga + gb))
+    assert a.conn.send_seq == 1 + 2 + 2 + 2 * 2      # hello, pull, 0.45 and 0.9, 2 pushes
+
+
+    def fetched_soon(client, expected) -> bool:     # a bye is read by the server's thread
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            client.pull(out)
+            if torch.allclose(out, expected):
+                return True
+            time.sleep(0.01)
+        return False
+    b.close()                                                          # b pushes no more
+    assert fetched_soon(a, x - 0.5 * 0.9 * 2 * ga)
+    again = PSClient(ps.address, SECRET, 0, **f64)                     # a, retried
+    again.hello(rows=4, batch_size=2)
+    again.pull(out)
+    assert torch.equal(out, x)
+    assert torch.equal(ps.parameters(averaged=False), x)
+    a.close()
+    again.close()
+
+
+def test_the_look_ahead_sums_its_terms_anew_and_needs_async_mode(server):
+    from spark_dl.transport.ps.shard import Ahead
+    ahead = Ahead(torch.zeros(50, dtype=torch.float32))
+    gen = torch.Generator().manual_seed(0)
+    for k in range(Ahead.RESUM + 3):
+        ahead.record(k % 3, torch.randn(50, generator=gen) * 1e3, 0.01, 0.9)
+    exact = sum(t.double() for t in ahead.terms.values())
+    torch.testing.assert_close(ahead.sum.double(), exact, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match=r"ahead .* needs pushes stepped one by one"):
+        server(n=10, mode="sync", ahead=True)
+    for ahead, momentum, error in ((False, 0.9, "needs a server with look-ahead"),
+                                   (True, 1.0, r"must be in \[0, 1\), got 1.0"),
+                                   (True, float("nan"), r"must be in \[0, 1\), got nan")):
+        ps = server(n=10, ahead=ahead)
+        c = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
+        c.hello(rows=4, batch_size=2)
+        c.report_momentum(momentum)
+        with pytest.raises(PSError, match=error):
+            c.pull(torch.empty(10, dtype=torch.float64))
+        c.close()
+
+
+def test_the_dana_rule_keeps_fits_momentum_at_the_workers_at_a_rate_from_1_to_a_half():
+    """Staleness rule "dana": fit's momentum at the workers, none on the server; the server's
+    rate 1 up to 4 replicas, 4 / R from there, not below 1/2 (overlapped pushes: that of
+    twice the replicas)."""
+    from spark_dl.strategies.downpour.driver import (_server_momentum, _worker_momentum,
+                                                      _worker_rule, dana_rate)
+    assert [dana_rate(r) for r in (1, 2, 4, 5, 8, 16, 64)] == [1, 1, 1, 0.8, 0.5, 0.5, 0.5]
+    assert _worker_rule(0.9, 2, False, "dana") == (0.9, 1.0)
+    assert _worker_rule(0.9, 4, True, "dana") == (0.9, 0.5)
+    assert _worker_rule(0.0, 4, False, "dana") == (0.0, 1.0)          # nothing moved
+    assert _worker_momentum(0.9, 2, "async", "dana", "momentum") == 0.9
+    assert _worker_momentum(0.9, 1, "async", "dana", "momentum") == 0.0
+    assert _worker_momentum(0.9, 2, "async", "dana", "adam") == 0.0
+    assert _server_momentum(0.9, 2, "async", "dana") == 0.0

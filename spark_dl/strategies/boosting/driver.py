@@ -47,7 +47,7 @@ class Boosting(Strategy):
     bfloat16 on the wire). staleness: how the server allows for the pushes computed on values
     the other workers' pushes have moved since (with W equally fast workers every push is
     W - 1 versions old), Downpour's rules: "worker+short" (the default since 2026-11-29, as
-    Downpour's): each worker carries 1 - W (1 - m) of fit's momentum m over its own pushes
+    Downpour's was until "dana"): each worker carries 1 - W (1 - m) of fit's momentum m over its own pushes
     (0.8 at 2 workers, 0.6 at 4, 0.2 at 8, none from 10 at 0.9), ramped up over its first
     mini-batches, and the server steps them plainly at the rate that keeps Downpour's step
     per gradient (fit's at 2 workers, 2x at 4, 4x at 8; a key's local steps too): on the
@@ -142,10 +142,11 @@ class Boosting(Strategy):
         server_momentum, worker_momentum, rate = staleness_rule(
             self.staleness, momentum, workers, server_optimizer)
         average = _server_average(self.average, workers, "async")
+        ahead = self.staleness == "dana" and worker_momentum > 0    # the workers' look-ahead
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": job.train["lr_decay"], "momentum": momentum,
                               "server_momentum": server_momentum,
-                              "worker_momentum": worker_momentum})
+                              "worker_momentum": worker_momentum, "look_ahead": ahead})
         stage = job.stage
         key_rows = self.n_push * stage["batch_size"]
         files = parquet_files(job, Path(self.data_dir) if self.data_dir else run.path / "data",
@@ -176,7 +177,7 @@ class Boosting(Strategy):
                              lr_decay=job.train["lr_decay"], keys=scheduler,
                              schedule=schedule, push_scaling=job.train["lr_scaling"],
                              average=average, clip=server_clip(self.clip, workers, "async"),
-                             buffers=layout.flatten_buffers(), board=board)
+                             buffers=layout.flatten_buffers(), board=board, ahead=ahead)
         ps.epoch_steps = len(keys) * self.n_push   # mini-batch steps of an epoch (lr_decay)
         if ckpt is not None:
             try:
@@ -249,7 +250,7 @@ class Boosting(Strategy):
         cfg = _task.BoostingConfig(**stage, n_push=self.n_push, amp=self.amp,
                                    buffers=layout.buffer_spec,
                                    local=schedule if local else None, fresh=fresh,
-                                   worker_momentum=worker_momentum,
+                                   worker_momentum=worker_momentum, look_ahead=ahead,
                                    board=None if ps.board is None else ps.board.ticket(),
                                    momentum_ramp=ramp_length(       # the epochs to go
                                        sum(hi - lo for _, lo, hi in keys)
@@ -289,7 +290,7 @@ class Boosting(Strategy):
         state = scheduler.state()
         info = {"world": workers, "mode": "sequential", "n_push": self.n_push,
                 "staleness": self.staleness, "server_momentum": server_momentum,
-                "worker_momentum": worker_momentum, "server_rate": rate,
+                "worker_momentum": worker_momentum, "server_rate": rate, "look_ahead": ahead,
                 "local_steps": local, "fresh": fresh, "average": average,
                 "keys": {"count": len(keys), "rows_per_key": key_rows, "files": len(files),
                          "served": [[list(p) for p in ep] for ep in scheduler.served],

@@ -54,6 +54,7 @@ class BoostingConfig(StageConfig):
     board: tuple | None = None         # fresh: where the server's versions are mapped from
     #                                    on its machine (transport/ps/board.py: ticket)
     momentum_ramp: int = MOMENTUM_RAMP  # ... ramped up over this many mini-batches
+    look_ahead: bool = False           # staleness "dana": its momentum reported to the server
 
 
 def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
@@ -255,7 +256,9 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             out = grad if grad.device.type == "cpu" else grad.cpu()
             client.push(out, int(samples), max(steps, 1), pull_into=wire,
                         buffers=None if buffers is None else
-                        read_buffers(model, cfg.buffers, buffers))
+                        read_buffers(model, cfg.buffers, buffers),
+                        momentum=carrier.next_momentum if cfg.look_ahead and carrier is not None
+                        else None)
             if not direct:
                 flat.copy_(wire)
             grad.zero_()

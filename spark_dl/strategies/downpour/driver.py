@@ -27,7 +27,7 @@ from . import task as _task
 __all__ = ["MODES", "STALENESS_RULES", "Downpour"]
 
 STALENESS_RULES = ("halfway", "step", "momentum", "lr", "lr+momentum", "none", "worker",
-                   "worker+short")
+                   "worker+short", "dana")
 
 
 @options
@@ -49,8 +49,21 @@ class Downpour(Strategy):
     more step of staleness, no waiting for the round trip (default None: on for workers on a
     GPU, where the host is otherwise idle while the GPU computes; off on CPUs, where the round
     trip takes the cores the step needs, with partitions > 1, and where it diverges, below).
-    staleness (async): how the replicas allow for stale pushes. "worker+short" (default since
-    2026-11-29): SGD's momentum moves to the workers: each keeps a momentum over its own
+    staleness (async): how the replicas allow for stale pushes. "dana" (the default since
+    2026-11-29 morning): each worker keeps fit's momentum over its own pushes, ramped as
+    under "worker+short" below, and reports it to the server, which steps the pushes
+    without momentum of its own at dana_rate (fit's rate up to 4 replicas, 4 / replicas of
+    it from there, not below half) and sends every worker the look-ahead of its values: less
+    lr x every worker's last step times its momentum, the steps the workers' next pushes
+    will take again before this worker's gradient lands (DANA-Zero, Hakimi et al. 2019;
+    spark_dl.transport.ps.shard, "Look-ahead"). The gradient is taken about where it is
+    applied, so a push keeps the single process's step. On 2 CPU workers of the thesis CNN
+    it reached 98% after the epochs one worker needs, in 0.45x one worker's time (seeds
+    0-5; "worker+short" 0.52x in the same run), on local[16] a quarter to half an epoch
+    sooner than "worker+short" (seeds 0-2), and it kept the ships U-Net's IoU (docs/guides/
+    downpour.md, "Look-ahead"). The server holds a model's worth of values per worker.
+    "worker+short" (the default from 2026-11-29 night until then): SGD's momentum moves to
+    the workers: each keeps a momentum over its own
     pushes (a buffer of its mean gradients, as torch's SGD keeps one; the momentum grows from
     0 over its first MOMENTUM_RAMP = 50 mini-batches, at most a tenth of its fit: the first
     large gradients would otherwise be carried, late, for ten pushes each) and pushes that,
@@ -118,7 +131,7 @@ class Downpour(Strategy):
     amp: str | None = None
     max_staleness: int | None = None
     overlap: bool | None = None
-    staleness: str = "worker+short"
+    staleness: str = "dana"
     average: float | None = None
     clip: float | None = None
     partitions: int | str = 1
@@ -216,8 +229,8 @@ class Downpour(Strategy):
                 f"overlap=True with staleness={self.staleness!r} and server momentum "
                 f"{momentum} over {replicas} replicas diverges (in 2 of 3 benchmark runs to "
                 f"chance): every push is one step more stale, and the server's momentum adds "
-                f"to the momentum the asynchrony makes; use staleness='worker+short' (the "
-                f"default), 'worker', 'halfway', 'momentum', 'step' or 'lr+momentum'")
+                f"to the momentum the asynchrony makes; use staleness='dana' (the default), "
+                f"'worker+short', 'worker', 'halfway', 'momentum', 'step' or 'lr+momentum'")
         if partitions > 1 and replicas * partitions > job.slots:
             raise ResourceError(
                 f"replicas={replicas} x partitions={partitions} = {replicas * partitions} "
@@ -270,11 +283,12 @@ class Downpour(Strategy):
         worker_momentum, rate = _worker_rule(worker_momentum, replicas, overlapped, staleness)
         server_momentum = _server_momentum(momentum, replicas, mode, staleness, overlapped)
         clip = server_clip(self.clip, replicas, mode)
+        ahead = staleness == "dana" and worker_momentum > 0    # the workers' look-ahead
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
                               "partitions": partitions, "average": average, "clip": clip,
                               "server_momentum": server_momentum,
-                              "worker_momentum": worker_momentum})
+                              "worker_momentum": worker_momentum, "look_ahead": ahead})
         widths, measured = self.widths, None
         kept = run.path / "widths.json"
         if widths == "speed" and kept.exists() and job.stage["resume"]:  # a resumed fit
@@ -290,7 +304,7 @@ class Downpour(Strategy):
             **job.stage, n_fetch=self.n_fetch, n_push=1 if mode == "sync" else self.n_push,
             mode=mode, wire_dtype=self.wire_dtype or ("bfloat16" if self.amp else "float32"),
             overlap=overlap, model_parallel=self.model_parallel, amp=self.amp,
-            worker_momentum=worker_momentum,
+            worker_momentum=worker_momentum, look_ahead=ahead,
             widths=None if widths is None else tuple(float(w) for w in widths),
             balance=self.balance if self.balance in (None, "speed") else
             tuple(float(w) for w in self.balance))
@@ -316,7 +330,7 @@ class Downpour(Strategy):
                              average=average, schedule=schedule,
                              push_scaling=job.train["lr_scaling"],
                              buffers=layout.flatten_buffers(),
-                             clip=clip)
+                             clip=clip, ahead=ahead)
         val = None
         if job.validation is not None:
             val = (torch.as_tensor(job.validation[0], dtype=dtype),
@@ -431,7 +445,7 @@ class Downpour(Strategy):
                 "n_push": cfg.n_push,
                 "staleness": staleness, "server_momentum": server_momentum,
                 "worker_momentum": worker_momentum, "server_rate": rate, "average": average,
-                "evals": evals,
+                "look_ahead": ahead, "evals": evals,
                 "lr_schedule": {**schedule.describe(), "push_scaling": job.train["lr_scaling"]},
                 "server": ps.stats(), "staleness_histogram": dict(sorted(stale.items())),
                 "served": {"parameter_server": list(ps.address)},
@@ -582,12 +596,25 @@ def _worker_rule_rate(worker_momentum: float, replicas: int, overlapped: bool) -
     return worker_rate(replicas * (2 if overlapped else 1)) if worker_momentum else 1.0
 
 
+def dana_rate(replicas: int) -> float:
+    """Staleness rule "dana": the server's rate as a multiple of fit's, 1 up to 4 replicas,
+    4 / R from there, not below 1/2 (docs/guides/downpour.md, "Look-ahead"). A one-process
+    simulation of R workers pushing in turn (benchmarks/async_turns.py, the thesis CNN, lr
+    0.02, seeds 0-5) reached 98% with the full rate at 2 and 4 workers as soon as one worker
+    did (2) or sooner than "worker+short" (4), and at 8 in 6 seeds of 6 with half of it, 4
+    of 6 with all of it; at 16, 3 of 6 with half of it, 1 of 6 with a quarter."""
+    return min(1.0, max(0.5, 4.0 / replicas))
+
+
 def _worker_rule(worker_momentum: float, replicas: int, overlapped: bool,
                  staleness: str) -> tuple[float, float]:
     """(the momentum each worker carries, the server's rate as a multiple of fit's) under
     ``staleness``, from the momentum _worker_momentum moves to the workers: its rate
-    (_worker_rule_rate), or under "worker+short" the same step with the single process's
-    memory counted in the server's steps (shorter_memory)."""
+    (_worker_rule_rate), under "worker+short" the same step with the single process's
+    memory counted in the server's steps (shorter_memory), under "dana" fit's momentum at
+    dana_rate."""
+    if staleness == "dana" and worker_momentum:
+        return worker_momentum, dana_rate(replicas * (2 if overlapped else 1))
     rate = _worker_rule_rate(worker_momentum, replicas, overlapped)
     if staleness == "worker+short":
         return shorter_memory(worker_momentum, rate, replicas)
@@ -615,8 +642,8 @@ def _worker_momentum(momentum: float, replicas: int, mode: str, staleness: str,
                      server_optimizer: str) -> float:
     """The momentum each worker carries over its pushes: fit's under rule "worker" with
     several asynchronous replicas and a momentum SGD server, else 0 (nothing to move)."""
-    carried = mode == "async" and replicas > 1 and staleness.split("+")[0] == "worker" and \
-        server_optimizer == "momentum"
+    carried = mode == "async" and replicas > 1 and \
+        staleness.split("+")[0] in ("worker", "dana") and server_optimizer == "momentum"
     return momentum if carried else 0.0
 
 
@@ -638,7 +665,7 @@ def _server_momentum(momentum: float, replicas: int, mode: str, staleness: str,
     rules = staleness.split("+")
     if mode != "async" or replicas <= 1:
         return momentum
-    if "worker" in rules:                 # the workers keep it (each over its own pushes)
+    if "worker" in rules or "dana" in rules:    # the workers keep it (over their own pushes)
         return 0.0
     if "halfway" in rules:
         return (_server_momentum(momentum, replicas, mode, "step", overlap)

@@ -56,25 +56,27 @@ class Exchange:
             if self.job is None:
                 return
             try:
-                samples, steps, versions, buffers = self.job
+                samples, steps, versions, buffers, momentum = self.job
                 if self.copied is not None:   # the gradient's copy (and the last reply's
                     self.copied.synchronize()  # copy out of recv, queued before it) is done
                 self.result = self.client.push(self.send, samples, steps, pull_into=self.recv,
                                                shards=self.shards, versions=versions,
-                                               buffers=buffers)
+                                               buffers=buffers, momentum=momentum)
             except BaseException as e:                # raised again in the worker
                 self.error = e
             self.done.set()
 
     def start(self, grad: torch.Tensor, samples: int, steps: int, versions: list[int],
-              buffers: torch.Tensor | None = None) -> None:
-        """Push ``grad`` (and report ``buffers``, copied) in the thread. A CUDA ``grad`` is
-        copied asynchronously: the caller may zero it at once on the same stream."""
+              buffers: torch.Tensor | None = None, momentum: float | None = None) -> None:
+        """Push ``grad`` (and report ``buffers``, copied, and ``momentum``) in the thread. A
+        CUDA ``grad`` is copied asynchronously: the caller may zero it at once on the same
+        stream."""
         self.send.copy_(grad, non_blocking=grad.is_cuda)
         if grad.is_cuda:
             self.copied = torch.cuda.Event()
             self.copied.record()
-        self.job = (samples, steps, versions, None if buffers is None else buffers.clone())
+        self.job = (samples, steps, versions, None if buffers is None else buffers.clone(),
+                    momentum)
         self.pushed = True
         self.done.clear()
         self.go.set()
@@ -177,6 +179,11 @@ class CarriedMomentum:
         carry_momentum(self.velocity, grad, samples,
                        ramped(self.momentum, self.carried, self.ramp))
         self.carried += batches
+
+    @property
+    def next_momentum(self) -> float:
+        """The momentum of the next push (ramped)."""
+        return ramped(self.momentum, self.carried, self.ramp)
 
 
 def carried_report(carrier: CarriedMomentum | None) -> dict:

@@ -54,6 +54,7 @@ class DownpourConfig(StageConfig):
     balance: str | tuple | None = None  # sync rounds: "speed" or fixed shares per worker
     buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
     worker_momentum: float = 0.0       # async, staleness "worker": SGD's momentum kept here
+    look_ahead: bool = False           # staleness "dana": its momentum reported to the server
 
 
 _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -319,6 +320,10 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     carrier = CarriedMomentum(grad, cfg.worker_momentum,     # ramped over what is left
                               ramp_length(steps * (cfg.epochs - resume_epoch) - resume_step)) \
         if cfg.worker_momentum else None
+
+    def reported():               # staleness "dana": the next push's momentum, to the server
+        return carrier.next_momentum if cfg.look_ahead and carrier is not None else None
+
     thesis = comm is not None and cfg.model_parallel == "thesis"
     master = part == 0                            # the thesis algorithm's master
     rows_total = len(shard) if comm is None else None
@@ -382,7 +387,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                     exchange.land(flat)
                     held = list(client.versions)
                 exchange.start(grad, acc_samples, acc_steps, computed_on,
-                               _buffers(model, cfg.buffers, buffers))
+                               _buffers(model, cfg.buffers, buffers), reported())
                 pushes += 1
                 grad.zero_()
                 acc_samples = acc_steps = 0
@@ -390,7 +395,8 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 out = grad if grad.device.type == "cpu" else grad.cpu()
                 for s in client.push(out, acc_samples, acc_steps,
                                      pull_into=wire if fetch else None, shards=shards,
-                                     buffers=_buffers(model, cfg.buffers, buffers)):
+                                     buffers=_buffers(model, cfg.buffers, buffers),
+                                     momentum=reported()):
                     staleness[s] += 1
                 pushes += 1
                 grad.zero_()

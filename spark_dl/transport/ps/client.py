@@ -34,6 +34,7 @@ class PSClient:
         self.newer_asks = 0                       # pull_newer calls
         self.board = None                         # the server's versions, on this machine
         self.board_skips = 0                      # pull_newer calls the board answered
+        self.momentum = 0.0       # of its next pushes, as the server has it (look-ahead)
 
     def _reply(self, max_payload: int, into=None):
         op, code, _steps, _worker, shard, version, count, payload = self.conn.recv(max_payload,
@@ -152,17 +153,27 @@ class PSClient:
             values = values.float()
         self.conn.send(OPS["buffers"], values, worker=self.worker, count=self.trained)
 
+    def report_momentum(self, momentum: float) -> None:
+        """The momentum this worker's next pushes carry (staleness rule "dana": the server's
+        look-ahead steps it), when it differs from the last one reported: one frame, no
+        reply."""
+        if momentum != self.momentum:
+            self.conn.send(OPS["momentum"], torch.tensor([momentum], dtype=torch.float64),
+                           worker=self.worker)
+            self.momentum = momentum
+
     def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
              pull_into: torch.Tensor | None = None, shards: list[int] | None = None,
-             versions: list[int] | None = None, buffers: torch.Tensor | None = None
-             ) -> list[int]:
+             versions: list[int] | None = None, buffers: torch.Tensor | None = None,
+             momentum: float | None = None) -> list[int]:
         """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all) of
         the shards (default: all; ``grad_sum`` holds them one after the other); returns the
         staleness per shard. With ``pull_into`` (as ``grad_sum``, of the wire dtype) every
         shard's reply carries its values after the push: one round trip, not two.
         ``versions``: the shard versions the gradient was computed on (default: the last
         ones pulled), for the staleness count. ``buffers``: this worker's buffer values,
-        reported first (``report_buffers``)."""
+        reported first (``report_buffers``); ``momentum``: that of its next push, reported
+        first where it changed (``report_momentum``)."""
         if pull_into is not None and pull_into.dtype != self.dtype:
             raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
         t0 = time.perf_counter()
@@ -170,6 +181,8 @@ class PSClient:
         self.trained += steps                # the buffers reported below have seen them
         if buffers is not None:
             self.report_buffers(buffers)
+        if momentum is not None:
+            self.report_momentum(momentum)
         op = OPS["push"] if pull_into is None else OPS["pushpull"]
         stale, skipped = [], []
         for i, size, off in rows:

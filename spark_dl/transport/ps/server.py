@@ -93,7 +93,8 @@ class ParameterServer:
                  staleness_lr: bool = False, average: float = 0.0, keys=None,
                  schedule=None, push_scaling: str = "linear",
                  buffers: torch.Tensor | None = None, clip: float | None = None,
-                 loop: bool | None = None, board: str | os.PathLike | None = None):
+                 loop: bool | None = None, board: str | os.PathLike | None = None,
+                 ahead: bool = False):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if optimizer not in SERVER_OPTIMIZERS:
@@ -125,8 +126,14 @@ class ParameterServer:
             raise ValueError(f"clip must be > 0 (a multiple of the running gradient norm), "
                              f"got {clip}")
         self.clip = clip if mode != "sync" else None    # a sync round averages: no spikes
+        self._momenta: dict[int, float] = {}      # look-ahead: worker -> its momentum now
+        self.momentum_reports = 0
+        if ahead and mode == "sync":
+            raise ValueError("ahead (the workers' look-ahead, staleness rule 'dana') needs "
+                             "pushes stepped one by one: mode='async' or 'sequential', got "
+                             "mode='sync'")
         self.shards = [Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average, schedule,
-                             self.clip)
+                             self.clip, ahead)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
         self.stats_of_buffers = BufferMean(torch.zeros(0, dtype=self.dtype) if buffers is None
                                            else buffers.to(self.dtype))
@@ -269,7 +276,9 @@ class ParameterServer:
                 "staleness_histogram": dict(sorted(self.staleness.items())),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
                 "push_seconds": self.push_seconds, "pull_seconds": self.pull_seconds,
-                "clip": self.clip, "clipped_steps": sum(s.clipped for s in self.shards)}
+                "clip": self.clip, "clipped_steps": sum(s.clipped for s in self.shards),
+                "look_ahead": self.shards[0].ahead is not None,
+                "momentum_reports": self.momentum_reports}
 
     def close(self) -> None:
         self._stop.set()
@@ -366,6 +375,8 @@ class ParameterServer:
             with self._clock_cv:
                 self._clocks.pop(worker, None)    # a finished worker holds nobody back
                 self._clock_cv.notify_all()
+            if bound is not None:                 # nor has a momentum step to come
+                self._forget(worker)
             return False
         if op == OPS["hello"]:
             return self._on_hello(conn, worker, payload)
@@ -374,6 +385,9 @@ class ParameterServer:
                           f"the connection's hello: a worker says hello first")
         if op == OPS["buffers"]:                  # a report, no reply (see the module doc)
             self._on_buffers(worker, code, payload, count)
+            return True
+        if op == OPS["momentum"]:                 # a report, no reply (look-ahead)
+            self._on_momentum(worker, code, payload)
             return True
         if op == OPS["key"]:
             if self.keys is None:
@@ -391,7 +405,7 @@ class ParameterServer:
             t0 = time.perf_counter()
             with s.lock:                          # steps=1: "if newer than version"
                 v = s.version
-                values = None if steps == 1 and version == v else s.param.detach().clone()
+                values = None if steps == 1 and version == v else s.fetched(self.epoch_steps)
             with self._stats_lock:
                 self.pulls += values is not None
             conn.send(OPS["ok"], None if values is None else
@@ -441,12 +455,26 @@ class ParameterServer:
         values = torch.frombuffer(payload, dtype=torch.uint8).view(DTYPES[code])
         self.stats_of_buffers.report(worker, values, trained)
 
+    def _on_momentum(self, worker: int, code: int, payload) -> None:
+        if self.shards[0].ahead is None:
+            raise PSError("a momentum report needs a server with look-ahead (staleness "
+                          "rule 'dana')")
+        if code != 1 or len(payload) != 8:
+            raise PSError(f"a momentum report carries one float64, got {len(payload)} bytes")
+        m = float(np.frombuffer(payload, np.float64)[0])
+        if not 0.0 <= m < 1.0:
+            raise PSError(f"a worker's momentum must be in [0, 1), got {m}")
+        with self._stats_lock:
+            self._momenta[worker] = m
+            self.momentum_reports += 1
+
     def _on_hello(self, conn, worker, payload) -> bool:
         if len(payload) not in (16, 40):
             raise PSError("hello carries [rows, batch_size] (and a profile [a_ps, c_ps, cap]) "
                           "as int64")
         info = np.frombuffer(payload, np.int64)
         conn.worker = worker
+        self._forget(worker)                      # a retried task's buffer starts empty
         self.arrivals.arrived(conn.sock)          # in time (sync mode then waits for all)
         rows, batch = int(info[0]), int(info[1])
         with self._clock_cv:                      # a (re)started worker starts at the slowest
@@ -529,6 +557,15 @@ class ParameterServer:
     def numel(self) -> int:
         return self.bounds[-1]
 
+    def _forget(self, worker: int) -> None:
+        """``worker``'s momentum step to come out of every shard's look-ahead, if any."""
+        with self._stats_lock:
+            self._momenta.pop(worker, None)
+        for s in self.shards:
+            if s.ahead is not None:
+                with s.lock:
+                    s.ahead.forget(worker)
+
     def _posted(self, s: Shard) -> None:
         """Shard ``s``'s version onto the board, if any (under its lock, after its step)."""
         board = self.board
@@ -545,7 +582,7 @@ class ParameterServer:
                 epoch = self.keys.epoch
                 if self.keys.applied(worker) is None:
                     self.dropped += 1
-                    return s.version, staleness, s.param.detach().clone() if pull else None
+                    return s.version, staleness, s.fetched(self.epoch_steps) if pull else None
             if self.mode != "sync":
                 self.staleness[staleness] += 1
                 # the sum of per-sample gradients of `steps` mini-batches -> `steps` x their mean
@@ -553,6 +590,8 @@ class ParameterServer:
                 if self.staleness_lr and staleness > 1:
                     scale /= staleness
                 s.apply(grad, scale, steps, self.epoch_steps, summed=steps)
+                if s.ahead is not None:           # its momentum step to come (look-ahead)
+                    s.ahead.record(worker, grad, scale, self._momenta.get(worker, 0.0))
                 self._posted(s)
                 s.done[worker] += steps
                 if self.keys is not None and self.keys.epoch > epoch:   # the epoch's last key
@@ -560,10 +599,10 @@ class ParameterServer:
                     with self._epochs_cv:
                         self.epoch_states[epoch + 1] = state
                         self._epochs_cv.notify_all()
-                return s.version, staleness, s.param.detach().clone() if pull else None
+                return s.version, staleness, s.fetched(self.epoch_steps) if pull else None
             if staleness > 0:                     # computed on an older round: dropped
                 self.dropped += 1
-                return s.version, staleness, s.param.detach().clone() if pull else None
+                return s.version, staleness, s.fetched(self.epoch_steps) if pull else None
             self.staleness[0] += 1
             s.done[worker] += steps               # in the round: done, whoever completes it
             if s.round_sum is None:
@@ -585,7 +624,7 @@ class ParameterServer:
                     if not s.lock.wait(timeout=max(0.0, deadline - time.monotonic())):
                         raise PSError(f"sync mode: round {target} of shard incomplete after "
                                       f"{self.timeout_s} s (a worker is missing)")
-            return s.version, 0, s.param.detach().clone() if pull else None
+            return s.version, 0, s.fetched(self.epoch_steps) if pull else None
 
 
 def _as_tensor(payload, code: int) -> torch.Tensor:

@@ -24,6 +24,16 @@ times the running mean of the steps' gradient norms on this shard, r <- r + 0.05
 over the clipped norms, from the 21st step on (the first 20 only build r). A stale push of an
 oscillation that a delay has made unstable grows step by step; the cap stops that growth
 before it runs away (docs/quality.md, "Clipped pushes").
+
+Look-ahead (``ahead``; Downpour's staleness rule "dana"): the workers keep a momentum m_w
+over their own pushes (ramped up from 0, each reports it to the server as it changes), so
+each worker's next push will step m_w times its last one besides its new gradient, and in
+an asynchronous fit the other workers' next pushes land before a worker's own. The shard
+keeps every worker's momentum step to come, m_w x its last step's gradient (as scaled,
+before the clip), and their sum S; a worker fetches x - lr S, the point
+where those steps are about to take x, so that its gradient is taken about where it will be
+applied (DANA-Zero: Hakimi et al., "Taming Momentum in a Distributed Asynchronous
+Environment", 2019). The driver validates x̄ (or x), never the look-ahead.
 """
 
 from __future__ import annotations
@@ -37,16 +47,59 @@ import torch
 from ...optim.average import WeightAverage
 from ...optim.schedule import LRSchedule
 
-__all__ = ["SERVER_OPTIMIZERS", "Shard"]
+__all__ = ["SERVER_OPTIMIZERS", "Ahead", "Shard"]
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
+
+
+class Ahead:
+    """The look-ahead of a shard (see the module doc): worker -> its momentum step to come,
+    and their sum, kept by updates and summed anew every RESUM updates (the rounding of
+    additions and subtractions would otherwise build up over a fit's pushes)."""
+
+    RESUM = 1024
+
+    def __init__(self, like: torch.Tensor):
+        self.terms: dict[int, torch.Tensor] = {}
+        self.sum = torch.zeros_like(like)
+        self.updates = 0
+
+    def record(self, worker: int, grad: torch.Tensor, scale: float, momentum: float) -> None:
+        """``worker``'s push just stepped ``grad`` x ``scale``: its next push steps
+        ``momentum`` times that besides its new gradient."""
+        term = self.terms.get(worker)
+        if term is None:
+            term = self.terms[worker] = torch.zeros_like(self.sum)
+        self.sum.sub_(term)
+        torch.mul(grad, scale * momentum, out=term)
+        self.sum.add_(term)
+        self.updates += 1
+        if self.updates % self.RESUM == 0:
+            self._resum()
+
+    def forget(self, worker: int) -> None:
+        """``worker`` pushes no more (it said bye) or starts anew (a retried task's hello: its
+        buffer is empty)."""
+        if self.terms.pop(worker, None) is not None:
+            self._resum()
+
+    def _resum(self) -> None:
+        self.sum.zero_()
+        for term in self.terms.values():
+            self.sum.add_(term)
+
+    def values(self, param: torch.Tensor, lr: float) -> torch.Tensor:
+        """What a worker fetches: ``param`` - lr x the sum, a new tensor."""
+        return torch.add(param.detach(), self.sum, alpha=-lr)
 
 
 class Shard:
     def __init__(self, values: torch.Tensor, optimizer: str, lr: float, momentum: float,
                  lr_decay: float = 1.0, average: float = 0.0,
-                 schedule: LRSchedule | None = None, clip: float | None = None):
+                 schedule: LRSchedule | None = None, clip: float | None = None,
+                 ahead: bool = False):
         self.param = torch.nn.Parameter(values.clone(), requires_grad=False)
+        self.ahead = Ahead(self.param) if ahead else None         # see "Look-ahead"
         self.average = average
         self.clip = clip
         self.norm_mean, self.norm_steps, self.clipped = 0.0, 0, 0      # see "Clipped pushes"
@@ -158,6 +211,12 @@ class Shard:
     def epoch_lr(self, epoch: int, epoch_steps: int) -> float:
         """The rate of the last step of ``epoch`` (1-based), as the history records it."""
         return self.schedule.at(epoch - 1.0 / max(epoch_steps, 1))
+
+    def fetched(self, epoch_steps: int) -> torch.Tensor:
+        """The values a worker fetches, a copy (under the lock): x, or its look-ahead."""
+        if self.ahead is None:
+            return self.param.detach().clone()
+        return self.ahead.values(self.param, self.lr_now(epoch_steps))
 
     def lr_now(self, epoch_steps: int) -> float:
         """The schedule's rate after the steps applied so far (epochs of ``epoch_steps``)."""

@@ -33,6 +33,7 @@ __all__ = ["DTYPES", "DTYPE_CODES", "HEADER_BYTES", "MAGIC", "OPS", "Conn", "Gro
 
 MAGIC = b"SDPS"
 OPS = {"hello": 1, "pull": 2, "push": 3, "bye": 4, "pushpull": 5, "key": 6, "buffers": 7,
+       "momentum": 8,
        "ok": 10, "error": 11}
 DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.bfloat16, 3: torch.int64}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
