@@ -990,8 +990,12 @@ def test_the_dana_rule_keeps_fits_momentum_at_the_workers_at_a_rate_from_1_to_a_
     """Staleness rule "dana": fit's momentum at the workers, none on the server; the server's
     rate 1 up to 4 replicas, 4 / R from there, not below 1/2 (overlapped pushes: that of
     twice the replicas)."""
-    from spark_dl.strategies.downpour.driver import (_server_momentum, _worker_momentum,
-                                                      _worker_rule, dana_rate)
+    from spark_dl.strategies.downpour.driver import (
+        _server_momentum,
+        _worker_momentum,
+        _worker_rule,
+        dana_rate,
+    )
     assert [dana_rate(r) for r in (1, 2, 4, 5, 8, 16, 64)] == [1, 1, 1, 0.8, 0.5, 0.5, 0.5]
     assert _worker_rule(0.9, 2, False, "dana") == (0.9, 1.0)
     assert _worker_rule(0.9, 4, True, "dana") == (0.9, 0.5)
