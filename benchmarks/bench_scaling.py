@@ -28,7 +28,10 @@ over real run-to-run variation, not over one trajectory timed again:
                     rate), and "worker+short" on 2026-11-29 (the same step with a
                     shorter memory at the workers: 0.8 at 2 workers at fit's rate),
                     so "downpour" since is "downpour+worker+short", and the defaults
-                    before, "downpour+worker" and "downpour+halfway"; Boosting's
+                    before, "downpour+worker" and "downpour+halfway"; "dana" became
+                    Downpour's default on 2026-11-29 morning (its look-ahead), so
+                    "downpour" in runs before then is "downpour+worker+short" now,
+                    and "boosting+dana" runs Boosting with it; Boosting's
                     default became "worker+short" later on 2026-11-29, so "boosting"
                     in runs before then is "boosting+momentum" now;
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
