@@ -110,7 +110,8 @@ def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path, rule
     """staleness="worker": the server steps plainly at half fit's rate (2 workers), each
     worker carries fit's momentum over its pushes, and the fit still learns; "dana": at
     fit's rate, each worker reporting its momentum as its ramp grows it (twice with 4-batch
-    keys: 1/3 and 1/2 of it after 1 and 2 of them), the server sending the look-ahead."""
+    keys: 2/3 of fit's 0.5 after one, all of it after two), the server sending the
+    look-ahead."""
     x, y = data(320, seed=6)
     res = fit(frame(spark, x, y, [160, 160]), small_fc, strategy=Boosting(staleness=rule),
               batch_size=8, epochs=3, lr=0.3, momentum=0.5, validation=(x[:64], y[:64]),

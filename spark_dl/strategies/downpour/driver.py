@@ -50,7 +50,7 @@ class Downpour(Strategy):
     GPU, where the host is otherwise idle while the GPU computes; off on CPUs, where the round
     trip takes the cores the step needs, with partitions > 1, and where it diverges, below).
     staleness (async): how the replicas allow for stale pushes. "dana" (the default since
-    2026-11-29 morning): each worker keeps fit's momentum over its own pushes, ramped as
+    2026-11-29 09:00): each worker keeps fit's momentum over its own pushes, ramped as
     under "worker+short" below, and reports it to the server, which steps the pushes
     without momentum of its own at dana_rate (fit's rate up to 4 replicas, 4 / replicas of
     it from there, not below half) and sends every worker the look-ahead of its values: less
@@ -62,7 +62,7 @@ class Downpour(Strategy):
     0-5; "worker+short" 0.52x in the same run), on local[16] a quarter to half an epoch
     sooner than "worker+short" (seeds 0-2), and it kept the ships U-Net's IoU (docs/guides/
     downpour.md, "Look-ahead"). The server holds a model's worth of values per worker.
-    "worker+short" (the default from 2026-11-29 night until then): SGD's momentum moves to
+    "worker+short" (the default from 2026-11-29 03:30 until then): SGD's momentum moves to
     the workers: each keeps a momentum over its own
     pushes (a buffer of its mean gradients, as torch's SGD keeps one; the momentum grows from
     0 over its first MOMENTUM_RAMP = 50 mini-batches, at most a tenth of its fit: the first

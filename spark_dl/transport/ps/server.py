@@ -126,12 +126,15 @@ class ParameterServer:
             raise ValueError(f"clip must be > 0 (a multiple of the running gradient norm), "
                              f"got {clip}")
         self.clip = clip if mode != "sync" else None    # a sync round averages: no spikes
-        self._momenta: dict[int, float] = {}      # look-ahead: worker -> its momentum now
-        self.momentum_reports = 0
+        self.momentum_reports = 0                 # look-ahead: the workers' reports
         if ahead and mode == "sync":
             raise ValueError("ahead (the workers' look-ahead, staleness rule 'dana') needs "
                              "pushes stepped one by one: mode='async' or 'sequential', got "
                              "mode='sync'")
+        if ahead and not (optimizer == "sgd" or (optimizer == "momentum" and momentum == 0)):
+            raise ValueError(f"ahead (the workers' look-ahead) needs a server stepping plain "
+                             f"SGD (the momentum is the workers'), got optimizer={optimizer!r} "
+                             f"with momentum {momentum}")
         self.shards = [Shard(flat[a:b], optimizer, lr, momentum, lr_decay, average, schedule,
                              self.clip, ahead)
                        for a, b in zip(self.bounds[:-1], self.bounds[1:])]
@@ -180,7 +183,8 @@ class ParameterServer:
     # -- state ---------------------------------------------------------------------------
     def parameters(self, averaged: bool = True) -> torch.Tensor:
         """A consistent-per-shard copy of the current flat parameters: their average where the
-        server keeps one and ``averaged``, else the values the workers fetch."""
+        server keeps one and ``averaged``, else the values themselves (what the workers fetch,
+        less the look-ahead where the server keeps one)."""
         out = []
         for s in self.shards:
             with s.lock:
@@ -361,6 +365,10 @@ class ParameterServer:
         with self._stats_lock:
             self.bytes_in += conn.bytes_received
             self.bytes_out += conn.bytes_sent
+        for s in self.shards:             # a worker gone (bye, killed, refused): its momentum
+            if s.ahead is not None:       # step to come out of the look-ahead (a retried task
+                with s.lock:              # connects anew, its buffer empty)
+                    s.ahead.forget(conn)
 
     def _dispatch(self, conn, op, code, steps, worker, shard, version, count, payload) -> bool:
         if self._stop.is_set():           # closed: a late frame changes nothing, and its
@@ -375,9 +383,7 @@ class ParameterServer:
             with self._clock_cv:
                 self._clocks.pop(worker, None)    # a finished worker holds nobody back
                 self._clock_cv.notify_all()
-            if bound is not None:                 # nor has a momentum step to come
-                self._forget(worker)
-            return False
+            return False                 # (its momentum step to come goes with it: _closed)
         if op == OPS["hello"]:
             return self._on_hello(conn, worker, payload)
         if bound is None:          # else a frame could speak for any worker (its step count)
@@ -387,7 +393,7 @@ class ParameterServer:
             self._on_buffers(worker, code, payload, count)
             return True
         if op == OPS["momentum"]:                 # a report, no reply (look-ahead)
-            self._on_momentum(worker, code, payload)
+            self._on_momentum(conn, code, payload)
             return True
         if op == OPS["key"]:
             if self.keys is None:
@@ -432,7 +438,7 @@ class ParameterServer:
                 self._wait_for_slowest(worker)
             pull = op == OPS["pushpull"]         # the reply carries the shard after the push
             new_version, staleness, values = self._push(s, worker, grad, version, count,
-                                                        max(steps, 1), pull)
+                                                        max(steps, 1), pull, conn)
             with self._stats_lock:               # counted before the reply: a caller that
                 self.pushes += 1                  # got its answer sees its push counted
                 self.pulls += pull
@@ -455,17 +461,20 @@ class ParameterServer:
         values = torch.frombuffer(payload, dtype=torch.uint8).view(DTYPES[code])
         self.stats_of_buffers.report(worker, values, trained)
 
-    def _on_momentum(self, worker: int, code: int, payload) -> None:
+    def _on_momentum(self, conn: Conn, code: int, payload) -> None:
+        """The momentum of the connection's next pushes (look-ahead), on the connection: a
+        task's attempt is one connection, its buffer its own."""
         if self.shards[0].ahead is None:
             raise PSError("a momentum report needs a server with look-ahead (staleness "
                           "rule 'dana')")
         if code != 1 or len(payload) != 8:
-            raise PSError(f"a momentum report carries one float64, got {len(payload)} bytes")
+            raise PSError(f"a momentum report carries one float64 (dtype code 1, 8 bytes), "
+                          f"got dtype code {code} and {len(payload)} bytes")
         m = float(np.frombuffer(payload, np.float64)[0])
         if not 0.0 <= m < 1.0:
             raise PSError(f"a worker's momentum must be in [0, 1), got {m}")
+        conn.momentum = m
         with self._stats_lock:
-            self._momenta[worker] = m
             self.momentum_reports += 1
 
     def _on_hello(self, conn, worker, payload) -> bool:
@@ -474,7 +483,6 @@ class ParameterServer:
                           "as int64")
         info = np.frombuffer(payload, np.int64)
         conn.worker = worker
-        self._forget(worker)                      # a retried task's buffer starts empty
         self.arrivals.arrived(conn.sock)          # in time (sync mode then waits for all)
         rows, batch = int(info[0]), int(info[1])
         with self._clock_cv:                      # a (re)started worker starts at the slowest
@@ -557,15 +565,6 @@ class ParameterServer:
     def numel(self) -> int:
         return self.bounds[-1]
 
-    def _forget(self, worker: int) -> None:
-        """``worker``'s momentum step to come out of every shard's look-ahead, if any."""
-        with self._stats_lock:
-            self._momenta.pop(worker, None)
-        for s in self.shards:
-            if s.ahead is not None:
-                with s.lock:
-                    s.ahead.forget(worker)
-
     def _posted(self, s: Shard) -> None:
         """Shard ``s``'s version onto the board, if any (under its lock, after its step)."""
         board = self.board
@@ -573,9 +572,10 @@ class ParameterServer:
             board.write(self.shards.index(s), s.version)
 
     def _push(self, s: Shard, worker: int, grad: torch.Tensor, base: int, samples: int,
-              steps: int, pull: bool = False):
-        """Apply (or collect) one push; returns (version, staleness, and with ``pull`` the
-        shard's values after it, copied under the lock so that they belong to that version)."""
+              steps: int, pull: bool = False, conn: Conn | None = None):
+        """Apply (or collect) one push (of ``conn``, if any: the look-ahead's key); returns
+        (version, staleness, and with ``pull`` the shard's values after it, copied under the
+        lock so that they belong to that version)."""
         with s.lock:
             staleness = s.version - base
             if self.keys is not None:            # a push of a key this worker must hold
@@ -590,8 +590,9 @@ class ParameterServer:
                 if self.staleness_lr and staleness > 1:
                     scale /= staleness
                 s.apply(grad, scale, steps, self.epoch_steps, summed=steps)
-                if s.ahead is not None:           # its momentum step to come (look-ahead)
-                    s.ahead.record(worker, grad, scale, self._momenta.get(worker, 0.0))
+                if s.ahead is not None and conn is not None:   # its momentum step to come:
+                    # the momentum times the step just taken (as scaled and clipped)
+                    s.ahead.record(conn, s.param.grad, 1.0, getattr(conn, "momentum", 0.0))
                 self._posted(s)
                 s.done[worker] += steps
                 if self.keys is not None and self.keys.epoch > epoch:   # the epoch's last key

@@ -29,11 +29,15 @@ Look-ahead (``ahead``; Downpour's staleness rule "dana"): the workers keep a mom
 over their own pushes (ramped up from 0, each reports it to the server as it changes), so
 each worker's next push will step m_w times its last one besides its new gradient, and in
 an asynchronous fit the other workers' next pushes land before a worker's own. The shard
-keeps every worker's momentum step to come, m_w x its last step's gradient (as scaled,
-before the clip), and their sum S; a worker fetches x - lr S, the point
-where those steps are about to take x, so that its gradient is taken about where it will be
-applied (DANA-Zero: Hakimi et al., "Taming Momentum in a Distributed Asynchronous
-Environment", 2019). The driver validates x̄ (or x), never the look-ahead.
+keeps every worker's momentum step to come, m_w x its last step's gradient (as scaled and
+clipped: a cut spike is not looked ahead at either), and their sum S; a worker fetches
+x - lr S, the point where those steps are about to take x, so that its gradient is taken
+about where it will be applied (DANA-Zero: Hakimi et al., "Taming Momentum in a Distributed
+Asynchronous Environment", 2019). The driver validates x̄ (or x), never the look-ahead.
+Approximations: a worker's next push is taken to be scaled as its last (a short last push of
+an epoch, or staleness_lr's 1 / tau, scales it otherwise), and a worker that leaves (its
+connection closes) leaves S without a new version, so a worker that asks "if newer" sees
+that at the next push.
 """
 
 from __future__ import annotations
@@ -53,18 +57,18 @@ SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "rmsprop")
 
 
 class Ahead:
-    """The look-ahead of a shard (see the module doc): worker -> its momentum step to come,
-    and their sum, kept by updates and summed anew every RESUM updates (the rounding of
-    additions and subtractions would otherwise build up over a fit's pushes)."""
+    """The look-ahead of a shard (see the module doc): worker (its connection) -> its momentum
+    step to come, and their sum, kept by updates and summed anew every RESUM updates (the
+    rounding of additions and subtractions would otherwise build up over a fit's pushes)."""
 
     RESUM = 1024
 
     def __init__(self, like: torch.Tensor):
-        self.terms: dict[int, torch.Tensor] = {}
+        self.terms: dict[object, torch.Tensor] = {}
         self.sum = torch.zeros_like(like)
         self.updates = 0
 
-    def record(self, worker: int, grad: torch.Tensor, scale: float, momentum: float) -> None:
+    def record(self, worker, grad: torch.Tensor, scale: float, momentum: float) -> None:
         """``worker``'s push just stepped ``grad`` x ``scale``: its next push steps
         ``momentum`` times that besides its new gradient."""
         term = self.terms.get(worker)
@@ -77,9 +81,9 @@ class Ahead:
         if self.updates % self.RESUM == 0:
             self._resum()
 
-    def forget(self, worker: int) -> None:
-        """``worker`` pushes no more (it said bye) or starts anew (a retried task's hello: its
-        buffer is empty)."""
+    def forget(self, worker) -> None:
+        """``worker`` pushes no more (its connection closed; a retried task connects anew,
+        its buffer empty)."""
         if self.terms.pop(worker, None) is not None:
             self._resum()
 

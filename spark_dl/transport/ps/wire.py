@@ -69,6 +69,7 @@ class Conn:
         self.bytes_sent = self.bytes_received = 0
         self.worker: int | None = None           # bound by the hello (server side)
         self.sink = None        # (head, payload) -> None: who writes the frames, if not send
+        self.momentum = 0.0     # server side, look-ahead: the momentum the peer reported
 
     def send(self, op: int, payload: torch.Tensor | np.ndarray | bytes | None = None, *,
              worker=0, shard=0, version=0, count=0, steps=0, code=0):
