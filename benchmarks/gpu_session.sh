@@ -36,10 +36,11 @@
 # (then "downpour" was "halfway"; later that night "worker", ramped, at half the rate, became
 # the default, and on 2026-11-29 "worker+short": the same step at the full rate with a shorter
 # memory, 2 of 3 seeds to 98% on local[16] on 2 cores where "worker" got 1, and ahead after an
-# epoch at 8 and 16 workers in benchmarks/async_turns.py.) Next on 16 cores: the default
-# against "worker", "halfway" and "lr" at 1, 4, 8 and 16 replicas,
-# SCALING_STRATEGIES=downpour,downpour+worker,downpour+halfway,downpour+lr (the "lr" rule was
-# never measured there since the server stopped capping the rate).
+# epoch at 8 and 16 workers in benchmarks/async_turns.py; and on 2026-11-29 09:00 "dana", the
+# look-ahead: 1.25-1.75 epochs to 98% on local[16] on 2 cores where "worker+short" took
+# 1.5-2.0.) Next on 16 cores: the default against "worker+short" and "halfway" at 1, 4, 8 and
+# 16 replicas, and Boosting with it,
+# SCALING_STRATEGIES=downpour,downpour+worker+short,downpour+halfway,boosting,boosting+dana
 set -u
 O=$1
 t0=$(date +%s)
