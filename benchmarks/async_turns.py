@@ -115,7 +115,7 @@ def simulate(data: str, config: str, seed: int) -> dict:
                     carriers[i].carry(g, BATCH, 1)
                 server.apply(g, 1.0 / BATCH, epoch_steps=epoch_pushes)
                 if server.ahead is not None:      # as the real server does (rule "dana")
-                    server.ahead.record(i, server.param.grad, 1.0, carriers[i].next_momentum)
+                    server.ahead.record(i, server.param.grad, carriers[i].next_momentum)
                 versions = (versions + [server.fetched(epoch_pushes)])[-(stale + 1):]
                 if server.steps % epoch_pushes in marks:
                     vector_to_parameters(server.avg, params)

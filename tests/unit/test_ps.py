@@ -974,7 +974,7 @@ def test_the_look_ahead_sums_its_terms_anew_and_refuses_what_it_cannot_use(serve
     ahead = Ahead(torch.zeros(50, dtype=torch.float32))
     gen = torch.Generator().manual_seed(0)
     for k in range(Ahead.RESUM):
-        ahead.record(k % 3, torch.randn(50, generator=gen) * 1e3, 0.01, 0.9)
+        ahead.record(k % 3, torch.randn(50, generator=gen) * 1e3, 0.01 * 0.9)
         if k == 10:                             # kept by updates: off by their rounding
             drifted = torch.zeros(50)
             for term in ahead.terms.values():

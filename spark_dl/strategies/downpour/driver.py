@@ -640,8 +640,9 @@ def shorter_memory(momentum: float, rate: float, replicas: int) -> tuple[float, 
 
 def _worker_momentum(momentum: float, replicas: int, mode: str, staleness: str,
                      server_optimizer: str) -> float:
-    """The momentum each worker carries over its pushes: fit's under rule "worker" with
-    several asynchronous replicas and a momentum SGD server, else 0 (nothing to move)."""
+    """The momentum each worker carries over its pushes: fit's under rules "worker" and
+    "dana" with several asynchronous replicas and a momentum SGD server, else 0 (nothing to
+    move)."""
     carried = mode == "async" and replicas > 1 and \
         staleness.split("+")[0] in ("worker", "dana") and server_optimizer == "momentum"
     return momentum if carried else 0.0

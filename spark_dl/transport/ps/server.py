@@ -592,7 +592,7 @@ class ParameterServer:
                 s.apply(grad, scale, steps, self.epoch_steps, summed=steps)
                 if s.ahead is not None and conn is not None:   # its momentum step to come:
                     # the momentum times the step just taken (as scaled and clipped)
-                    s.ahead.record(conn, s.param.grad, 1.0, getattr(conn, "momentum", 0.0))
+                    s.ahead.record(conn, s.param.grad, conn.momentum)
                 self._posted(s)
                 s.done[worker] += steps
                 if self.keys is not None and self.keys.epoch > epoch:   # the epoch's last key

@@ -68,14 +68,14 @@ class Ahead:
         self.sum = torch.zeros_like(like)
         self.updates = 0
 
-    def record(self, worker, grad: torch.Tensor, scale: float, momentum: float) -> None:
-        """``worker``'s push just stepped ``grad`` x ``scale``: its next push steps
-        ``momentum`` times that besides its new gradient."""
+    def record(self, worker, step: torch.Tensor, momentum: float) -> None:
+        """``worker``'s push just stepped ``step`` (the gradient as scaled and clipped): its
+        next push steps ``momentum`` times that besides its new gradient."""
         term = self.terms.get(worker)
         if term is None:
             term = self.terms[worker] = torch.zeros_like(self.sum)
         self.sum.sub_(term)
-        torch.mul(grad, scale * momentum, out=term)
+        torch.mul(step, momentum, out=term)
         self.sum.add_(term)
         self.updates += 1
         if self.updates % self.RESUM == 0:
