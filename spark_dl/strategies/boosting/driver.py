@@ -136,6 +136,7 @@ class Boosting(Strategy):
             _schedule,
             _server_average,
             _server_optimizer,
+            looks_ahead,
             server_clip,
         )
         from ..downpour.exchange import ramp_length
@@ -147,7 +148,7 @@ class Boosting(Strategy):
         server_momentum, worker_momentum, rate = staleness_rule(
             self.staleness, momentum, workers, server_optimizer)
         average = _server_average(self.average, workers, "async")
-        ahead = self.staleness == "dana" and worker_momentum > 0    # the workers' look-ahead
+        ahead = looks_ahead(self.staleness, worker_momentum)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": job.train["lr_decay"], "momentum": momentum,
                               "server_momentum": server_momentum,

@@ -165,6 +165,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
         CarriedMomentum,
         carried_report,
         flat_parameters,
+        reported_momentum,
     )
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps import PSClient
@@ -257,8 +258,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             client.push(out, int(samples), max(steps, 1), pull_into=wire,
                         buffers=None if buffers is None else
                         read_buffers(model, cfg.buffers, buffers),
-                        momentum=carrier.next_momentum if cfg.look_ahead and carrier is not None
-                        else None)
+                        momentum=reported_momentum(carrier, cfg.look_ahead))
             if not direct:
                 flat.copy_(wire)
             grad.zero_()

@@ -283,7 +283,7 @@ class Downpour(Strategy):
         worker_momentum, rate = _worker_rule(worker_momentum, replicas, overlapped, staleness)
         server_momentum = _server_momentum(momentum, replicas, mode, staleness, overlapped)
         clip = server_clip(self.clip, replicas, mode)
-        ahead = staleness == "dana" and worker_momentum > 0    # the workers' look-ahead
+        ahead = looks_ahead(staleness, worker_momentum)
         run = Run(job, self, {**job.stage, "server_optimizer": server_optimizer, "lr": lr,
                               "lr_decay": lr_decay, "momentum": momentum,
                               "partitions": partitions, "average": average, "clip": clip,
@@ -619,6 +619,12 @@ def _worker_rule(worker_momentum: float, replicas: int, overlapped: bool,
     if staleness == "worker+short":
         return shorter_memory(worker_momentum, rate, replicas)
     return worker_momentum, rate
+
+
+def looks_ahead(staleness: str, worker_momentum: float) -> bool:
+    """Whether the workers report their momentum and the server returns the look-ahead of
+    their steps to come: rule "dana" with momentum at the workers."""
+    return staleness == "dana" and worker_momentum > 0
 
 
 def shorter_memory(momentum: float, rate: float, replicas: int) -> tuple[float, float]:

@@ -22,6 +22,7 @@ __all__ = [
     "flat_parameters",
     "ramp_length",
     "ramped",
+    "reported_momentum",
 ]
 
 # staleness "worker": a worker's momentum grows from 0 to fit's over its first this many
@@ -184,6 +185,12 @@ class CarriedMomentum:
     def next_momentum(self) -> float:
         """The momentum of the next push (ramped)."""
         return ramped(self.momentum, self.carried, self.ramp)
+
+
+def reported_momentum(carrier: CarriedMomentum | None, look_ahead: bool) -> float | None:
+    """Staleness rule "dana": the momentum of the worker's next push, for the server's
+    look-ahead (None: no look-ahead, or no momentum carried)."""
+    return carrier.next_momentum if look_ahead and carrier is not None else None
 
 
 def carried_report(carrier: CarriedMomentum | None) -> dict:

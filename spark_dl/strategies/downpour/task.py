@@ -33,7 +33,14 @@ from spark_dl.runtime.stage import (
     write_task_info,
 )
 
-from .exchange import CarriedMomentum, Exchange, carried_report, flat_parameters, ramp_length
+from .exchange import (
+    CarriedMomentum,
+    Exchange,
+    carried_report,
+    flat_parameters,
+    ramp_length,
+    reported_momentum,
+)
 
 __all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
@@ -322,7 +329,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         if cfg.worker_momentum else None
 
     def reported():               # staleness "dana": the next push's momentum, to the server
-        return carrier.next_momentum if cfg.look_ahead and carrier is not None else None
+        return reported_momentum(carrier, cfg.look_ahead)
 
     thesis = comm is not None and cfg.model_parallel == "thesis"
     master = part == 0                            # the thesis algorithm's master
