@@ -613,7 +613,7 @@ def _worker_rule(worker_momentum: float, replicas: int, overlapped: bool,
     (_worker_rule_rate), under "worker+short" the same step with the single process's
     memory counted in the server's steps (shorter_memory), under "dana" fit's momentum at
     dana_rate."""
-    if staleness == "dana" and worker_momentum:
+    if looks_ahead(staleness, worker_momentum):
         return worker_momentum, dana_rate(replicas * (2 if overlapped else 1))
     rate = _worker_rule_rate(worker_momentum, replicas, overlapped)
     if staleness == "worker+short":
