@@ -130,21 +130,49 @@ def test_a_key_reads_its_rows_and_each_row_group_is_decoded_once(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from spark_dl.data.bridge import ShardData
     from spark_dl.strategies.boosting.task import _Files, read_key
     path = tmp_path / "part-0.parquet"
     pq.write_table(pa.table({"x": list(range(35)), "y": [i * 2 for i in range(35)]}), path,
                    row_group_size=10)                     # groups of rows 0-9, ..., 30-34
     uri = path.as_uri()
-    files = _Files(budget=1 << 20)
+    where = []
+
+    def decode(batches, at):
+        where.append(at)
+        return ShardData.from_arrow(batches, "x", "y", where=at)
+
+    files = _Files(budget=1 << 20, decode=decode)
     for first, end in ((0, 4), (8, 23), (30, 35), (8, 23), (4, 8)):
-        rows = pa.Table.from_batches(read_key(files, (uri, first, end), ["x", "y"]))
-        assert rows.column("x").to_pylist() == list(range(first, end))
-        assert rows.column("y").to_pylist() == [2 * i for i in range(first, end)]
+        rows = read_key(files, (uri, first, end), ["x", "y"])
+        assert rows.features.tolist() == list(range(first, end))      # (8, 23): 3 groups
+        assert rows.labels.tolist() == [2 * i for i in range(first, end)]
     assert files.decoded == 4                            # every group once, then from memory
-    small = _Files(budget=files.groups[(uri, 0, ("x", "y"))].nbytes)   # room for one group
+    assert where == [f"row group {g} of {uri}" for g in (0, 1, 2, 3)]
+    one = files.groups[(uri, 0, ("x", "y"))]
+    small = _Files(budget=one.features.nbytes + one.labels.nbytes, decode=decode)  # one group
     for first, end in ((0, 4), (12, 14), (0, 4)):
         read_key(small, (uri, first, end), ["x", "y"])
     assert small.decoded == 3 and len(small.groups) == 1   # group 0 was dropped for group 1
     assert small.held <= small.budget
     files.close()
     small.close()
+
+
+def test_a_bad_row_is_named_by_its_row_group_and_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dl.data.bridge import ShardData
+    from spark_dl.errors import DataError
+    from spark_dl.strategies.boosting.task import _Files, read_key
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0, float("nan"), 4.0], "y": [0, 1, 0, 1]}), path,
+                   row_group_size=2)
+    files = _Files(budget=1 << 20,
+                   decode=lambda batches, at: ShardData.from_arrow(batches, "x", "y", where=at))
+    assert read_key(files, (path.as_uri(), 0, 2), ["x", "y"]).features.tolist() == [1.0, 2.0]
+    with pytest.raises(DataError, match=r"row 0 of the row group 1 of file:///.*part-0.parquet "
+                                        r"holds NaN"):
+        read_key(files, (path.as_uri(), 2, 4), ["x", "y"])
+    files.close()

@@ -578,6 +578,34 @@ def test_data_keys_a_push_counts_only_under_its_lease_and_epochs_keep_their_stat
         c.close()
 
 
+@pytest.mark.parametrize("pull", [True, False])
+def test_a_key_asked_behind_a_push_is_served_after_the_push_is_applied(server, pull):
+    """push(ask_key=True) sends the key request before it reads the push's reply: the server
+    answers it after applying the push, so the worker gets its next key, not its last one
+    back (a worker that asks while it holds a lease is a retried task), and "finished" after
+    the fit's last key."""
+    from spark_dl.strategies.boosting.keys import KeyScheduler
+    keys = KeyScheduler(3, epochs=1, workers=1, seed=0)
+    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, keys=keys)
+    c = PSClient(ps.address, SECRET, 0, torch.float64)
+    c.hello(0, 1)
+    values = torch.empty(10, dtype=torch.float64)
+    c.pull(values)
+    got = [c.next_key()]
+    while got[-1][0] == "key":
+        c.push(torch.ones(10, dtype=torch.float64), 1, pull_into=values if pull else None,
+               ask_key=True)
+        sent = c.conn.bytes_sent
+        got.append(c.next_key())
+        assert c.conn.bytes_sent == sent             # the request went out with the push
+    assert [w for w, _, _ in got] == ["key"] * 3 + ["finished"]
+    assert sorted(k for _, k, _ in got[:3]) == [0, 1, 2] and keys.reissued == 0
+    assert ps.versions == [3] and [len(ep) for ep in keys.served] == [3]
+    if pull:
+        assert torch.equal(values, ps.parameters(averaged=False))
+    c.close()
+
+
 def test_a_key_request_needs_a_fit_with_keys(server):
     ps = server(n=10)
     c = PSClient(ps.address, SECRET, 0)

@@ -1,7 +1,8 @@
 """The boosting parameter server's workers: Spark tasks (one per worker, over a range of
 worker ids) that ask the server for their next data key, read its rows from Parquet, sum the
-gradients of its ``n_push`` mini-batches, push once and fetch the result, until the server
-says the fit is finished. With ``local`` (SGD servers), each mini-batch's gradient is taken
+gradients of its ``n_push`` mini-batches, push once and fetch the result (the request for
+the next key goes out behind the push: one wait a key), until the server says the fit is
+finished. A key's rows are a view of its row group, decoded once (``_Files``). With ``local`` (SGD servers), each mini-batch's gradient is taken
 after the key's earlier ones stepped the worker's copy (x <- x - lr g, plain SGD at the
 server's rate): the push sums the gradients k sequential steps would take, not k gradients
 of one point; the server steps their sum once, with its momentum, and the worker fetches.
@@ -101,15 +102,18 @@ def rebase(client, wire: torch.Tensor, flat: torch.Tensor, moved: torch.Tensor |
 
 class _Files:
     """The Parquet files a task has opened (kept open: keys come from the same few files), and
-    the row groups it has decoded, kept while they fit ``budget`` bytes (least recently used
-    dropped first). A key is a few mini-batches, a row group holds many keys (Spark writes
-    one per 128 MB), so without them every key decoded its whole row group again: the
-    worker's time went to Parquet, not to training."""
+    the row groups it has decoded (``decode(record batches, where)``: the rows as a
+    ShardData, checked and converted once), kept while they fit ``budget`` bytes (least
+    recently used dropped first). A key is a few mini-batches, a row group holds many keys
+    (Spark writes one per 128 MB), so without them every key decoded its whole row group
+    again: the worker's time went to Parquet, not to training; a key's rows are then a view
+    of its row group's arrays."""
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, decode: Callable):
         self.open: dict = {}
-        self.groups: OrderedDict = OrderedDict()      # (uri, group, columns) -> pa.Table
+        self.groups: OrderedDict = OrderedDict()      # (uri, group, columns) -> ShardData
         self.budget, self.held = budget, 0
+        self.decode = decode
         self.decoded = 0                              # row groups read from the files
 
     def get(self, uri: str):
@@ -123,18 +127,20 @@ class _Files:
     def row_group(self, uri: str, g: int, columns: list[str]):
         """Row group ``g`` of ``uri`` (``columns``), decoded once while the budget holds it."""
         name = (uri, g, tuple(columns))
-        table = self.groups.get(name)
-        if table is not None:
+        rows = self.groups.get(name)
+        if rows is not None:
             self.groups.move_to_end(name)
-            return table
+            return rows
         table = self.get(uri).read_row_groups([g], columns=columns)
+        rows = self.decode(table.to_batches(), f"row group {g} of {uri}")
         self.decoded += 1
-        if table.nbytes <= self.budget:
-            self.groups[name] = table
-            self.held += table.nbytes
+        size = _nbytes(rows)
+        if size <= self.budget:
+            self.groups[name] = rows
+            self.held += size
             while self.held > self.budget:
-                self.held -= self.groups.popitem(last=False)[1].nbytes
-        return table
+                self.held -= _nbytes(self.groups.popitem(last=False)[1])
+        return rows
 
     def close(self) -> None:
         for f in self.open.values():
@@ -144,9 +150,14 @@ class _Files:
         self.held = 0
 
 
+def _nbytes(rows) -> int:
+    return rows.features.nbytes + (0 if rows.labels is None else rows.labels.nbytes)
+
+
 def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
-    """The rows [first, end) of a Parquet file as record batches, from the row groups that
-    hold them (decoded once, see _Files)."""
+    """The rows [first, end) of a Parquet file as a ShardData: views of the decoded row group
+    that holds them (decoded once, see _Files), joined when they span two."""
+    from spark_dl.data.bridge import ShardData
     uri, first, end = key
     meta = files.get(uri).metadata
     parts, start = [], 0
@@ -154,9 +165,15 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
         n = meta.row_group(g).num_rows
         lo, hi = max(first, start), min(end, start + n)
         if lo < hi:
-            parts.append(files.row_group(uri, g, columns).slice(lo - start, hi - lo))
+            rows = files.row_group(uri, g, columns)
+            parts.append((rows.features[lo - start:hi - start],
+                          None if rows.labels is None else rows.labels[lo - start:hi - start]))
         start += n
-    return [batch for part in parts for batch in part.to_batches()]
+    if len(parts) == 1:
+        return ShardData(*parts[0])
+    import numpy as np
+    return ShardData([x for x, _ in parts],
+                     None if parts[0][1] is None else np.concatenate([y for _, y in parts]))
 
 
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
@@ -206,9 +223,10 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
         if cfg.worker_momentum else None
     buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
                           if dtype == torch.float64 else torch.float32) if cfg.buffers else None
-    files = _Files(memory_headroom() // 4)       # decoded row groups kept in a quarter of it
-    columns = [c for c in (cfg.features, cfg.label) if c]
     mine = dataclasses.replace(cfg, data="memory")
+    files = _Files(memory_headroom() // 4,       # decoded row groups kept in a quarter of it
+                   lambda batches, where: read_shard(mine, iter(batches), where))
+    columns = [c for c in (cfg.features, cfg.label) if c]
     trained, rows, waited, pushes, done, rebased = [], 0, 0.0, 0, 0, 0
     try:
         while True:
@@ -220,7 +238,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 waited += key / 1000
                 continue
             at(epoch, key)
-            shard = read_shard(mine, iter(read_key(files, keys[key], columns)), f"key {key}")
+            shard = read_key(files, keys[key], columns)
             loss_sum, samples = LossSum(), 0.0
             steps = 0
             if local is not None:
@@ -258,7 +276,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
             client.push(out, int(samples), max(steps, 1), pull_into=wire,
                         buffers=None if buffers is None else
                         read_buffers(model, cfg.buffers, buffers),
-                        momentum=reported_momentum(carrier, cfg.look_ahead))
+                        momentum=reported_momentum(carrier, cfg.look_ahead), ask_key=True)
             if not direct:
                 flat.copy_(wire)
             grad.zero_()

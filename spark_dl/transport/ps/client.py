@@ -35,6 +35,7 @@ class PSClient:
         self.board = None                         # the server's versions, on this machine
         self.board_skips = 0                      # pull_newer calls the board answered
         self.momentum = 0.0       # of its next pushes, as the server has it (look-ahead)
+        self._key_asked = False   # a key request is out, its reply after the push's (push)
 
     def _reply(self, max_payload: int, into=None):
         op, code, _steps, _worker, shard, version, count, payload = self.conn.recv(max_payload,
@@ -73,8 +74,11 @@ class PSClient:
         return int(info[-2])
 
     def next_key(self) -> tuple[str, int, int]:
-        """Data keys: ("key", key, epoch), ("wait", milliseconds, 0) or ("finished", 0, 0)."""
-        self.conn.send(OPS["key"], worker=self.worker)
+        """Data keys: ("key", key, epoch), ("wait", milliseconds, 0) or ("finished", 0, 0).
+        The request went out already when the last push asked for it (``push(ask_key=)``)."""
+        if not self._key_asked:
+            self.conn.send(OPS["key"], worker=self.worker)
+        self._key_asked = False
         _, _, _, _, payload = self._reply(24)
         status, a, b = (int(v) for v in np.frombuffer(payload, np.int64))
         return ("key", "wait", "finished")[status], a, b
@@ -165,7 +169,7 @@ class PSClient:
     def push(self, grad_sum: torch.Tensor, samples: int, steps: int = 1,
              pull_into: torch.Tensor | None = None, shards: list[int] | None = None,
              versions: list[int] | None = None, buffers: torch.Tensor | None = None,
-             momentum: float | None = None) -> list[int]:
+             momentum: float | None = None, ask_key: bool = False) -> list[int]:
         """Push the per-sample gradient sum of ``steps`` mini-batches (``samples`` in all) of
         the shards (default: all; ``grad_sum`` holds them one after the other); returns the
         staleness per shard. With ``pull_into`` (as ``grad_sum``, of the wire dtype) every
@@ -173,7 +177,10 @@ class PSClient:
         ``versions``: the shard versions the gradient was computed on (default: the last
         ones pulled), for the staleness count. ``buffers``: this worker's buffer values,
         reported first (``report_buffers``); ``momentum``: that of its next push, reported
-        first where it changed (``report_momentum``)."""
+        first where it changed (``report_momentum``). ``ask_key``: the request for the next
+        data key goes out behind the last push frame, before its reply is read, so the server
+        answers it as soon as it has applied the push (``next_key`` reads the answer): one
+        wait a key, not two."""
         if pull_into is not None and pull_into.dtype != self.dtype:
             raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
         t0 = time.perf_counter()
@@ -184,20 +191,28 @@ class PSClient:
         if momentum is not None:
             self.report_momentum(momentum)
         op = OPS["push"] if pull_into is None else OPS["pushpull"]
-        stale, skipped = [], []
+        sent, skipped = [], []
         for i, size, off in rows:
             if self._skip[i] > 0:            # this shard has the step already (see hello)
                 self._skip[i] = max(self._skip[i] - steps, 0)
                 skipped.append((i, size, off))
-                continue
+            else:
+                sent.append((i, size, off))
+        # the key request rides behind the last frame, unless pulls of skipped shards follow
+        ask = ask_key and not skipped and bool(sent) and not self._key_asked
+        stale = []
+        for n, (i, size, off) in enumerate(sent):
             g = grad_sum[off:off + size]
             self.conn.send(op, g if g.dtype == self.dtype else g.to(self.dtype),
                            worker=self.worker, shard=i,
                            version=(versions or self.versions)[i], count=samples, steps=steps)
+            if ask and n == len(sent) - 1:   # a header: it never blocks the server's reply
+                self.conn.send(OPS["key"], worker=self.worker)
+                self._key_asked = True
             if pull_into is not None:    # large replies: one shard at a time, so that the
                 stale.append(self._read_values(i, pull_into[off:off + size]))  # peers never
         if pull_into is None:            # both block writing; small replies: all pushes
-            for _ in range(len(rows) - len(skipped)):        # went out, now read them
+            for _ in sent:               # went out, now read them
                 stale.append(self._reply(0)[3])
         for i, size, off in skipped:
             stale.insert([r[0] for r in rows].index(i), 0)
