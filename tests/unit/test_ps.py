@@ -578,22 +578,25 @@ def test_data_keys_a_push_counts_only_under_its_lease_and_epochs_keep_their_stat
         c.close()
 
 
-@pytest.mark.parametrize("pull", [True, False])
-def test_a_key_asked_behind_a_push_is_served_after_the_push_is_applied(server, pull):
+@pytest.mark.parametrize("pull,loop,n", [(True, False, 10), (False, False, 10),
+                                         (True, True, 10), (True, True, 1 << 21)])
+def test_a_key_asked_behind_a_push_is_served_after_the_push_is_applied(server, pull, loop, n):
     """push(ask_key=True) sends the key request before it reads the push's reply: the server
     answers it after applying the push, so the worker gets its next key, not its last one
     back (a worker that asks while it holds a lease is a retried task), and "finished" after
-    the fit's last key."""
+    the fit's last key. With 2M values the event loop cannot write the reply at once: it
+    reads the request once the reply is out."""
     from spark_dl.strategies.boosting.keys import KeyScheduler
     keys = KeyScheduler(3, epochs=1, workers=1, seed=0)
-    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, keys=keys)
+    ps = server(n=n, mode="sequential", optimizer="sgd", lr=1.0, keys=keys, loop=loop)
+    assert (ps._loop is not None) == loop          # the event loop reads frames as they come
     c = PSClient(ps.address, SECRET, 0, torch.float64)
     c.hello(0, 1)
-    values = torch.empty(10, dtype=torch.float64)
+    values = torch.empty(n, dtype=torch.float64)
     c.pull(values)
     got = [c.next_key()]
     while got[-1][0] == "key":
-        c.push(torch.ones(10, dtype=torch.float64), 1, pull_into=values if pull else None,
+        c.push(torch.ones(n, dtype=torch.float64), 1, pull_into=values if pull else None,
                ask_key=True)
         sent = c.conn.bytes_sent
         got.append(c.next_key())
