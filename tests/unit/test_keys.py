@@ -176,3 +176,27 @@ def test_a_bad_row_is_named_by_its_row_group_and_file(tmp_path):
                                         r"holds NaN"):
         read_key(files, (path.as_uri(), 2, 4), ["x", "y"])
     files.close()
+
+
+def test_a_key_over_row_groups_of_other_row_lengths_is_a_ragged_column_and_none_is_empty(
+        tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dl.data.bridge import ShardData
+    from spark_dl.errors import DataError
+    from spark_dl.strategies.boosting.task import _Files, read_key
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"x": [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0, 7.0], [8.0, 9.0, 0.0]],
+                             "y": [0, 1, 0, 1]}), path, row_group_size=2)
+    files = _Files(budget=1 << 20,
+                   decode=lambda batches, at: ShardData.from_arrow(batches, "x", "y", where=at))
+    uri = path.as_uri()
+    assert read_key(files, (uri, 2, 4), ["x", "y"]).features.shape == (2, 3)   # one group
+    with pytest.raises(DataError, match=r"column 'x': rows of the key of rows 1-3 of "
+                                        r"file:///.*part-0.parquet have different lengths "
+                                        r"\[2, 3\]; give shape= or fix the ragged rows"):
+        read_key(files, (uri, 1, 3), ["x", "y"])
+    empty = read_key(files, (uri, 4, 6), ["x", "y"])     # past the file's rows: none
+    assert len(empty) == 0 and empty.labels is not None and len(empty.labels) == 0
+    files.close()

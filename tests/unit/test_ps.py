@@ -609,6 +609,30 @@ def test_a_key_asked_behind_a_push_is_served_after_the_push_is_applied(server, p
     c.close()
 
 
+def test_a_request_while_a_key_is_asked_is_refused_before_it_is_sent(server):
+    """The key's reply comes before any other: a pull or push before next_key() would read
+    it as its own, so the client refuses them, and next_key() then gets the key."""
+    from spark_dl.strategies.boosting.keys import KeyScheduler
+    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0,
+                keys=KeyScheduler(2, epochs=1, workers=1))
+    c = PSClient(ps.address, SECRET, 0, torch.float64)
+    c.hello(0, 1)
+    values = torch.empty(10, dtype=torch.float64)
+    c.pull(values)
+    assert c.next_key()[0] == "key"
+    c.push(torch.ones(10, dtype=torch.float64), 1, pull_into=values, ask_key=True)
+    sent = c.conn.bytes_sent
+    with pytest.raises(RuntimeError, match=r"a pull after push\(ask_key=True\): read the "
+                                           r"next key with next_key\(\) first"):
+        c.pull(values)
+    with pytest.raises(RuntimeError, match="a push after push"):
+        c.push(torch.ones(10, dtype=torch.float64), 1, ask_key=True)
+    assert c.conn.bytes_sent == sent and ps.versions == [1]
+    assert c.next_key()[0] == "key"
+    c.pull(values)                                       # and then anything again
+    c.close()
+
+
 def test_a_key_request_needs_a_fit_with_keys(server):
     ps = server(n=10)
     c = PSClient(ps.address, SECRET, 0)

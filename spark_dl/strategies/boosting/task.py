@@ -156,8 +156,11 @@ def _nbytes(rows) -> int:
 
 def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
     """The rows [first, end) of a Parquet file as a ShardData: views of the decoded row group
-    that holds them (decoded once, see _Files), joined when they span two."""
-    from spark_dl.data.bridge import ShardData
+    that holds them (decoded once, see _Files), joined when they span two (rows of another
+    length there: the DataError of a ragged column); no rows: an empty one."""
+    import numpy as np
+
+    from spark_dl.data.bridge import ShardData, ragged_rows
     uri, first, end = key
     meta = files.get(uri).metadata
     parts, start = [], 0
@@ -169,9 +172,14 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
             parts.append((rows.features[lo - start:hi - start],
                           None if rows.labels is None else rows.labels[lo - start:hi - start]))
         start += n
+    if not parts:
+        return files.decode(iter(()), f"rows {first}-{end} of {uri}")
     if len(parts) == 1:
         return ShardData(*parts[0])
-    import numpy as np
+    where = f"key of rows {first}-{end} of {uri}"
+    for name, arrays in zip(columns, ([x for x, _ in parts], [y for _, y in parts])):
+        if arrays[0] is not None and len({a.shape[1:] for a in arrays}) > 1:
+            raise ragged_rows(name, where, {int(np.prod(a.shape[1:])) for a in arrays})
     return ShardData([x for x, _ in parts],
                      None if parts[0][1] is None else np.concatenate([y for _, y in parts]))
 

@@ -83,6 +83,13 @@ class PSClient:
         status, a, b = (int(v) for v in np.frombuffer(payload, np.int64))
         return ("key", "wait", "finished")[status], a, b
 
+    def _no_key_out(self, what: str) -> None:
+        """A key request sent behind a push is answered first: its reply must be read (by
+        ``next_key``) before anything else, or it would be taken for this request's."""
+        if self._key_asked:
+            raise RuntimeError(f"a {what} after push(ask_key=True): read the next key with "
+                               f"next_key() first (its reply comes before any other)")
+
     def _layout(self, shards, n: int) -> list[tuple[int, int, int]]:
         """(shard, its size, its offset in the caller's buffer) for ``shards`` (None: all),
         whose buffer holds those shards one after the other (``n`` values)."""
@@ -123,6 +130,7 @@ class PSClient:
 
     def _pull(self, out: torch.Tensor, shards: list[int] | None, newer: bool
               ) -> list[tuple[int, int]]:
+        self._no_key_out("pull")
         t0 = time.perf_counter()
         rows = self._layout(shards, out.numel())
         for i, _, _ in rows:                  # steps=1: "only if newer than version"
@@ -183,6 +191,7 @@ class PSClient:
         wait a key, not two."""
         if pull_into is not None and pull_into.dtype != self.dtype:
             raise ValueError(f"pull_into must be {self.dtype}, the wire dtype")
+        self._no_key_out("push")
         t0 = time.perf_counter()
         rows = self._layout(shards, grad_sum.numel())
         self.trained += steps                # the buffers reported below have seen them
@@ -199,7 +208,7 @@ class PSClient:
             else:
                 sent.append((i, size, off))
         # the key request rides behind the last frame, unless pulls of skipped shards follow
-        ask = ask_key and not skipped and bool(sent) and not self._key_asked
+        ask = ask_key and not skipped and bool(sent)
         stale = []
         for n, (i, size, off) in enumerate(sent):
             g = grad_sum[off:off + size]
