@@ -149,14 +149,39 @@ def test_a_key_reads_its_rows_and_each_row_group_is_decoded_once(tmp_path):
         assert rows.labels.tolist() == [2 * i for i in range(first, end)]
     assert files.decoded == 4                            # every group once, then from memory
     assert where == [f"row group {g} of {uri}" for g in (0, 1, 2, 3)]
-    one = files.groups[(uri, 0, ("x", "y"))]
-    small = _Files(budget=one.features.nbytes + one.labels.nbytes, decode=decode)  # one group
+    arrow = pq.ParquetFile(path).read_row_groups([0], columns=["x", "y"]).nbytes
+    small = _Files(budget=arrow, decode=decode)          # room for one group
     for first, end in ((0, 4), (12, 14), (0, 4)):
         read_key(small, (uri, first, end), ["x", "y"])
     assert small.decoded == 3 and len(small.groups) == 1   # group 0 was dropped for group 1
     assert small.held <= small.budget
     files.close()
     small.close()
+
+
+def test_a_row_group_larger_than_the_budget_converts_only_the_keys_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dl.data.bridge import ShardData
+    from spark_dl.errors import DataError
+    from spark_dl.strategies.boosting.task import _Files, read_key
+    path = tmp_path / "part-0.parquet"
+    x = [float(i) for i in range(20)]
+    x[15] = float("nan")                                  # in group 1, outside key (10, 14)
+    pq.write_table(pa.table({"x": x, "y": list(range(20))}), path, row_group_size=10)
+    uri = path.as_uri()
+    files = _Files(budget=16,                             # below any group: none is kept
+                   decode=lambda batches, at: ShardData.from_arrow(batches, "x", "y", where=at))
+    for first, end in ((10, 14), (2, 12), (10, 14)):
+        rows = read_key(files, (uri, first, end), ["x", "y"])
+        assert rows.features.tolist() == x[first:end] and rows.labels.tolist() == \
+            list(range(first, end))
+    assert files.decoded == 4 and not files.groups and files.held == 0
+    with pytest.raises(DataError, match=r"row 1 of the rows 4-8 of row group 1 of "
+                                        r"file:///.*part-0.parquet holds NaN"):
+        read_key(files, (uri, 14, 18), ["x", "y"])
+    files.close()
 
 
 def test_a_bad_row_is_named_by_its_row_group_and_file(tmp_path):

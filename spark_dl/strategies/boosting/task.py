@@ -107,7 +107,7 @@ class _Files:
     recently used dropped first). A key is a few mini-batches, a row group holds many keys
     (Spark writes one per 128 MB), so without them every key decoded its whole row group
     again: the worker's time went to Parquet, not to training; a key's rows are then a view
-    of its row group's arrays."""
+    of its row group's arrays (``rows``)."""
 
     def __init__(self, budget: int, decode: Callable):
         self.open: dict = {}
@@ -124,23 +124,30 @@ class _Files:
             self.open[uri] = pq.ParquetFile(fs.open_input_file(path))
         return self.open[uri]
 
-    def row_group(self, uri: str, g: int, columns: list[str]):
-        """Row group ``g`` of ``uri`` (``columns``), decoded once while the budget holds it."""
+    def rows(self, uri: str, g: int, lo: int, hi: int, columns: list[str]):
+        """Rows [lo, hi) of row group ``g`` of ``uri`` (``columns``): (features, labels or
+        None), views of the group decoded once while the budget holds it. A group larger
+        than the whole budget is read again for each key, as Parquet reads whole groups, but
+        only the key's rows are checked and converted."""
         name = (uri, g, tuple(columns))
         rows = self.groups.get(name)
         if rows is not None:
             self.groups.move_to_end(name)
-            return rows
-        table = self.get(uri).read_row_groups([g], columns=columns)
-        rows = self.decode(table.to_batches(), f"row group {g} of {uri}")
-        self.decoded += 1
-        size = _nbytes(rows)
-        if size <= self.budget:
-            self.groups[name] = rows
-            self.held += size
-            while self.held > self.budget:
-                self.held -= _nbytes(self.groups.popitem(last=False)[1])
-        return rows
+        else:
+            table = self.get(uri).read_row_groups([g], columns=columns)
+            self.decoded += 1
+            if table.nbytes > self.budget:       # never kept: convert the key's rows only
+                rows = self.decode(table.slice(lo, hi - lo).to_batches(),
+                                   f"rows {lo}-{hi} of row group {g} of {uri}")
+                return rows.features, rows.labels
+            rows = self.decode(table.to_batches(), f"row group {g} of {uri}")
+            size = _nbytes(rows)
+            if size <= self.budget:
+                self.groups[name] = rows
+                self.held += size
+                while self.held > self.budget:
+                    self.held -= _nbytes(self.groups.popitem(last=False)[1])
+        return rows.features[lo:hi], None if rows.labels is None else rows.labels[lo:hi]
 
     def close(self) -> None:
         for f in self.open.values():
@@ -168,9 +175,7 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
         n = meta.row_group(g).num_rows
         lo, hi = max(first, start), min(end, start + n)
         if lo < hi:
-            rows = files.row_group(uri, g, columns)
-            parts.append((rows.features[lo - start:hi - start],
-                          None if rows.labels is None else rows.labels[lo - start:hi - start]))
+            parts.append(files.rows(uri, g, lo - start, hi - start, columns))
         start += n
     if not parts:
         return files.decode(iter(()), f"rows {first}-{end} of {uri}")
