@@ -9,14 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, "/work/main/benchmarks")
-sys.path.insert(0, "/work/main")
+ROOT = Path(__file__).resolve().parents[3]          # the repository
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("SPARK_CONF_DIR", "/work/main/conf/logging")
-import bench_scaling as bs
+os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
+import bench_scaling as bs  # noqa: E402
 
-from spark_dl import fit, get_session
-from spark_dl.strategies import make_strategy
+from spark_dl import fit, get_session  # noqa: E402
+from spark_dl.strategies import make_strategy  # noqa: E402
 
 name, reps, seed0, epochs, out = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
                                   float(sys.argv[4]), sys.argv[5])

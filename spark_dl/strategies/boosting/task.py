@@ -2,16 +2,17 @@
 worker ids) that ask the server for their next data key, read its rows from Parquet, sum the
 gradients of its ``n_push`` mini-batches, push once and fetch the result (the request for
 the next key goes out behind the push: one wait a key), until the server says the fit is
-finished. A key's rows are a view of its row group, decoded once (``_Files``). With ``local`` (SGD servers), each mini-batch's gradient is taken
-after the key's earlier ones stepped the worker's copy (x <- x - lr g, plain SGD at the
-server's rate): the push sums the gradients k sequential steps would take, not k gradients
-of one point; the server steps their sum once, with its momentum, and the worker fetches.
-With ``fresh``, before each mini-batch a worker asks the server for values newer than its
-own (another worker pushed meanwhile) and takes them, less the key's local steps so far: the
-key's later gradients are taken on values that include the pushes landed since its fetch (a
-worker on the driver's machine reads the server's version from a memory-mapped file first
-and asks only when it has moved: transport/ps/board.py). A
-task Spark retries asks again and gets back the key its last attempt held (keys.py)."""
+finished. A key's rows are a view of its row group, decoded once (``_Files``). With
+``local`` (SGD servers), each mini-batch's gradient is taken after the key's earlier ones
+stepped the worker's copy (x <- x - lr g, plain SGD at the server's rate): the push sums
+the gradients k sequential steps would take, not k gradients of one point; the server
+steps their sum once, with its momentum, and the worker fetches. With ``fresh``, before
+each mini-batch a worker asks the server for values newer than its own (another worker
+pushed meanwhile) and takes them, less the key's local steps so far: the key's later
+gradients are taken on values that include the pushes landed since its fetch (a worker on
+the driver's machine reads the server's version from a memory-mapped file first and asks
+only when it has moved: transport/ps/board.py). A task Spark retries asks again and gets
+back the key its last attempt held (keys.py)."""
 
 from __future__ import annotations
 
