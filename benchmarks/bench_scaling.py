@@ -47,7 +47,9 @@ over real run-to-run variation, not over one trajectory timed again:
                     "allreduce:avg0" validates the last weights, not their moving
                     average, the default before 2026-11-28; it has its own one-replica
                     reference, "allreduce:avg0-1"; then a suffix ":clipC" on Downpour
-                    or Boosting: the server's clip=C, e.g. "downpour:clip0", no cut)
+                    or Boosting: the server's clip=C, e.g. "downpour:clip0", no cut;
+                    then ":npK" on Downpour or Boosting: n_push=K, e.g.
+                    "boosting:np1", a key of one mini-batch)
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
@@ -71,6 +73,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -182,6 +185,7 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     from spark_dl.strategies import make_strategy
     df = spark.read.parquet(data.as_uri())
     t0 = time.perf_counter()
+    strategy, _, n_push = strategy.partition(":np")     # "boosting:np1": n_push=1
     strategy, _, cap = strategy.partition(":clip")      # "downpour:clip0": the server's clip=0
     strategy, _, avg = strategy.partition(":avg")       # "allreduce:avg0": average=0
     strategy, _, clip = strategy.partition("=")         # "allreduce=noclip": grad_clip=None
@@ -198,6 +202,8 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
         spec = dataclasses.replace(spec, average=float(avg))
     if cap:
         spec = dataclasses.replace(spec, clip=float(cap))
+    if n_push:
+        spec = dataclasses.replace(spec, n_push=int(n_push))
     res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
               epochs=args.epochs, lr_scaling=scaling or "auto",
@@ -277,6 +283,8 @@ def main(argv=None):
                                                min(x["final_accuracy"] for x in runs), 4)}
         for strategy in args.strategies.split(","):
             base = strategy.partition("=")[0].partition("~")[0].partition("+")[0]
+            keys = re.search(r":np\d+", strategy)   # "boosting+dana:np1": "boosting:np1-1"
+            base += keys.group(0) if keys and not base.endswith(keys.group(0)) else ""
             one = summary.get(f"{base}-1") or summary.get("allreduce-1")
             for r in counts:
                 row = summary.get(f"{strategy}-{r}")

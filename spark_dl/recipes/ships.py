@@ -1,8 +1,8 @@
 """Ship segmentation (seed 000): synthetic satellite-like scenes made in the executors, the
 bottleneck U-Net trained with the seed's "boosting" parameter server by default (Boosting:
-the driver's data-key scheduler hands out chunks of 4 mini-batches, reshuffled every epoch; a
-worker accumulates a key's 4 mini-batches and pushes, the server applies every push as its
-own step in arrival order), then IoU, Dice and the Airbus F2 of held-out scenes
+the driver's data-key scheduler hands out chunks of n_push mini-batches, 2 by default since
+2026-11-29 evening and the seed's 4 before, reshuffled every epoch; a worker trains a key's
+mini-batches and pushes, the server applies every push as its own step in arrival order), then IoU, Dice and the Airbus F2 of held-out scenes
 and a picture strip (scene | true mask | predicted mask).
 
     python jobs/segment_ships.py --config conf/jobs/ships.toml
@@ -111,7 +111,7 @@ def segment_ships(cfg: ShipsJobConfig, log=print, spark=None) -> dict:
         f"{d.n_test} held-out scenes here ({time.perf_counter() - t0:.1f} s, "
         f"{int((tships == 0).sum())} without ships)")
     widths, norm = tuple(t.widths), t.norm
-    strategy = t.make_strategy()          # "boosting": the seed's n_push=4 by default
+    strategy = t.make_strategy()          # "boosting": Boosting's defaults (keys of 2)
     out_dir = Path(cfg.run.out_dir)
     res = fit(df, lambda: UNet(3, widths, norm), strategy=strategy, shape=(3, d.size, d.size),
               label_shape=(1, d.size, d.size), loss=FocalDiceLoss(10.0, 2.0),

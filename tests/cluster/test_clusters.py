@@ -376,7 +376,7 @@ def boosting_with_a_kill(venv_bin, tmp_path_factory):
 
 
 def test_boosting_keys_are_trained_once_per_epoch_when_a_worker_is_killed(boosting_with_a_kill):
-    """The boosting parameter server on local-cluster, 2 epochs of 64 keys over 2 workers:
+    """The boosting parameter server on local-cluster, 2 epochs of 126 keys over 2 workers:
     worker 1's Python process is SIGKILLed at its 100th training forward (its model does it,
     in the task's first attempt): mid-key, so it holds the key's lease, however fast or busy
     the machine is. Spark retries the task, whose worker asks again and gets back the key it
@@ -387,17 +387,17 @@ def test_boosting_keys_are_trained_once_per_epoch_when_a_worker_is_killed(boosti
     fits = report["fits"]
     for name in ("clean", "faulty"):
         keys = fits[name]["info"]["keys"]
-        assert keys["count"] == 64, keys["count"]     # 2 files of 4,000 rows, keys of 4 x 32
+        assert keys["count"] == 126, keys["count"]    # 2 files of 4,000 rows, keys of 2 x 32
         for ep in keys["served"]:                     # (key, worker) in the order applied
-            assert sorted(k for k, _ in ep) == list(range(64)), (name, ep)
-        assert fits[name]["info"]["server"]["versions"] == [2 * 64]
+            assert sorted(k for k, _ in ep) == list(range(126)), (name, ep)
+        assert fits[name]["info"]["server"]["versions"] == [2 * 126]
     faulty = fits["faulty"]["info"]
     workers = {w["worker"]: w for w in faulty["workers"]}
     assert workers[1]["attempt"] >= 1                 # the report is the retry's
     assert faulty["keys"]["reissued"] >= 1            # ... which got its key back
     assert fits["clean"]["info"]["keys"]["reissued"] == 0
     versions = fits["faulty"]["server_versions_per_epoch"]
-    assert versions == [64, 128]
+    assert versions == [126, 252]
     acc = {k: fits[k]["history"][-1]["val_accuracy"] for k in ("clean", "faulty")}
     assert min(acc.values()) > 0.85 and abs(acc["clean"] - acc["faulty"]) < 0.03, acc
     _nothing_left(tmp_path, report, seen)

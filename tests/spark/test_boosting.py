@@ -113,7 +113,8 @@ def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path, rule
     keys: 2/3 of fit's 0.5 after one, all of it after two), the server sending the
     look-ahead."""
     x, y = data(320, seed=6)
-    res = fit(frame(spark, x, y, [160, 160]), small_fc, strategy=Boosting(staleness=rule),
+    res = fit(frame(spark, x, y, [160, 160]), small_fc,
+              strategy=Boosting(staleness=rule, n_push=4),
               batch_size=8, epochs=3, lr=0.3, momentum=0.5, validation=(x[:64], y[:64]),
               run_dir=tmp_path / "run", log=None)
     assert (res.info["server_momentum"], res.info["worker_momentum"],

@@ -1,5 +1,5 @@
 """The ship segmentation job (seed 000) on real Spark with a tiny config: scenes made in the
-executors, the U-Net trained by the boosting parameter server (keys of 4
+executors, the U-Net trained by the boosting parameter server (keys of 2
 mini-batches from the data-key scheduler, a push per key), held-out IoU / Dice / F2 and the picture written."""
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ def test_segment_ships_job_runs_tiny_with_the_boosting_server(spark, tmp_path):
     r = segment_ships(cfg, log=None, spark=spark)
     assert r["strategy"] == "boosting" and r["replicas"] == 2
     assert 0 <= r["f2"] <= 1 and 0 <= r["iou"] <= 1
-    # 64 rows in keys of 4 mini-batches of 8: one push per key, every key once
+    # 64 rows in keys of 2 mini-batches of 8: one push per key, every key once
     info = json.loads((tmp_path / "unet-boosting" / "info.json").read_text())
-    assert info["mode"] == "sequential" and info["n_push"] == 4
-    # the default rule (since 2026-11-29): 2 workers carry 0.8 of momentum 0.9, fit's rate
-    assert (info["staleness"], round(info["worker_momentum"], 9), info["server_momentum"],
-            info["server_rate"]) == ("worker+short", 0.8, 0.0, 1.0)
+    assert info["mode"] == "sequential" and info["n_push"] == 2 and info["keys"]["count"] == 4
+    # the default rule (since 2026-11-29 evening): 2 workers carry fit's momentum 0.9, the
+    # server steps at fit's rate and sends the look-ahead
+    assert (info["staleness"], info["worker_momentum"], info["server_momentum"],
+            info["server_rate"], info["look_ahead"]) == ("dana", 0.9, 0.0, 1.0, True)
     assert [sorted(k for k, _ in ep) for ep in info["keys"]["served"]] == \
         [list(range(info["keys"]["count"]))]
     assert info["server"]["versions"] == [info["keys"]["count"]]

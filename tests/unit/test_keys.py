@@ -94,19 +94,23 @@ def test_boosting_options_name_the_value_and_the_choices():
         Boosting(clip=True)
 
 
-@pytest.mark.parametrize("workers, expected", [
-    (1, (0.9, 0.0, 1.0)),            # one worker: fit's momentum at the server
-    (2, (0.0, 0.8, 1.0)),            # the shorter memory at the workers, fit's rate
-    (4, (0.0, 0.6, 2.0)),
-    (8, (0.0, 0.2, 4.0)),
-    (16, (0.0, 0.0, 2.5)),           # nothing left to carry: worker_rate(16) = 1/4, x 10
+@pytest.mark.parametrize("workers, expected, short", [
+    (1, (0.9, 0.0, 1.0), (0.9, 0.0, 1.0)),   # one worker: fit's momentum at the server
+    (2, (0.0, 0.9, 1.0), (0.0, 0.8, 1.0)),   # "worker+short": the shorter memory
+    (4, (0.0, 0.9, 1.0), (0.0, 0.6, 2.0)),
+    (8, (0.0, 0.9, 0.5), (0.0, 0.2, 4.0)),
+    (16, (0.0, 0.9, 0.5), (0.0, 0.0, 2.5)),  # nothing left to carry: worker_rate(16) = 1/4, x 10
 ])
-def test_boostings_default_rule_is_downpours_shorter_memory(workers, expected):
+def test_boostings_default_rule_is_downpours_look_ahead(workers, expected, short):
     from spark_dl import Boosting
     from spark_dl.strategies.boosting.driver import staleness_rule
-    assert Boosting().staleness == "worker+short"
+    # since 2026-11-29 evening: "dana" (fit's momentum at the workers, fit's rate up to 4
+    # workers, half of it from 8) on keys of 2 mini-batches
+    assert (Boosting().staleness, Boosting().n_push) == ("dana", 2)
     assert staleness_rule(Boosting().staleness, 0.9, workers, "momentum") == \
         pytest.approx(expected)
+    # the default from that morning: Downpour's shorter memory
+    assert staleness_rule("worker+short", 0.9, workers, "momentum") == pytest.approx(short)
     # the rule before 2026-11-29: fit's momentum lowered by 1 - 1/W at the server
     assert staleness_rule("momentum", 0.9, 2, "momentum") == pytest.approx((0.4, 0.0, 1.0))
 

@@ -38,7 +38,9 @@ class Boosting(Strategy):
 
     n_push: mini-batches per key; a worker sums their gradients and pushes once per key, the
     server applies each push as one step in arrival order and the worker fetches the result
-    (default 4, the seed's). server_optimizer: "sgd", "momentum", "adagrad", "adam",
+    (default 2 since 2026-11-29 evening, with "dana"; 4 before, the seed's: the seed found
+    8-16 worse than 4, and with "dana" 2 reached the targets below where 4 did not).
+    server_optimizer: "sgd", "momentum", "adagrad", "adam",
     "rmsprop" (default: from fit's ``optimizer``/``momentum``). lease_s: a key leased to a
     worker that has not pushed it after this long goes to the next worker that asks (its late
     push is then dropped). data_dir: where the DataFrame's Parquet copy goes when it is not
@@ -46,12 +48,14 @@ class Boosting(Strategy):
     reads). amp: None, "bf16" or "fp16" (autocast forward passes, float32 on the server,
     bfloat16 on the wire). staleness: how the server allows for the pushes computed on values
     the other workers' pushes have moved since (with W equally fast workers every push is
-    W - 1 versions old), Downpour's rules: "dana" (Downpour's default, not Boosting's: fit's
-    momentum at the workers, fit's rate up to 4 workers, and every fetch the look-ahead of
-    the workers' momentum steps to come; 2 workers reached 98% on the thesis CNN in 0.53x one
-    worker's time where "worker+short" took 0.64x, but it ended the ships U-Net lower in 4
-    seeds of 4 and was less steady at 4 workers: docs/guides/boosting.md, "Look-ahead");
-    "worker+short" (the default since 2026-11-29, as Downpour's was until "dana"): each
+    W - 1 versions old), Downpour's rules: "dana" (the default since 2026-11-29 evening, as
+    Downpour's: fit's momentum at the workers over their pushes, fit's rate up to 4
+    workers, and every fetch the look-ahead of the workers' momentum steps to come; with
+    keys of 2 mini-batches, 2 workers reached 98% on the thesis CNN as soon in epochs as
+    one worker, and the ships U-Net's IoU stayed at the rule before's or above; with keys of
+    4 it had ended the ships U-Net lower in 4 seeds of 4 and was less steady at 4 workers:
+    docs/guides/boosting.md, "The default since 2026-11-29 evening");
+    "worker+short" (the default from 2026-11-29 morning until then): each
     worker carries 1 - W (1 - m) of fit's momentum m over its own pushes
     (0.8 at 2 workers, 0.6 at 4, 0.2 at 8, none from 10 at 0.9), ramped up over its first
     mini-batches, and the server steps them plainly at the rate that keeps Downpour's step
@@ -59,7 +63,7 @@ class Boosting(Strategy):
     thesis CNN 2 workers reach 98% in 6 seeds of 6 where "momentum" did in 4, and at 4 and 8
     workers more often; on the ships U-Net at its lr 0.004 the IoU of "momentum" within
     noise (docs/guides/boosting.md, "The default since 2026-11-29"); "momentum" (the
-    default before): the server's momentum is
+    default until 2026-11-29 morning): the server's momentum is
     fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/W; "step":
     the server's effective step lr / (1 - m) that of fit's momentum divided by W (faster on
     the thesis CNN, not on the ships U-Net: docs/guides/boosting.md); "lr": a push tau >= 2
@@ -86,12 +90,12 @@ class Boosting(Strategy):
     needs the cap late in the fit (docs/quality.md, "Fresh values mid-key")."""
 
     name = "boosting"
-    n_push: int = 4
+    n_push: int = 2
     server_optimizer: str | None = None
     lease_s: float = 300.0
     data_dir: str | None = None
     amp: str | None = None
-    staleness: str = "worker+short"
+    staleness: str = "dana"
     local: bool = True
     fresh: bool | None = None
     average: float | None = None

@@ -9,7 +9,7 @@ steps applied so far (x̄ = x while a E_t <= k). So in the first epoch the avera
 last fraction a of the trajectory so far, not the initial values and the steep first steps
 (which a model validated a quarter epoch in would otherwise mix in; docs/guides/downpour.md,
 "Averaged server"); from the first epoch on it is the last a E mini-batch steps, whatever
-the push size (a Boosting key of 4 mini-batches, a Downpour push of n_push). Until
+the push size (a Boosting key of n_push mini-batches, a Downpour push of n_push). Until
 2026-11-28 the weight was 1 / (a E_t) a push, so pushes of k steps averaged over k a epochs
 (docs/guides/boosting.md, "Averaged server"). Workers always fetch x; the server's
 ``parameters()`` (the model the driver validates and returns) is x̄: it damps the last
