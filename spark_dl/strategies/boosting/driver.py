@@ -62,7 +62,7 @@ class Boosting(Strategy):
     per gradient (fit's at 2 workers, 2x at 4, 4x at 8; a key's local steps too): on the
     thesis CNN 2 workers reach 98% in 6 seeds of 6 where "momentum" did in 4, and at 4 and 8
     workers more often; on the ships U-Net at its lr 0.004 the IoU of "momentum" within
-    noise (docs/guides/boosting.md, "The default since 2026-11-29"); "momentum" (the
+    noise (docs/guides/boosting.md, "The default of 2026-11-29"); "momentum" (the
     default until 2026-11-29 morning): the server's momentum is
     fit's ``momentum`` lowered by the momentum asynchrony adds of itself, 1 - 1/W; "step":
     the server's effective step lr / (1 - m) that of fit's momentum divided by W (faster on
