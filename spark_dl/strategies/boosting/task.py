@@ -44,7 +44,7 @@ _TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 @dataclasses.dataclass(frozen=True)
 class BoostingConfig(StageConfig):
-    n_push: int = 4
+    n_push: int = 2
     amp: str | None = None
     wire_dtype: str = "float32"
     buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
