@@ -2,8 +2,9 @@
 bottleneck U-Net trained with the seed's "boosting" parameter server by default (Boosting:
 the driver's data-key scheduler hands out chunks of n_push mini-batches, 2 by default since
 2026-11-29 evening and the seed's 4 before, reshuffled every epoch; a worker trains a key's
-mini-batches and pushes, the server applies every push as its own step in arrival order), then IoU, Dice and the Airbus F2 of held-out scenes
-and a picture strip (scene | true mask | predicted mask).
+mini-batches and pushes, the server applies every push as its own step in arrival order),
+then IoU, Dice and the Airbus F2 of held-out scenes and a picture strip (scene | true mask |
+predicted mask).
 
     python jobs/segment_ships.py --config conf/jobs/ships.toml
 """

@@ -53,9 +53,9 @@ class Boosting(Strategy):
     workers, and every fetch the look-ahead of the workers' momentum steps to come; with
     keys of 2 mini-batches, 2 workers reached 98% on the thesis CNN as soon in epochs as
     one worker, and the ships U-Net's mean IoU at 2 and 4 workers above the rule before's
-    (lower in 2 and 4 seeds of 6); with keys of 4 it had ended the ships U-Net lower in 4 seeds of 4 and was
-    less steady at 4 workers: docs/guides/boosting.md, "The default since 2026-11-29
-    evening");
+    (lower in 2 and 4 seeds of 6); with keys of 4 it had ended the ships U-Net lower in 4
+    seeds of 4 and was less steady at 4 workers: docs/guides/boosting.md, "The default
+    since 2026-11-29 evening");
     "worker+short" (the default from 2026-11-29 morning until then): each
     worker carries 1 - W (1 - m) of fit's momentum m over its own pushes
     (0.8 at 2 workers, 0.6 at 4, 0.2 at 8, none from 10 at 0.9), ramped up over its first
