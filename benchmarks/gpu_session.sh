@@ -4,14 +4,15 @@
 # with its own time limit, all within about 8 minutes; results and logs into the folder given
 # (the call's $OUT):
 #   bash benchmarks/gpu_session.sh "$OUT"
-# 1. bench_scaling at 1 and 16 replicas (scaling-16.json), SCALING_REPEATS (2) seeds, 3 epochs:
-#    AllReduce (its defaults, averaged weights since 2026-11-28 afternoon, and allreduce:avg0,
-#    the last weights, the default before), Gossip (its defaults, the exponential graph with
-#    alpha 1, and the paper's ring with alpha 0.1), Downpour with its default staleness rule
-#    (run 2026-11-28 on an H200 machine's CPUs with SCALING_REPEATS=3 and downpour+step for
-#    downpour+lr, before averaged weights: scaling-16-2026-11-28.json; again that evening at
-#    62edfb6, averaged, strategies allreduce,allreduce:avg0,gossip,downpour, 3 repeats in
-#    6.5 minutes: scaling-16-2026-11-28-averaged.json);
+# 1. bench_scaling at 1 and 16 replicas (scaling-16.json), SCALING_REPEATS (2) seeds, 3 epochs,
+#    the four strategies with their defaults (since 2026-11-29 evening: AllReduce and Gossip
+#    averaged over a tenth of an epoch, Downpour's "dana", Boosting's "dana" on keys of 2
+#    mini-batches; these four not yet measured together on 16 cores). Earlier runs: 2026-11-28
+#    on an H200 machine's CPUs with SCALING_REPEATS=3 and downpour+step for downpour+lr, before
+#    averaged weights: scaling-16-2026-11-28.json; again that evening at 62edfb6, averaged,
+#    strategies allreduce,allreduce:avg0,gossip,downpour, 3 repeats in 6.5 minutes:
+#    scaling-16-2026-11-28-averaged.json (the default list until 2026-11-29 was
+#    allreduce,allreduce:avg0,gossip,gossip+ring,downpour);
 # 2. bench_ps_capacity at 1 and 16 clients (ps-capacity-16.json): the parameter server's
 #    pushes a second against what 16 replicas need (no Spark; about 2 minutes). Results land
 #    in the folder given, under the names gpu_check.sh writes: copy nothing there under the
@@ -38,9 +39,9 @@
 # memory, 2 of 3 seeds to 98% on local[16] on 2 cores where "worker" got 1, and ahead after an
 # epoch at 8 and 16 workers in benchmarks/async_turns.py; and on 2026-11-29 09:00 "dana", the
 # look-ahead: 1.25-1.75 epochs to 98% on local[16] on 2 cores where "worker+short" took
-# 1.5-2.0.) Next on 16 cores: the default against "worker+short" and "halfway" at 1, 4, 8 and
-# 16 replicas, and Boosting with it,
-# SCALING_STRATEGIES=downpour,downpour+worker+short,downpour+halfway,boosting,boosting+dana
+# 1.5-2.0.) Next on 16 cores, after the defaults of step 1: Downpour's default against
+# "worker+short" at 1, 4, 8 and 16 replicas,
+# SCALING_STRATEGIES=downpour,downpour+worker+short
 set -u
 O=$1
 t0=$(date +%s)
@@ -64,7 +65,7 @@ if [ -n "${GPU:-}" ]; then
   echo "lstm rc=$? at $(el) s"
 fi
 SCALING=1 SCALING_EPOCHS=3 SCALING_REPEATS=${SCALING_REPEATS:-2} \
-  SCALING_STRATEGIES=${SCALING_STRATEGIES:-allreduce,allreduce:avg0,gossip,gossip+ring,downpour} \
+  SCALING_STRATEGIES=${SCALING_STRATEGIES:-allreduce,gossip,downpour,boosting} \
   timeout ${SCALING_S:-280} bash benchmarks/gpu_check.sh "" "$O" > "$O/log2.txt" 2>&1
 echo "scaling rc=$? at $(el) s"
 TOTAL=${TOTAL:-540}
