@@ -134,6 +134,17 @@ def fixed_time(runs: list[dict], refs: list[dict]) -> dict | None:
             "no_reference_yet": len(pairs) - len(known)}
 
 
+def reference(strategy: str, systems) -> str:
+    """The one-replica system among ``systems`` that ``strategy``'s replicas are compared
+    with: its name without the rule and options ("+rule", "=noclip", "~sqrt"), with its ":"
+    settings (":avg0", ":clip0", ":np2": the same average, cut or keys at one replica) when
+    that one ran, else without them; else AllReduce's one replica (Gossip's reference)."""
+    name = re.split(r"[+=~:]", strategy, maxsplit=1)[0]
+    settings = "".join(re.findall(r":(?:avg|clip|np)[\d.]+", strategy))
+    return next((f"{base}-1" for base in (name + settings, name) if f"{base}-1" in systems),
+                "allreduce-1")
+
+
 def plain(data: Path, val, args, seed: int) -> dict:
     """Single-process, one-thread PyTorch over the same rows, evaluated at the same marks."""
     import numpy as np
@@ -282,16 +293,13 @@ def main(argv=None):
                 "final_accuracy_spread": round(max(x["final_accuracy"] for x in runs) -
                                                min(x["final_accuracy"] for x in runs), 4)}
         for strategy in args.strategies.split(","):
-            base = strategy.partition("=")[0].partition("~")[0].partition("+")[0]
-            keys = re.search(r":np\d+", strategy)   # "boosting+dana:np1": "boosting:np1-1"
-            base += keys.group(0) if keys and not base.endswith(keys.group(0)) else ""
-            one = summary.get(f"{base}-1") or summary.get("allreduce-1")
+            ref = reference(strategy, raw)
+            one = summary.get(ref)
             for r in counts:
                 row = summary.get(f"{strategy}-{r}")
                 if r > 1 and row and one and row["time_to_target_s"] and one["time_to_target_s"]:
                     row["time_vs_one_replica"] = round(row["time_to_target_s"] /
                                                        one["time_to_target_s"], 3)
-                ref = f"{base}-1" if f"{base}-1" in raw else "allreduce-1"
                 if r > 1 and f"{strategy}-{r}" in raw and ref in raw:     # seed by seed
                     pairs = [a["time_to_target_s"] / b["time_to_target_s"]
                              for a, b in zip(raw[f"{strategy}-{r}"], raw[ref])
