@@ -6,9 +6,9 @@ ratio is the median of 2 replicas' times over the median of one replica's, over 
 The epochs come from averaged_weights.py's one-process simulation of AllReduce's update at
 k = 1 and k = 2 replicas (fit's defaults: the linear rule with its warmup, the average over a
 tenth of an epoch; files given as arguments, any number, pooled by seed). Per variant (k, rate
-multiple, warmup): how many seeds reach the target at each quarter epoch, the mean epochs, and
-the accuracy at each quarter; k = 2 against k = 1 seed by seed (the same seed: the same initial
-weights); then the odds that a run of --seeds-per-run seeds meets --ratio, when two replicas
+multiple, warmup, cut, momentum): how many seeds reach the target at each quarter epoch, the
+mean epochs, and the accuracy at each quarter; k = 2 against k = 1 seed by seed (the same
+seed: the same initial weights); then the odds that a run of --seeds-per-run seeds meets --ratio, when two replicas
 step at each of --rates times one replica's samples a second:
 
   as simulated   n seeds drawn without replacement, both systems on the same seeds
@@ -37,12 +37,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def load(files: list[str], span: str) -> dict[tuple, dict[int, dict]]:
-    """(k, lr_factor, warmup) -> seed -> {"epochs": epochs to target (None: never),
-    "accuracy": the quarter-epoch accuracies} of the average over ``span``."""
+    """(k, lr_factor, warmup, cut, momentum) -> seed -> {"epochs": epochs to target (None:
+    never), "accuracy": the quarter-epoch accuracies} of the average over ``span``."""
     runs: dict[tuple, dict[int, dict]] = {}
     for f in files:
         for r in json.loads(Path(f).read_text())["raw"]["runs"]:
-            key = (r["k"], r["lr_factor"], str(r["warmup"]))
+            key = (r["k"], r["lr_factor"], str(r["warmup"]), r.get("cut", "fit"),
+                   r.get("momentum", 0.9))
             runs.setdefault(key, {})[r["seed"]] = {"epochs": r["epochs_to_target"][span],
                                                    "accuracy": r["accuracy"][span]}
     return runs
@@ -78,17 +79,18 @@ def main(argv=None):
     runs = load(args.files, args.span)
     never = 1.25                                # a fit that never got there within an epoch
     summary: dict = {"variants": {}}
-    for (k, factor, warmup), seeds in sorted(runs.items(), key=str):
+    for (k, factor, warmup, cut, momentum), seeds in sorted(runs.items(), key=str):
         epochs = [s["epochs"] or never for s in seeds.values()]
         quarters = len(next(iter(seeds.values()))["accuracy"])
-        summary["variants"][f"k={k} lr x{factor:g} warmup {warmup}"] = {
+        summary["variants"][f"k={k} lr x{factor:g} warmup {warmup} cut {cut} "
+                            f"momentum {momentum:g}"] = {
             "seeds": len(seeds), "epochs_to_target": dict(sorted(Counter(
                 s["epochs"] for s in seeds.values() if s["epochs"]).items())),
             "never": sum(s["epochs"] is None for s in seeds.values()),
             "mean_epochs": round(statistics.mean(epochs), 3),
             "mean_accuracy": [round(statistics.mean(s["accuracy"][q] for s in seeds.values()),
                                     4) for q in range(quarters)]}
-    one, two = runs.get((1, 1.0, "auto")), runs.get((2, 1.0, "auto"))
+    one, two = runs.get((1, 1.0, "auto", "fit", 0.9)), runs.get((2, 1.0, "auto", "fit", 0.9))
     if one and two:
         both = sorted(one.keys() & two.keys())
         quarters = len(one[both[0]]["accuracy"])

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 MOMENTUM, LR, DECAY, BATCH, TARGET = 0.9, 0.02, 0.5, 16, 0.98
+_FIT: dict = {}                  # fit's cut factor, kept before a run changes it
 
 
 def start(data: str, seed: int):
@@ -46,21 +47,23 @@ def start(data: str, seed: int):
 
 def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
              factor: float | None = None, warmup: float | str = "auto",
-             stop: bool = False, lr_factor: float = 1.0, watch=None) -> dict:
+             stop: bool = False, lr_factor: float = 1.0, watch=None,
+             momentum: float = MOMENTUM) -> dict:
     """One run: accuracy per quarter epoch and the steps the cut changed (``factor``: the
     cut's multiple of the running mean instead of fit's; ``warmup``: the warmup's epochs
     instead of fit's "auto"; ``stop``: end at the first validation at the target;
-    ``lr_factor``: the scheduled rate times this, warmup's start included; ``watch``: an
+    ``lr_factor``: the scheduled rate times this, warmup's start included; ``momentum``:
+    SGD's instead of MOMENTUM; ``watch``: an
     observer of the trajectory, ``watch.start(model, steps_per_epoch)`` before the first
     step, ``watch.step()`` after each, ``watch.mark(model, vx, vy)`` at each validation)."""
     import torch
 
     from spark_dl.optim import clip as clip_rule
     from spark_dl.optim.schedule import LRSchedule
-    if factor is not None:
-        clip_rule.FACTOR = factor
+    fit_factor = _FIT.setdefault("factor", clip_rule.FACTOR)   # a pool's process runs
+    clip_rule.FACTOR = fit_factor if factor is None else factor  # several: each its own
     x, y, vx, vy, model = start(data, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
     schedule = LRSchedule(LR, k, "linear", warmup, DECAY, epochs)
     cut = clip_rule.GradClip("auto" if clip else None, k > 1, "cpu")
     b = BATCH * k
