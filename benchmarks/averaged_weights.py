@@ -11,7 +11,7 @@ timing (bench_scaling.py times the real fit).
 
     .venv/bin/python benchmarks/averaged_weights.py [--ks 1,2,16] [--seeds 8]
         [--first-seed 0] [--epochs 3] [--spans 0,0.02,0.05,0.1,0.2] [--lr-factors 1]
-        [--warmups auto] [--cuts fit] [--momenta 0.9]
+        [--warmups auto] [--cuts fit] [--momenta 0.9] [--nesterov off]
         [--out benchmarks/results/averaged-weights.json]
 """
 
@@ -59,20 +59,21 @@ class Averages:
 
 def run(data: str, k: int, epochs: int, seed: int, spans: tuple[float, ...],
         lr_factor: float = 1.0, warmup: float | str = "auto", cut: str = "fit",
-        momentum: float = sim.MOMENTUM) -> dict:
+        momentum: float = sim.MOMENTUM, nesterov: bool = False) -> dict:
     """One trajectory (the rate times ``lr_factor``, ``warmup`` epochs of warmup, "auto":
     fit's; ``cut``: "fit", grad_clip="auto"'s relative cut, "none", or its multiple of the
-    running mean as a number; SGD's ``momentum``): the accuracy of every span's average at
+    running mean as a number; SGD's ``momentum``, Nesterov's if ``nesterov``): the accuracy of every span's average at
     every quarter epoch (span 0: the last weights)."""
     averages = Averages(tuple(a for a in spans if a > 0))
     out = sim.simulate(data, k, cut != "none", epochs, seed,
                        factor=None if cut in ("fit", "none") else float(cut), warmup=warmup,
-                       lr_factor=lr_factor, watch=averages, momentum=momentum)
+                       lr_factor=lr_factor, watch=averages, momentum=momentum,
+                       nesterov=nesterov)
     acc = {a: out["accuracy"] if a == 0 else averages.accuracy[a] for a in spans}
     first = {a: next(((i + 1) / 4 for i, v in enumerate(acc[a]) if v >= sim.TARGET), None)
              for a in spans}
     return {"k": k, "seed": seed, "lr_factor": lr_factor, "warmup": warmup, "cut": cut,
-            "momentum": momentum, "accuracy": {str(a): acc[a] for a in spans},
+            "momentum": momentum, "nesterov": nesterov, "accuracy": {str(a): acc[a] for a in spans},
             "epochs_to_target": {str(a): first[a] for a in spans}}
 
 
@@ -95,6 +96,9 @@ def main(argv=None):
                          "or the cut's multiple of the running mean; each a trajectory")
     ap.add_argument("--momenta", default=str(sim.MOMENTUM),
                     help="comma-separated SGD momenta, each a trajectory")
+    ap.add_argument("--nesterov", default="off",
+                    help="comma-separated: 'off' (SGD's momentum), 'on' (Nesterov's); each a "
+                         "trajectory")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/averaged-weights.json"))
     args = ap.parse_args(argv)
@@ -105,25 +109,27 @@ def main(argv=None):
     warmups = [w if w == "auto" else float(w) for w in args.warmups.split(",")]
     cuts = args.cuts.split(",")
     momenta = [float(m) for m in args.momenta.split(",")]
+    nesterovs = [{"off": False, "on": True}[n] for n in args.nesterov.split(",")]
     data = sim.make_data(args.samples, Path(tempfile.mkdtemp(prefix="averaged-weights-")))
-    variants = [(k, f, w, c, m) for k in ks for f in factors for w in warmups for c in cuts
-                for m in momenta]
-    jobs = [(data, k, args.epochs, s, spans, f, w, c, m) for k, f, w, c, m in variants
+    variants = [(k, f, w, c, m, n) for k in ks for f in factors for w in warmups
+                for c in cuts for m in momenta for n in nesterovs]
+    jobs = [(data, k, args.epochs, s, spans, f, w, c, m, n) for k, f, w, c, m, n in variants
             for s in range(args.first_seed, args.first_seed + args.seeds)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) \
             as pool:
         runs = list(pool.map(run, *zip(*jobs)))
     summary = {}
-    for k, f, w, c, m in variants:
+    for k, f, w, c, m, n in variants:
         for a in spans:
             mine = [r for r in runs if (r["k"], r["lr_factor"], r["warmup"], r["cut"],
-                                        r["momentum"]) == (k, f, w, c, m)]
+                                        r["momentum"], r["nesterov"]) == (k, f, w, c, m, n)]
             first = [r["epochs_to_target"][str(a)] for r in mine]
             counted = [f if f is not None else args.epochs + 0.25 for f in first]
             rate = "" if factors == [1.0] else f" lr x{f:g}"
             rate += "" if warmups == ["auto"] else f" warmup {w}"
             rate += "" if cuts == ["fit"] else f" cut {c}"
             rate += "" if momenta == [sim.MOMENTUM] else f" momentum {m:g}"
+            rate += "" if nesterovs == [False] else f" nesterov {'on' if n else 'off'}"
             summary[f"k={k}{rate} average {a:g}"] = {
                 "epochs_to_98": first, "reached": f"{sum(f is not None for f in first)}/"
                                                   f"{len(first)}",
@@ -136,6 +142,7 @@ def main(argv=None):
                    "lr_decay": sim.DECAY, "momentum": sim.MOMENTUM, "lr_scaling": "linear",
                    "target": sim.TARGET, "lr_factors": args.lr_factors,
                    "warmups": args.warmups, "cuts": args.cuts, "momenta": args.momenta,
+                   "nesterov": args.nesterov,
                    "seeds": f"{args.first_seed}.."
                    f"{args.first_seed + args.seeds - 1}", "spans": args.spans},
                   summary, {"runs": runs})

@@ -49,7 +49,9 @@ over real run-to-run variation, not over one trajectory timed again:
                     reference, "allreduce:avg0-1"; then a suffix ":clipC" on Downpour
                     or Boosting: the server's clip=C, e.g. "downpour:clip0", no cut;
                     then ":npK" on Downpour or Boosting: n_push=K, e.g.
-                    "boosting:np1", a key of one mini-batch)
+                    "boosting:np1", a key of one mini-batch; ":nag" on AllReduce or
+                    Gossip: fit's nesterov=True, SGD's Nesterov momentum, e.g.
+                    "gossip:nag", whose reference is "allreduce:nag-1")
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit,
@@ -137,12 +139,14 @@ def fixed_time(runs: list[dict], refs: list[dict]) -> dict | None:
 def reference(strategy: str, systems) -> str:
     """The one-replica system among ``systems`` that ``strategy``'s replicas are compared
     with: its name without the rule and options ("+rule", "=noclip", "~sqrt"), with its ":"
-    settings (":avg0", ":clip0", ":np2": the same average, cut or keys at one replica) when
-    that one ran, else without them; else AllReduce's one replica (Gossip's reference)."""
+    settings (":avg0", ":clip0", ":np2", ":nag": the same average, cut, keys or momentum at
+    one replica) when that one ran, else without them; else AllReduce's one replica with its
+    momentum (Gossip's reference)."""
     name = re.split(r"[+=~:]", strategy, maxsplit=1)[0]
-    settings = "".join(re.findall(r":(?:avg|clip|np)[\d.]+", strategy))
-    return next((f"{base}-1" for base in (name + settings, name) if f"{base}-1" in systems),
-                "allreduce-1")
+    settings = "".join(re.findall(r":(?:avg|clip|np)[\d.]+|:nag", strategy))
+    nag = ":nag" if ":nag" in strategy else ""
+    return next((f"{base}-1" for base in (name + settings, name, "allreduce" + nag)
+                 if f"{base}-1" in systems), "allreduce-1")
 
 
 def plain(data: Path, val, args, seed: int) -> dict:
@@ -196,6 +200,8 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
     from spark_dl.strategies import make_strategy
     df = spark.read.parquet(data.as_uri())
     t0 = time.perf_counter()
+    nag = ":nag" in strategy                            # "allreduce:nag": nesterov=True
+    strategy = strategy.replace(":nag", "")
     strategy, _, n_push = strategy.partition(":np")     # "boosting:np1": n_push=1
     strategy, _, cap = strategy.partition(":clip")      # "downpour:clip0": the server's clip=0
     strategy, _, avg = strategy.partition(":avg")       # "allreduce:avg0": average=0
@@ -217,7 +223,7 @@ def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, run
         spec = dataclasses.replace(spec, n_push=int(n_push))
     res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
-              epochs=args.epochs, lr_scaling=scaling or "auto",
+              nesterov=nag, epochs=args.epochs, lr_scaling=scaling or "auto",
               grad_clip=None if clip == "noclip" else "auto",
               batch_size=args.batch, replicas=replicas, threads=1, validation=val, seed=seed,
               device="cpu",                     # CPU replicas, also on a machine with a GPU

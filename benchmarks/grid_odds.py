@@ -6,10 +6,11 @@ ratio is the median of 2 replicas' times over the median of one replica's, over 
 The epochs come from averaged_weights.py's one-process simulation of AllReduce's update at
 k = 1 and k = 2 replicas (fit's defaults: the linear rule with its warmup, the average over a
 tenth of an epoch; files given as arguments, any number, pooled by seed). Per variant (k, rate
-multiple, warmup, cut, momentum): how many seeds reach the target at each quarter epoch, the
-mean epochs, and the accuracy at each quarter; k = 2 against k = 1 seed by seed (the same
-seed: the same initial weights); then the odds that a run of --seeds-per-run seeds meets --ratio, when two replicas
-step at each of --rates times one replica's samples a second:
+multiple, warmup, cut, momentum, Nesterov's or not): how many seeds reach the target at each
+quarter epoch, the mean epochs, and the accuracy at each quarter. Then for each rule that ran
+at both k = 1 and k = 2, fit's first: k = 2 against k = 1 seed by seed (the same seed: the
+same initial weights), and the odds that a run of --seeds-per-run seeds meets --ratio when two
+replicas step at each of --rates times one replica's samples a second:
 
   as simulated   n seeds drawn without replacement, both systems on the same seeds
   as one         both systems' epochs drawn from one replica's: the odds if two replicas
@@ -37,16 +38,25 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def load(files: list[str], span: str) -> dict[tuple, dict[int, dict]]:
-    """(k, lr_factor, warmup, cut, momentum) -> seed -> {"epochs": epochs to target (None:
+    """(k, lr_factor, warmup, cut, momentum, nesterov) -> seed -> {"epochs": epochs to target (None:
     never), "accuracy": the quarter-epoch accuracies} of the average over ``span``."""
     runs: dict[tuple, dict[int, dict]] = {}
     for f in files:
         for r in json.loads(Path(f).read_text())["raw"]["runs"]:
             key = (r["k"], r["lr_factor"], str(r["warmup"]), r.get("cut", "fit"),
-                   r.get("momentum", 0.9))
+                   r.get("momentum", 0.9), r.get("nesterov", False))
             runs.setdefault(key, {})[r["seed"]] = {"epochs": r["epochs_to_target"][span],
                                                    "accuracy": r["accuracy"][span]}
     return runs
+
+
+DEFAULT = (1.0, "auto", "fit", 0.9, False)     # fit's rule: (lr_factor, warmup, cut, ...)
+
+
+def label_of(k, factor: float, warmup: str, cut: str, momentum: float, nesterov: bool) -> str:
+    """A variant's label: its k and rule."""
+    return (f"k={k} lr x{factor:g} warmup {warmup} cut {cut} momentum {momentum:g}"
+            + (" nesterov" if nesterov else ""))
 
 
 def odds(one: list[float], two: list[float], n: int, rate: float, ratio: float, draws: int,
@@ -79,47 +89,50 @@ def main(argv=None):
     runs = load(args.files, args.span)
     never = 1.25                                # a fit that never got there within an epoch
     summary: dict = {"variants": {}}
-    for (k, factor, warmup, cut, momentum), seeds in sorted(runs.items(), key=str):
+    for key, seeds in sorted(runs.items(), key=str):
         epochs = [s["epochs"] or never for s in seeds.values()]
         quarters = len(next(iter(seeds.values()))["accuracy"])
-        summary["variants"][f"k={k} lr x{factor:g} warmup {warmup} cut {cut} "
-                            f"momentum {momentum:g}"] = {
+        summary["variants"][label_of(*key)] = {
             "seeds": len(seeds), "epochs_to_target": dict(sorted(Counter(
                 s["epochs"] for s in seeds.values() if s["epochs"]).items())),
             "never": sum(s["epochs"] is None for s in seeds.values()),
             "mean_epochs": round(statistics.mean(epochs), 3),
             "mean_accuracy": [round(statistics.mean(s["accuracy"][q] for s in seeds.values()),
                                     4) for q in range(quarters)]}
-    one, two = runs.get((1, 1.0, "auto", "fit", 0.9)), runs.get((2, 1.0, "auto", "fit", 0.9))
-    if one and two:
+    rng = random.Random(0)
+    for rule in sorted({key[1:] for key in runs if key[0] == 2 and (1, *key[1:]) in runs},
+                       key=lambda r: (r != DEFAULT, str(r))):
+        one, two = runs[(1, *rule)], runs[(2, *rule)]
         both = sorted(one.keys() & two.keys())
+        if len(both) < 2:
+            continue
+        label = label_of("1, 2", *rule)
+        print(f"{label}, seeds both ran: {len(both)}")
         quarters = len(one[both[0]]["accuracy"])
         gaps = [[two[s]["accuracy"][q] - one[s]["accuracy"][q] for s in both]
                 for q in range(quarters)]
-        summary["k2_minus_k1_same_seed"] = {
-            "seeds": len(both),
-            "accuracy_mean": [round(statistics.mean(g), 4) for g in gaps],
-            "accuracy_standard_error": [round(statistics.stdev(g) / len(g) ** 0.5, 4)
-                                        for g in gaps]}
+        pair = {"seeds": len(both),
+                "k2_minus_k1_accuracy_mean": [round(statistics.mean(g), 4) for g in gaps],
+                "k2_minus_k1_accuracy_standard_error": [
+                    round(statistics.stdev(g) / len(g) ** 0.5, 4) for g in gaps],
+                "odds": []}
         e1 = [one[s]["epochs"] or never for s in both]
         e2 = [two[s]["epochs"] or never for s in both]
-        rng = random.Random(0)
-        table = []
-        for n in (int(x) for x in args.seeds_per_run.split(",")):
+        for n in (int(x) for x in args.seeds_per_run.split(",") if int(x) <= len(both)):
             for rate in (float(x) for x in args.rates.split(",")):
                 row = {"seeds_per_run": n, "rate": rate,
                        "as_simulated": odds(e1, e2, n, rate, args.ratio, args.draws, True, rng),
                        "as_one": odds(e1, e1, n, rate, args.ratio, args.draws, False, rng)}
-                table.append(row)
-                print(f"{n:3d} seeds, two replicas at {rate:.2f}x: meets {args.ratio} in "
+                pair["odds"].append(row)
+                print(f"  {n:3d} seeds, two replicas at {rate:.2f}x: meets {args.ratio} in "
                       f"{row['as_simulated']:.2f} of runs as simulated, "
                       f"{row['as_one']:.2f} if two needed the epochs of one", flush=True)
-        summary["odds"] = table
+        print("  k=2 - k=1, same seed:", pair["k2_minus_k1_accuracy_mean"], "+-",
+              pair["k2_minus_k1_accuracy_standard_error"])
+        summary.setdefault("pairs", {})[label] = pair
     for name, v in summary["variants"].items():
         print(f"{name}: {v['seeds']} seeds, epochs {v['epochs_to_target']} never "
               f"{v['never']}, mean {v['mean_epochs']}, accuracy {v['mean_accuracy']}")
-    if "k2_minus_k1_same_seed" in summary:
-        print("k=2 - k=1, same seed:", summary["k2_minus_k1_same_seed"])
     write_results(args.out, "grid_odds.py", argv,
                   {"span": args.span, "ratio": args.ratio, "draws": args.draws,
                    "files": [Path(f).name for f in args.files], "never_counted_as": never},

@@ -48,12 +48,12 @@ def start(data: str, seed: int):
 def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
              factor: float | None = None, warmup: float | str = "auto",
              stop: bool = False, lr_factor: float = 1.0, watch=None,
-             momentum: float = MOMENTUM) -> dict:
+             momentum: float = MOMENTUM, nesterov: bool = False) -> dict:
     """One run: accuracy per quarter epoch and the steps the cut changed (``factor``: the
     cut's multiple of the running mean instead of fit's; ``warmup``: the warmup's epochs
     instead of fit's "auto"; ``stop``: end at the first validation at the target;
     ``lr_factor``: the scheduled rate times this, warmup's start included; ``momentum``:
-    SGD's instead of MOMENTUM; ``watch``: an
+    SGD's instead of MOMENTUM; ``nesterov``: SGD's Nesterov momentum; ``watch``: an
     observer of the trajectory, ``watch.start(model, steps_per_epoch)`` before the first
     step, ``watch.step()`` after each, ``watch.mark(model, vx, vy)`` at each validation)."""
     import torch
@@ -63,7 +63,7 @@ def simulate(data: str, k: int, clip: bool, epochs: int, seed: int,
     fit_factor = _FIT.setdefault("factor", clip_rule.FACTOR)   # a pool's process runs
     clip_rule.FACTOR = fit_factor if factor is None else factor  # several: each its own
     x, y, vx, vy, model = start(data, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum, nesterov=nesterov)
     schedule = LRSchedule(LR, k, "linear", warmup, DECAY, epochs)
     cut = clip_rule.GradClip("auto" if clip else None, k > 1, "cpu")
     b = BATCH * k

@@ -12,15 +12,18 @@ OPTIMIZERS = ("sgd", "rmsprop", "adagrad", "adam", "lbfgs", "cg")
 
 
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.9,
-                   weight_decay: float = 0.0, max_iter: int = 10) -> torch.optim.Optimizer:
-    """``name`` in OPTIMIZERS; ``momentum`` applies to SGD and RMSprop, ``max_iter`` to the
-    closure-based L-BFGS and CG (iterations per step)."""
+                   weight_decay: float = 0.0, max_iter: int = 10,
+                   nesterov: bool = False) -> torch.optim.Optimizer:
+    """``name`` in OPTIMIZERS; ``momentum`` applies to SGD and RMSprop, ``nesterov`` (Nesterov's
+    momentum) to SGD, ``max_iter`` to the closure-based L-BFGS and CG (iterations per step)."""
     if name == "sgd":
         params = list(params)
         if _on_cuda(params):                 # one kernel, and GradScaler's fp16 steps need
             return _fused_if_possible(torch.optim.SGD, params, lr=lr, momentum=momentum,
-                                      weight_decay=weight_decay)   # no host sync (below)
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+                                      weight_decay=weight_decay,   # no host sync (below)
+                                      nesterov=nesterov)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                               nesterov=nesterov)
     if name == "rmsprop":
         return torch.optim.RMSprop(params, lr=lr, weight_decay=weight_decay)
     if name == "adagrad":

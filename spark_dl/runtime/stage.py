@@ -60,6 +60,7 @@ class LocalStepConfig(StageConfig):
     lr: float = 0.01
     lr_decay: float = 1.0
     momentum: float = 0.0
+    nesterov: bool = False             # SGD's Nesterov momentum
     weight_decay: float = 0.0
     max_iter: int = 3
     lr_scaling: str = "none"           # the rule for the global batch: "linear", "sqrt", "none"

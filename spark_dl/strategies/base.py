@@ -107,6 +107,23 @@ def check_int(name: str, value, low: int) -> None:
         raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
+def check_server_optimizer(job: Job, strategy: str, server_optimizer: str | None) -> None:
+    """ConfigErrors for fit's optimizer under a parameter-server ``strategy`` (Downpour,
+    Boosting): it needs a server form, and Nesterov's momentum has none there (the staleness
+    rule places the momentum; "dana" already looks ahead by the steps to come)."""
+    if server_optimizer is None and \
+            job.train["optimizer"] not in ("sgd", "adagrad", "adam", "rmsprop"):
+        raise ConfigError(f"optimizer {job.train['optimizer']!r} has no parameter-server "
+                          f"form; use sgd, rmsprop, adagrad or adam (or set "
+                          f"server_optimizer)")
+    if job.train.get("nesterov"):
+        raise ConfigError(f"nesterov=True with {strategy}: its staleness rule decides where "
+                          f"the momentum runs (the workers or the server), and its 'dana' "
+                          f"rule already looks ahead by the momentum steps to come; use "
+                          f"nesterov=False with {strategy}, or AllReduce or Gossip for "
+                          f"Nesterov's momentum")
+
+
 @dataclasses.dataclass
 class Job:
     """What fit hands a strategy: the data, the model, the settings every strategy shares."""

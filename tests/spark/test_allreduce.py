@@ -67,14 +67,29 @@ def test_two_replicas_equal_single_process_with_double_batch(spark, tmp_path, tr
     assert [h["samples"] for h in res.history] == [96, 96]
 
 
+def test_two_replicas_step_nesterovs_momentum_when_asked(spark, tmp_path):
+    """fit(nesterov=True): the replicas' optimizer is SGD with Nesterov's momentum, equal to
+    one process's on the double batch (and not to the classic momentum's)."""
+    x, y = data(96, seed=3)
+    res = fit(frame(spark, x, y, [48, 48]), small_fc, batch_size=8, epochs=2, lr=0.5,
+              momentum=0.9, nesterov=True, shuffle=False, dtype="float64", lr_scaling=None,
+              run_dir=tmp_path / "run", log=None)
+    assert_same_weights(res.model, reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.9,
+                                                    nesterov=True))
+    classic = reference_epochs(x, y, [48, 48], 8, 2, 0.5, 0.9)
+    assert not torch.allclose(next(res.model.parameters()).double(),
+                              next(classic.parameters()).double(), atol=1e-6)
+
+
 def reference_epochs(x, y, splits, batch, epochs, lr, momentum, lr_decay=1.0, model_fn=None,
-                     loss=torch.nn.functional.cross_entropy, schedule=None, clip=None):
-    """Single-process SGD where step s trains on batch s of every split (the union); the
-    rate decays per epoch, or follows ``schedule(fractional epoch)``; ``clip(grads)`` before
-    each step."""
+                     loss=torch.nn.functional.cross_entropy, schedule=None, clip=None,
+                     nesterov=False):
+    """Single-process SGD (Nesterov's momentum if ``nesterov``) where step s trains on batch
+    s of every split (the union); the rate decays per epoch, or follows ``schedule(fractional
+    epoch)``; ``clip(grads)`` before each step."""
     torch.manual_seed(0)
     model = (model_fn or small_fc)().double()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=nesterov)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, lr_decay)
     bounds = np.cumsum([0] + list(splits))
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)

@@ -283,6 +283,20 @@ def test_downpour_argument_errors(spark):
         Downpour(n_fetch=0)
     with pytest.raises(ConfigError, match="optimizer 'cg' has no parameter-server form"):
         fit(df, small_fc, strategy="downpour", optimizer="cg")
+    for strategy in ("Downpour", "Boosting"):
+        with pytest.raises(ConfigError, match=f"nesterov=True with {strategy}: its staleness "
+                                              f"rule decides where the momentum runs"):
+            fit(df, small_fc, strategy=strategy.lower(), momentum=0.9, nesterov=True)
+    with pytest.raises(ConfigError, match=r"nesterov=True is SGD's Nesterov momentum: it "
+                                          r"needs optimizer='sgd' and momentum > 0, got "
+                                          r"optimizer='sgd', momentum=0.0"):
+        fit(df, small_fc, nesterov=True)
+    with pytest.raises(ConfigError, match=r"needs optimizer='sgd' .*optimizer='adam'"):
+        fit(df, small_fc, optimizer="adam", momentum=0.9, nesterov=True)
+    with pytest.raises(ConfigError, match="nesterov must be True or False, got 'yes'"):
+        fit(df, small_fc, momentum=0.9, nesterov="yes")
+    with pytest.raises(ConfigError, match=r"momentum must be in \[0, 1\), got 1.5"):
+        fit(df, small_fc, momentum=1.5)
     with pytest.raises(ConfigError, match="overlap=True needs mode='async'"):
         Downpour(mode="sync", overlap=True)
     with pytest.raises(ConfigError, match="partitions > 1 runs modes 'async' and"):

@@ -41,16 +41,17 @@ def _mixing(world, topology, k):
 
 
 def reference_gossip(x, y, splits, epochs, alpha, seed=0, make=small_fc, clip=None,
-                     topology="ring"):
+                     topology="ring", nesterov=False):
     """RD-PSGD by hand: every replica's gradient at x_k on its batch k, the masked coordinates
     mixed with the ring's W, then each replica's own SGD step (momentum, lr decay per epoch);
     returns (the replicas' average as a model, its floating-point buffers their mean and the
     others replica 0's, [bytes each replica sent]); ``clip``: each replica's gradient cut to
-    that norm before its step."""
+    that norm before its step; ``nesterov``: SGD's Nesterov momentum."""
     torch.manual_seed(0)
     base = make().double()
     models = [copy.deepcopy(base) for _ in splits]
-    opts = [torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM) for m in models]
+    opts = [torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM, nesterov=nesterov)
+            for m in models]
     scheds = [torch.optim.lr_scheduler.ExponentialLR(o, DECAY) for o in opts]
     bounds = np.cumsum([0] + list(splits))
     xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
@@ -136,6 +137,18 @@ def test_gossip_fit_is_rd_psgd_computed_by_hand(spark, tmp_path, alpha, topology
         assert sent[0] == numel * 8 * rounds
     else:       # replicas that mix a part of their coordinates do not agree after a round
         assert res.history[-1]["consensus_distance"] > 0
+
+
+def test_gossip_steps_nesterovs_momentum_when_asked(spark, tmp_path):
+    """fit(nesterov=True): each replica's own SGD step is Nesterov's (the reference's), and
+    differs from the classic momentum's."""
+    x, y = data(40, seed=23)
+    res = _fit(spark, x, y, 0.3, 2, tmp_path / "run", nesterov=True)
+    ref, _ = reference_gossip(x, y, SPLITS, 2, 0.3, nesterov=True)
+    assert_same_weights(res.model, ref)
+    classic, _ = reference_gossip(x, y, SPLITS, 2, 0.3)
+    assert not torch.allclose(next(res.model.parameters()).double(),
+                              next(classic.parameters()).double(), atol=1e-6)
 
 
 def test_gossip_cuts_each_replicas_own_gradient(spark, tmp_path):

@@ -166,7 +166,8 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     for t in list(model.parameters()) + list(model.buffers()):
         dist.broadcast(t.data, 0)                       # identical start on every replica
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
-                         weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
+                         weight_decay=cfg.weight_decay, max_iter=cfg.max_iter,
+                         nesterov=cfg.nesterov)
     schedule = cfg.schedule(world * cfg.accumulate)   # an update averages world x accumulate
     closure_opt = needs_closure(opt)
     clip = cfg.clip(schedule, device, line_search=closure_opt)

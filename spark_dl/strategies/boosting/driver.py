@@ -26,7 +26,16 @@ from ...losses import evaluate
 from ...optim.average import check_average
 from ...runtime.amp import check_amp
 from ...transport.ps import SERVER_OPTIMIZERS
-from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
+from ..base import (
+    FitResult,
+    Job,
+    Run,
+    Strategy,
+    check_choice,
+    check_int,
+    check_server_optimizer,
+    options,
+)
 from . import task as _task
 
 __all__ = ["Boosting", "cut_keys", "parquet_files", "staleness_rule"]
@@ -119,11 +128,7 @@ class Boosting(Strategy):
         check_amp(self.amp, "float32")
 
     def check_job(self, job: Job) -> None:
-        if self.server_optimizer is None and \
-                job.train["optimizer"] not in ("sgd", "adagrad", "adam", "rmsprop"):
-            raise ConfigError(f"optimizer {job.train['optimizer']!r} has no parameter-server "
-                              f"form; use sgd, rmsprop, adagrad or adam (or set "
-                              f"server_optimizer)")
+        check_server_optimizer(job, "Boosting", self.server_optimizer)
         if job.stage["transform"] is not None:
             raise ConfigError("Boosting reads its keys' rows from Parquet in the tasks and "
                               "converts them itself: fit(transform=...) is not supported, "

@@ -21,7 +21,16 @@ from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...planning.partitions import Layout, check_thesis, plan_partitions
 from ...runtime.amp import check_amp
 from ...transport.ps import MODES, SERVER_OPTIMIZERS
-from ..base import FitResult, Job, Run, Strategy, check_choice, check_int, options
+from ..base import (
+    FitResult,
+    Job,
+    Run,
+    Strategy,
+    check_choice,
+    check_int,
+    check_server_optimizer,
+    options,
+)
 from . import task as _task
 
 __all__ = ["MODES", "STALENESS_RULES", "Downpour"]
@@ -197,11 +206,7 @@ class Downpour(Strategy):
                               "give partitions=F (or leave model_parallel alone)")
 
     def check_job(self, job: Job) -> None:
-        if self.server_optimizer is None and \
-                job.train["optimizer"] not in ("sgd", "adagrad", "adam", "rmsprop"):
-            raise ConfigError(f"optimizer {job.train['optimizer']!r} has no parameter-server "
-                              f"form; use sgd, rmsprop, adagrad or adam (or set "
-                              f"server_optimizer)")
+        check_server_optimizer(job, "Downpour", self.server_optimizer)
         check_amp(self.amp, job.stage["dtype"])
         if self.model_parallel == "thesis":
             if self.amp:

@@ -113,7 +113,8 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         dist.broadcast(t.data, 0)                       # x_0 the same on every replica
     flat = flat_parameters(model)
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
-                         weight_decay=cfg.weight_decay, max_iter=cfg.max_iter)
+                         weight_decay=cfg.weight_decay, max_iter=cfg.max_iter,
+                         nesterov=cfg.nesterov)
     schedule = cfg.schedule(world)      # the replicas' average moves by their mean gradient
     clip = cfg.clip(schedule, device)   # each replica cuts its own gradient
     shm, name = None, shared_memory_name(statuses, rank, world, device)
