@@ -96,11 +96,11 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
       its defaults.
     optimizer, lr, momentum, weight_decay, max_iter: the replicas' optimizer (Downpour: the
       server's, see its server_optimizer); lr_decay: lr is multiplied by it after every epoch.
+      ``lr`` is the rate for one replica's mini-batch of ``batch_size`` rows.
     nesterov: SGD's momentum in Nesterov's form (AllReduce and Gossip; needs momentum > 0;
       Downpour's and Boosting's staleness rules place the momentum themselves). AllReduce
       on the thesis CNN reached 98% sooner with it, at one replica and at two
       (docs/guides/fit.md, "Nesterov's momentum").
-      ``lr`` is the rate for one replica's mini-batch of ``batch_size`` rows.
     lr_scaling, warmup_epochs: how the rate follows the global batch when an update averages
       k such mini-batches (AllReduce: replicas x accumulate; Gossip: replicas; Downpour sync:
       replicas; an asynchronous push of n mini-batches: n): "linear" (k lr, SGD), "sqrt"
