@@ -50,7 +50,7 @@ def main(argv=None, spark=None) -> dict:
     if t.strategy != "single":
         res = spark_dl.fit(shards, t.model, strategy=t.make_strategy(), shape=(1, 28, 28),
                            num_classes=10, optimizer=t.optimizer, lr=t.lr, momentum=t.momentum,
-                           epochs=t.epochs, batch_size=t.batch_size, **t.scaling,
+                           epochs=t.epochs, batch_size=t.batch_size, **t.fit_options,
                            replicas=t.replicas or None, seed=t.seed)
         if t.strategy == "downpour":
             print(f"staleness histogram (pushes per shard by versions behind): "

@@ -57,6 +57,7 @@ class TrainConfig:
     optimizer: str = "sgd"          # sgd (with momentum), rmsprop, adagrad, adam, lbfgs, cg
     lr: float = 0.05
     momentum: float = 0.9
+    nesterov: bool = False          # SGD's momentum in Nesterov's form (fit's nesterov)
     seed: int = 0
     strategy: str | dict = "single"  # "single" (one process / one task), "allreduce", "downpour",
                                     # "gossip"; or a table [train.strategy] with name = ... and
@@ -85,6 +86,10 @@ class TrainConfig:
         _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
         _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
         _check(0 <= self.momentum < 1, "train.momentum", self.momentum, "must be in [0, 1)")
+        _check(self.nesterov in (False, True), "train.nesterov", self.nesterov,
+               "must be true or false")
+        _check(not self.nesterov or (self.optimizer == "sgd" and self.momentum > 0),
+               "train.nesterov", self.nesterov, "needs optimizer = 'sgd' and momentum > 0")
         from .optim.clip import check_grad_clip
         from .optim.schedule import check_lr_scaling
         try:
@@ -94,10 +99,10 @@ class TrainConfig:
             raise ConfigError(f"train.{e}") from None
 
     @property
-    def scaling(self) -> dict:
-        """fit()'s lr_scaling, warmup_epochs and grad_clip."""
+    def fit_options(self) -> dict:
+        """fit()'s lr_scaling, warmup_epochs, grad_clip and nesterov."""
         return {"lr_scaling": self.lr_scaling, "warmup_epochs": self.warmup_epochs,
-                "grad_clip": self.grad_clip}
+                "grad_clip": self.grad_clip, "nesterov": self.nesterov}
 
 
     @property

@@ -70,6 +70,8 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
                       TypeConverters.toString)
     lr = Param(Params._dummy(), "lr", "learning rate", TypeConverters.toFloat)
     momentum = Param(Params._dummy(), "momentum", "SGD momentum", TypeConverters.toFloat)
+    nesterov = Param(Params._dummy(), "nesterov", "SGD's momentum in Nesterov's form "
+                     "(allreduce; spark_dl.fit's nesterov)", TypeConverters.toBoolean)
     lrScaling = Param(Params._dummy(), "lrScaling", "lr for the global batch of several "
                       "replicas: auto, linear, sqrt or none (spark_dl.fit's lr_scaling)",
                       TypeConverters.toString)
@@ -82,8 +84,8 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
         super().__init__()
         self._setDefault(model="fc", hiddenLayers=[128], inputShape=[], numClasses=2,
                          strategy="allreduce", partitions=1, replicas=0, epochs=1, batchSize=64,
-                         optimizer="sgd", lr=0.05, momentum=0.9, seed=0, lrScaling="auto",
-                         warmupEpochs="auto", gradClip="auto", featuresCol="features",
+                         optimizer="sgd", lr=0.05, momentum=0.9, nesterov=False, seed=0,
+                         lrScaling="auto", warmupEpochs="auto", gradClip="auto", featuresCol="features",
                          labelCol="label", predictionCol="prediction")
 
     def _network(self):
@@ -146,8 +148,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
     def __init__(self, *, featuresCol="features", labelCol="label",
                  predictionCol="prediction", model="fc", hiddenLayers=None, inputShape=None,
                  numClasses=2, strategy="allreduce", partitions=1, replicas=0, epochs=1,
-                 batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0,
-                 lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
+                 batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, nesterov=False,
+                 seed=0, lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
@@ -155,8 +157,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
     def setParams(self, *, featuresCol="features", labelCol="label",
                   predictionCol="prediction", model="fc", hiddenLayers=None, inputShape=None,
                   numClasses=2, strategy="allreduce", partitions=1, replicas=0, epochs=1,
-                  batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, seed=0,
-                  lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
+                  batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, nesterov=False,
+                  seed=0, lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
         kwargs = {k: v for k, v in self._input_kwargs.items() if v is not None}
         if "gradClip" in self._input_kwargs and self._input_kwargs["gradClip"] is None:
             kwargs["gradClip"] = "none"                  # off, as fit's grad_clip=None
@@ -181,7 +183,8 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
         res = fit(df, self._network(), strategy=make_strategy(g("strategy"), **partitions),
                   shape=tuple(shape),
                   num_classes=g("numClasses"), optimizer=g("optimizer"), lr=g("lr"),
-                  momentum=g("momentum"), lr_scaling=g("lrScaling"), warmup_epochs=warmup,
+                  momentum=g("momentum"), nesterov=g("nesterov"), lr_scaling=g("lrScaling"),
+                  warmup_epochs=warmup,
                   grad_clip=clip, epochs=g("epochs"),
                   batch_size=g("batchSize"),
                   replicas=g("replicas") or None, seed=g("seed"), log=None)

@@ -40,7 +40,7 @@ def fit_single_task(df, cfg: TrainConfig, features: str = "features", label: str
                                      where="training data")
         model = build_model(cfg_values.model)
         opt = make_optimizer(cfg_values.optimizer, model.parameters(), cfg_values.lr,
-                             cfg_values.momentum)
+                             cfg_values.momentum, nesterov=cfg_values.nesterov)
         history = [train_epoch(model, shard.batches(cfg_values.batch_size, seed=cfg_values.seed,
                                                    epoch=e), opt)
                    for e in range(cfg_values.epochs)]

@@ -156,7 +156,7 @@ def count_objects(cfg: CountingJobConfig, log=print, spark=None) -> dict:
     out_dir = Path(cfg.run.out_dir)
     res = fit(df, _model_fn(t.model), strategy=t.make_strategy(), shape=(3, d.size, d.size),
               label_shape=(1, side, side), loss=DensityLoss(t.density_scale),
-              optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, **t.scaling, epochs=t.epochs,
+              optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, **t.fit_options, epochs=t.epochs,
               batch_size=t.batch_size, replicas=replicas, seed=t.seed, device=cfg.run.device,
               threads=cfg.run.threads, validation=(vx, vy / t.density_scale),
               run_dir=out_dir / f"{t.model}-{t.strategy}", log=log, track=cfg.run.track)

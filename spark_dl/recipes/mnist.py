@@ -64,7 +64,7 @@ def train_mnist(cfg: MnistJobConfig, log=print, spark=None) -> dict:
 
     model = _model_fn(t)().to(device)
     opt = make_optimizer(t.optimizer, model.parameters(), t.lr, t.momentum,
-                         max_iter=cfg.max_iter)
+                         max_iter=cfg.max_iter, nesterov=t.nesterov)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, cfg.lr_decay)
     test_xt = torch.from_numpy(test_x.reshape(len(test_x), -1).astype(np.float32) / 255)
     test_yt = torch.from_numpy(test_y)
@@ -120,8 +120,8 @@ def _train_mnist_spark(cfg: MnistJobConfig, log, spark) -> dict:
                 yield pixels_to_arrow(x.reshape(len(x), -1), y)
         df = df.union(spark.range(1, numPartitions=1).mapInArrow(_originals, PIXEL_SCHEMA))
     res = fit(df, _model_fn(t), strategy=t.make_strategy(), shape=(1, 28, 28), num_classes=10,
-              optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, momentum=t.momentum, **t.scaling,
-              max_iter=cfg.max_iter,
+              optimizer=t.optimizer, lr=t.lr, lr_decay=cfg.lr_decay, momentum=t.momentum,
+              **t.fit_options, max_iter=cfg.max_iter,
               epochs=t.epochs, batch_size=t.batch_size, replicas=replicas, seed=t.seed,
               device=cfg.run.device, threads=cfg.run.threads,
               validation=(test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y),

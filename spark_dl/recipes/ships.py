@@ -116,7 +116,7 @@ def segment_ships(cfg: ShipsJobConfig, log=print, spark=None) -> dict:
     out_dir = Path(cfg.run.out_dir)
     res = fit(df, lambda: UNet(3, widths, norm), strategy=strategy, shape=(3, d.size, d.size),
               label_shape=(1, d.size, d.size), loss=FocalDiceLoss(10.0, 2.0),
-              optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, **t.scaling,
+              optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, **t.fit_options,
               weight_decay=1e-5, epochs=t.epochs, batch_size=t.batch_size,
               replicas=replicas, seed=t.seed, device=cfg.run.device, threads=cfg.run.threads,
               validation=(vx, tmask[:, None]), run_dir=out_dir / f"unet-{t.strategy}", log=log,

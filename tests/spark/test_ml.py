@@ -96,6 +96,11 @@ def test_estimator_params_and_bad_columns(spark):
             est.copy({param: value}).fit(_frame(spark, n=4))
     with pytest.raises(TypeError, match="a string or a number"):
         est.setParams(gradClip=[1.0])
+    # fit's nesterov: off by default, passed through, refused where fit refuses it
+    assert est.getOrDefault("nesterov") is False
+    with pytest.raises(ConfigError, match="nesterov=True with Downpour"):
+        est.copy({est.nesterov: True, est.strategy: "downpour"}).fit(
+            _frame(spark, n=4).selectExpr("array(a, b, c, d) as features", "label"))
     df = _frame(spark, n=40)
     with pytest.raises(DataError, match="features column 'features' not in the DataFrame"):
         est.fit(df)

@@ -63,9 +63,18 @@ def test_toml_keys_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"train.lr_scaling must be one of"):
         load_toml(DemoConfig, p)
     p.write_text("[train]\nepochs = 2\nlr_scaling = 'none'\nwarmup_epochs = 1.5\n")
-    assert load_toml(DemoConfig, p).train.scaling == {"lr_scaling": "none",
-                                                       "warmup_epochs": 1.5,
-                                                       "grad_clip": "auto"}
+    assert load_toml(DemoConfig, p).train.fit_options == {"lr_scaling": "none",
+                                                           "warmup_epochs": 1.5,
+                                                           "grad_clip": "auto",
+                                                           "nesterov": False}
+    p.write_text("[train]\nepochs = 2\nnesterov = true\nstrategy = 'allreduce'\n")
+    assert load_toml(DemoConfig, p).train.fit_options["nesterov"] is True
+    for bad, match in (("nesterov = 'yes'", "'train.nesterov' in .* must be of type bool"),
+                       ("nesterov = true\nmomentum = 0.0",
+                        "'train.nesterov' needs optimizer = 'sgd' and momentum > 0")):
+        p.write_text(f"[train]\nepochs = 2\n{bad}\n")
+        with pytest.raises(ConfigError, match=match):
+            load_toml(DemoConfig, p)
     p.write_text("[train]\nepochs = 2\ngrad_clip = -1\n")
     with pytest.raises(ConfigError, match=r"train.grad_clip must be 'auto', None \(off\) or "):
         load_toml(DemoConfig, p)
