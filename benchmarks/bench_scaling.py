@@ -140,13 +140,14 @@ def reference(strategy: str, systems) -> str:
     """The one-replica system among ``systems`` that ``strategy``'s replicas are compared
     with: its name without the rule and options ("+rule", "=noclip", "~sqrt"), with its ":"
     settings (":avg0", ":clip0", ":np2", ":nag": the same average, cut, keys or momentum at
-    one replica) when that one ran, else without them; else AllReduce's one replica with its
-    momentum (Gossip's reference)."""
+    one replica) when that one ran, else without them but for ":nag"; else AllReduce's one
+    replica, with ":nag" if the strategy has it (Gossip's reference)."""
     name = re.split(r"[+=~:]", strategy, maxsplit=1)[0]
     settings = "".join(re.findall(r":(?:avg|clip|np)[\d.]+|:nag", strategy))
-    nag = ":nag" if ":nag" in strategy else ""
-    return next((f"{base}-1" for base in (name + settings, name, "allreduce" + nag)
-                 if f"{base}-1" in systems), "allreduce-1")
+    nag = ":nag" if ":nag" in strategy else ""          # never compared with SGD's momentum
+    bases = (name + settings, name + nag, "allreduce" + nag)
+    return next((f"{base}-1" for base in bases if f"{base}-1" in systems),
+                f"allreduce{nag}-1")
 
 
 def plain(data: Path, val, args, seed: int) -> dict:

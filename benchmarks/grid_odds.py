@@ -99,7 +99,6 @@ def main(argv=None):
             "mean_epochs": round(statistics.mean(epochs), 3),
             "mean_accuracy": [round(statistics.mean(s["accuracy"][q] for s in seeds.values()),
                                     4) for q in range(quarters)]}
-    rng = random.Random(0)
     for rule in sorted({key[1:] for key in runs if key[0] == 2 and (1, *key[1:]) in runs},
                        key=lambda r: (r != DEFAULT, str(r))):
         one, two = runs[(1, *rule)], runs[(2, *rule)]
@@ -116,6 +115,7 @@ def main(argv=None):
                 "k2_minus_k1_accuracy_standard_error": [
                     round(statistics.stdev(g) / len(g) ** 0.5, 4) for g in gaps],
                 "odds": []}
+        rng = random.Random(0)              # each rule its own draws, whatever else ran
         e1 = [one[s]["epochs"] or never for s in both]
         e2 = [two[s]["epochs"] or never for s in both]
         for n in (int(x) for x in args.seeds_per_run.split(",") if int(x) <= len(both)):

@@ -89,7 +89,11 @@ class TrainConfig:
         _check(self.nesterov in (False, True), "train.nesterov", self.nesterov,
                "must be true or false")
         _check(not self.nesterov or (self.optimizer == "sgd" and self.momentum > 0),
-               "train.nesterov", self.nesterov, "needs optimizer = 'sgd' and momentum > 0")
+               "train.nesterov", self.nesterov, f"needs optimizer = 'sgd' and momentum > 0 "
+               f"(optimizer = {self.optimizer!r}, momentum = {self.momentum!r})")
+        _check(not self.nesterov or self.strategy in ("single", "allreduce", "gossip"),
+               "train.nesterov", self.nesterov, f"runs with strategy 'single', 'allreduce' "
+               f"or 'gossip', not {self.strategy!r} (whose staleness rule places the momentum)")
         from .optim.clip import check_grad_clip
         from .optim.schedule import check_lr_scaling
         try:

@@ -71,7 +71,7 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
     lr = Param(Params._dummy(), "lr", "learning rate", TypeConverters.toFloat)
     momentum = Param(Params._dummy(), "momentum", "SGD momentum", TypeConverters.toFloat)
     nesterov = Param(Params._dummy(), "nesterov", "SGD's momentum in Nesterov's form "
-                     "(allreduce; spark_dl.fit's nesterov)", TypeConverters.toBoolean)
+                     "(allreduce, gossip; spark_dl.fit's nesterov)", TypeConverters.toBoolean)
     lrScaling = Param(Params._dummy(), "lrScaling", "lr for the global batch of several "
                       "replicas: auto, linear, sqrt or none (spark_dl.fit's lr_scaling)",
                       TypeConverters.toString)
@@ -85,8 +85,8 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
         self._setDefault(model="fc", hiddenLayers=[128], inputShape=[], numClasses=2,
                          strategy="allreduce", partitions=1, replicas=0, epochs=1, batchSize=64,
                          optimizer="sgd", lr=0.05, momentum=0.9, nesterov=False, seed=0,
-                         lrScaling="auto", warmupEpochs="auto", gradClip="auto", featuresCol="features",
-                         labelCol="label", predictionCol="prediction")
+                         lrScaling="auto", warmupEpochs="auto", gradClip="auto",
+                         featuresCol="features", labelCol="label", predictionCol="prediction")
 
     def _network(self):
         """A zero-argument factory of the network these params describe (plain values only)."""
@@ -184,8 +184,7 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
                   shape=tuple(shape),
                   num_classes=g("numClasses"), optimizer=g("optimizer"), lr=g("lr"),
                   momentum=g("momentum"), nesterov=g("nesterov"), lr_scaling=g("lrScaling"),
-                  warmup_epochs=warmup,
-                  grad_clip=clip, epochs=g("epochs"),
+                  warmup_epochs=warmup, grad_clip=clip, epochs=g("epochs"),
                   batch_size=g("batchSize"),
                   replicas=g("replicas") or None, seed=g("seed"), log=None)
         buf = io.BytesIO()

@@ -71,7 +71,11 @@ def test_toml_keys_are_checked(tmp_path):
     assert load_toml(DemoConfig, p).train.fit_options["nesterov"] is True
     for bad, match in (("nesterov = 'yes'", "'train.nesterov' in .* must be of type bool"),
                        ("nesterov = true\nmomentum = 0.0",
-                        "'train.nesterov' needs optimizer = 'sgd' and momentum > 0")):
+                        (r"'train.nesterov' needs optimizer = 'sgd' and momentum > 0 \(optimizer "
+                         r"= 'sgd', momentum = 0.0\)")),
+                       ("nesterov = true\nstrategy = 'downpour'",
+                        ("'train.nesterov' runs with strategy 'single', 'allreduce' or 'gossip', "
+                         "not 'downpour'"))):
         p.write_text(f"[train]\nepochs = 2\n{bad}\n")
         with pytest.raises(ConfigError, match=match):
             load_toml(DemoConfig, p)

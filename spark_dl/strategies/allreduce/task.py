@@ -188,6 +188,9 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
+        for group in opt.param_groups:     # this fit's nesterov, not the checkpoint's
+            if "nesterov" in group:
+                group["nesterov"] = cfg.nesterov
         if scaler is not None and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         if len(ckpt["rng"]) == world:

@@ -136,6 +136,9 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
             if name in mine.get("buffers", {}):
                 b.copy_(mine["buffers"][name])
         opt.load_state_dict(mine["optimizer"])
+        for group in opt.param_groups:     # this fit's nesterov, not the checkpoint's
+            if "nesterov" in group:
+                group["nesterov"] = cfg.nesterov
         torch.set_rng_state(mine["rng"].cpu())
         rounds.bytes_sent, rounds.rounds = mine["bytes_sent"], mine["rounds"]
         clip.load(mine.get("clip"))
