@@ -62,8 +62,8 @@ def run(data: str, k: int, epochs: int, seed: int, spans: tuple[float, ...],
         momentum: float = sim.MOMENTUM, nesterov: bool = False) -> dict:
     """One trajectory (the rate times ``lr_factor``, ``warmup`` epochs of warmup, "auto":
     fit's; ``cut``: "fit", grad_clip="auto"'s relative cut, "none", or its multiple of the
-    running mean as a number; SGD's ``momentum``, Nesterov's if ``nesterov``): the accuracy of every span's average at
-    every quarter epoch (span 0: the last weights)."""
+    running mean as a number; SGD's ``momentum``, Nesterov's if ``nesterov``): the accuracy
+    of every span's average at every quarter epoch (span 0: the last weights)."""
     averages = Averages(tuple(a for a in spans if a > 0))
     out = sim.simulate(data, k, cut != "none", epochs, seed,
                        factor=None if cut in ("fit", "none") else float(cut), warmup=warmup,
@@ -73,7 +73,8 @@ def run(data: str, k: int, epochs: int, seed: int, spans: tuple[float, ...],
     first = {a: next(((i + 1) / 4 for i, v in enumerate(acc[a]) if v >= sim.TARGET), None)
              for a in spans}
     return {"k": k, "seed": seed, "lr_factor": lr_factor, "warmup": warmup, "cut": cut,
-            "momentum": momentum, "nesterov": nesterov, "accuracy": {str(a): acc[a] for a in spans},
+            "momentum": momentum, "nesterov": nesterov,
+            "accuracy": {str(a): acc[a] for a in spans},
             "epochs_to_target": {str(a): first[a] for a in spans}}
 
 

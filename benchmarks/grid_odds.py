@@ -37,20 +37,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+DEFAULT = (1.0, "auto", "fit", 0.9, False)     # fit's rule: (lr_factor, warmup, cut, ...)
+
+
 def load(files: list[str], span: str) -> dict[tuple, dict[int, dict]]:
-    """(k, lr_factor, warmup, cut, momentum, nesterov) -> seed -> {"epochs": epochs to target (None:
-    never), "accuracy": the quarter-epoch accuracies} of the average over ``span``."""
+    """(k, lr_factor, warmup, cut, momentum, nesterov) -> seed -> {"epochs": epochs to target
+    (None: never), "accuracy": the quarter-epoch accuracies} of the average over ``span``."""
     runs: dict[tuple, dict[int, dict]] = {}
     for f in files:
         for r in json.loads(Path(f).read_text())["raw"]["runs"]:
-            key = (r["k"], r["lr_factor"], str(r["warmup"]), r.get("cut", "fit"),
-                   r.get("momentum", 0.9), r.get("nesterov", False))
+            key = (r["k"], r["lr_factor"], str(r["warmup"]), r.get("cut", DEFAULT[2]),
+                   r.get("momentum", DEFAULT[3]), r.get("nesterov", DEFAULT[4]))
             runs.setdefault(key, {})[r["seed"]] = {"epochs": r["epochs_to_target"][span],
                                                    "accuracy": r["accuracy"][span]}
     return runs
-
-
-DEFAULT = (1.0, "auto", "fit", 0.9, False)     # fit's rule: (lr_factor, warmup, cut, ...)
 
 
 def label_of(k, factor: float, warmup: str, cut: str, momentum: float, nesterov: bool) -> str:

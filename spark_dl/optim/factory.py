@@ -6,7 +6,7 @@ import torch
 
 from .cg import NonlinearCG
 
-__all__ = ["OPTIMIZERS", "make_optimizer", "needs_closure"]
+__all__ = ["OPTIMIZERS", "load_optimizer_state", "make_optimizer", "needs_closure"]
 
 OPTIMIZERS = ("sgd", "rmsprop", "adagrad", "adam", "lbfgs", "cg")
 
@@ -36,6 +36,16 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9,
     if name == "cg":
         return NonlinearCG(params, lr=lr, max_iter=max_iter)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
+    """``opt.load_state_dict(state)`` (a checkpoint's), keeping the form of the momentum ``opt``
+    was made with: torch's load takes every hyperparameter from the checkpoint, so a fit
+    resumed with another ``nesterov`` would step with the old one."""
+    kept = [{"nesterov": g["nesterov"]} if "nesterov" in g else {} for g in opt.param_groups]
+    opt.load_state_dict(state)
+    for group, own in zip(opt.param_groups, kept):
+        group.update(own)
 
 
 def _on_cuda(params: list) -> bool:

@@ -63,3 +63,18 @@ def test_adam_is_the_fused_kernel_and_the_same_update():
             opt.step()
     for a, b in zip(ref.parameters(), fused.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_a_loaded_checkpoint_keeps_the_optimizers_own_momentum_form():
+    """load_optimizer_state takes the checkpoint's state (the momentum buffers, the rate)
+    but not its nesterov: a fit resumed with nesterov=True steps Nesterov's step."""
+    from spark_dl.optim.factory import load_optimizer_state
+    model = FCNet((4, 3))
+    classic = make_optimizer("sgd", model.parameters(), 0.1, 0.9)
+    model(torch.rand(2, 4)).sum().backward()
+    classic.step()
+    resumed = make_optimizer("sgd", model.parameters(), 0.5, 0.9, nesterov=True)
+    load_optimizer_state(resumed, classic.state_dict())
+    assert resumed.param_groups[0]["nesterov"] is True
+    assert resumed.param_groups[0]["lr"] == 0.1           # the rest from the checkpoint
+    assert all("momentum_buffer" in s for s in resumed.state.values())

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_dl.optim.factory import load_optimizer_state
 from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.checkpoint import save_atomic
 from spark_dl.runtime.stage import (
@@ -187,10 +188,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     start, history, resumed = 0, [], None
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        for group in opt.param_groups:     # this fit's nesterov, not the checkpoint's
-            if "nesterov" in group:
-                group["nesterov"] = cfg.nesterov
+        load_optimizer_state(opt, ckpt["optimizer"])
         if scaler is not None and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         if len(ckpt["rng"]) == world:

@@ -103,7 +103,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
            validation, ctx) -> dict:
     import time
 
-    from spark_dl.optim.factory import make_optimizer
+    from spark_dl.optim.factory import load_optimizer_state, make_optimizer
 
     t_setup = time.perf_counter()
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
@@ -135,10 +135,7 @@ def _train(cfg, model_fn, loss_fn, shard, device, rank, world, statuses, client,
         for name, b in model.named_buffers():
             if name in mine.get("buffers", {}):
                 b.copy_(mine["buffers"][name])
-        opt.load_state_dict(mine["optimizer"])
-        for group in opt.param_groups:     # this fit's nesterov, not the checkpoint's
-            if "nesterov" in group:
-                group["nesterov"] = cfg.nesterov
+        load_optimizer_state(opt, mine["optimizer"])
         torch.set_rng_state(mine["rng"].cpu())
         rounds.bytes_sent, rounds.rounds = mine["bytes_sent"], mine["rounds"]
         clip.load(mine.get("clip"))
