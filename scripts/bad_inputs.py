@@ -189,6 +189,18 @@ def cases(spark, tmp: Path):
     yield "L-BFGS under Downpour", "optimizer='lbfgs', strategy='downpour'", \
         f(optimizer="lbfgs", strategy="downpour")
     yield "learning rate <= 0", "lr=0", f(lr=0)
+    yield "momentum of 1 or more", "momentum=1", f(momentum=1)
+    yield "unknown lr_scaling", "lr_scaling='cubic'", f(lr_scaling="cubic")
+    yield "negative warmup", "warmup_epochs=-1", f(warmup_epochs=-1)
+    yield "warmup longer than the fit", "warmup_epochs=3, epochs=2", \
+        f(warmup_epochs=3, epochs=2)
+    yield "negative gradient clip", "grad_clip=-1", f(grad_clip=-1)
+    yield "Nesterov without momentum", "nesterov=True, momentum=0", \
+        f(nesterov=True, momentum=0)
+    yield "Nesterov under Downpour", "nesterov=True, momentum=0.9, strategy='downpour'", \
+        f(nesterov=True, momentum=0.9, strategy="downpour")
+    yield "negative average", "AllReduce(average=-1)", \
+        lambda rd: fit(df, fc, strategy=AllReduce(average=-1), run_dir=rd, **kw)
     yield "zero epochs", "epochs=0", f(epochs=0)
     yield "zero batch size", "batch_size=0", f(batch_size=0)
     yield "bad dtype", "dtype='float16'", f(dtype="float16")

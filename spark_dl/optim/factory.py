@@ -39,10 +39,14 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9,
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
-    """``opt.load_state_dict(state)`` (a checkpoint's), keeping the form of the momentum ``opt``
-    was made with: torch's load takes every hyperparameter from the checkpoint, so a fit
-    resumed with another ``nesterov`` would step with the old one."""
-    kept = [{"nesterov": g["nesterov"]} if "nesterov" in g else {} for g in opt.param_groups]
+    """``opt.load_state_dict(state)`` (a checkpoint's), keeping the hyperparameters ``opt`` was
+    made with: the checkpoint gives the state (momentum buffers, Adam's moments, step counts)
+    and the rate (which the schedule sets again before every step), the fit its ``momentum``,
+    ``nesterov``, ``weight_decay``, betas and the rest. torch's load takes every
+    hyperparameter from the checkpoint, so a fit resumed with another momentum would step with
+    the old one."""
+    kept = [{key: value for key, value in g.items() if key not in ("params", "lr")}
+            for g in opt.param_groups]
     opt.load_state_dict(state)
     for group, own in zip(opt.param_groups, kept):
         group.update(own)

@@ -65,16 +65,25 @@ def test_adam_is_the_fused_kernel_and_the_same_update():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_a_loaded_checkpoint_keeps_the_optimizers_own_momentum_form():
+def test_a_loaded_checkpoint_keeps_the_optimizers_own_hyperparameters():
     """load_optimizer_state takes the checkpoint's state (the momentum buffers, the rate)
-    but not its nesterov: a fit resumed with nesterov=True steps Nesterov's step."""
+    but not its hyperparameters: a fit resumed with nesterov=True, another momentum or
+    another weight decay steps with those."""
     from spark_dl.optim.factory import load_optimizer_state
     model = FCNet((4, 3))
     classic = make_optimizer("sgd", model.parameters(), 0.1, 0.9)
     model(torch.rand(2, 4)).sum().backward()
     classic.step()
-    resumed = make_optimizer("sgd", model.parameters(), 0.5, 0.9, nesterov=True)
+    resumed = make_optimizer("sgd", model.parameters(), 0.5, 0.8, weight_decay=1e-4,
+                             nesterov=True)
     load_optimizer_state(resumed, classic.state_dict())
-    assert resumed.param_groups[0]["nesterov"] is True
-    assert resumed.param_groups[0]["lr"] == 0.1           # the rest from the checkpoint
+    group = resumed.param_groups[0]
+    assert (group["nesterov"], group["momentum"], group["weight_decay"]) == (True, 0.8, 1e-4)
+    assert group["lr"] == 0.1                             # the rest from the checkpoint
     assert all("momentum_buffer" in s for s in resumed.state.values())
+    adam = make_optimizer("adam", model.parameters(), 0.01)
+    adam.step()
+    fresh = make_optimizer("adam", model.parameters(), 0.02, weight_decay=1e-3)
+    load_optimizer_state(fresh, adam.state_dict())
+    assert fresh.param_groups[0]["weight_decay"] == 1e-3
+    assert all(float(s["step"]) == 1 for s in fresh.state.values())   # Adam's moments kept
