@@ -45,9 +45,11 @@ class Averages:
         self.averages = {a: WeightAverage(model.parameters(), a, epoch_steps)
                          for a in self.spans}
 
-    def step(self) -> None:
+    def step(self, steps: int = 1) -> None:
+        """After each step (of ``steps`` units of ``epoch_steps``: batch_ramp.py's steps of
+        several 16-row batches)."""
         for avg in self.averages.values():
-            avg.update()
+            avg.update(steps)
 
     def mark(self, model, vx, vy) -> None:
         for a, avg in self.averages.items():

@@ -66,8 +66,8 @@ def run(data: str, k: int, epochs: int, seed: int, ramp: float, start: int) -> d
     schedule = LRSchedule(sim.LR, k, "linear", "auto", sim.DECAY, epochs)
     cut = clip_rule.GradClip("auto", k > 1, "cpu")
     n = len(x)
-    watch = Averages((SPAN,))
-    watch.start(model, n // (sim.BATCH * k))
+    watch = Averages((SPAN,))             # its window counted in 16-row batches, whatever
+    watch.start(model, n // sim.BATCH)    # the stage's batch
     acc, spent, mark = watch.accuracy[SPAN], {}, 0.25
     for e in range(epochs):
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + e))
@@ -85,7 +85,7 @@ def run(data: str, k: int, epochs: int, seed: int, ramp: float, start: int) -> d
             if kj > 1:
                 cut([p.grad for p in model.parameters()])
             opt.step()
-            watch.step()
+            watch.step(kj)
             while e + pos / n >= mark - 1e-9 and mark <= epochs:
                 model.eval()
                 with torch.no_grad():
@@ -154,8 +154,12 @@ def main(argv=None):
     ramps = [(float(r.partition("@")[0]), int(r.partition("@")[2] or 1))
              for r in args.ramps.split(",")]
     for k in ks:
-        if k & (k - 1):
-            ap.error(f"--ks: {k} is not a power of two (a replica's 16 rows split in halves)")
+        if k & (k - 1) or k > sim.BATCH:
+            ap.error(f"--ks: {k} is not a power of two up to {sim.BATCH} (a replica's "
+                     f"{sim.BATCH} rows split in halves, at least one row each)")
+    for _, s in ramps:
+        if s & (s - 1) or s < 1:
+            ap.error(f"--ramps: the start {s} is not a power of two")
     variants = sorted({(k, r, s) if r > 0 and s < k else (k, 0.0, 1)   # else: no ramp
                        for k in ks for r, s in ramps})
     costs = step_costs(sorted({sim.BATCH * kj // k for k, r, s in variants

@@ -14,7 +14,7 @@ OPTIMIZERS = ("sgd", "rmsprop", "adagrad", "adam", "lbfgs", "cg")
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, max_iter: int = 10,
                    nesterov: bool = False) -> torch.optim.Optimizer:
-    """``name`` in OPTIMIZERS; ``momentum`` applies to SGD and RMSprop, ``nesterov`` (Nesterov's
+    """``name`` in OPTIMIZERS; ``momentum`` applies to SGD, ``nesterov`` (Nesterov's
     momentum) to SGD, ``max_iter`` to the closure-based L-BFGS and CG (iterations per step)."""
     if name == "sgd":
         params = list(params)
@@ -45,11 +45,11 @@ def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
     ``nesterov``, ``weight_decay``, betas and the rest. torch's load takes every
     hyperparameter from the checkpoint, so a fit resumed with another momentum would step with
     the old one."""
-    kept = [{key: value for key, value in g.items() if key not in ("params", "lr")}
-            for g in opt.param_groups]
-    opt.load_state_dict(state)
-    for group, own in zip(opt.param_groups, kept):
-        group.update(own)
+    own = [{key: value for key, value in g.items() if key not in ("params", "lr")}
+           for g in opt.param_groups]
+    groups = [{**saved, **mine} for saved, mine in zip(state["param_groups"], own)]
+    opt.load_state_dict({**state, "param_groups": groups})   # (torch places the state, e.g.
+                                                # Adam's step counts, by the flags it loads)
 
 
 def _on_cuda(params: list) -> bool:

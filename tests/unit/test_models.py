@@ -79,7 +79,7 @@ def test_a_loaded_checkpoint_keeps_the_optimizers_own_hyperparameters():
     load_optimizer_state(resumed, classic.state_dict())
     group = resumed.param_groups[0]
     assert (group["nesterov"], group["momentum"], group["weight_decay"]) == (True, 0.8, 1e-4)
-    assert group["lr"] == 0.1                             # the rest from the checkpoint
+    assert group["lr"] == 0.1                             # the rate from the checkpoint
     assert all("momentum_buffer" in s for s in resumed.state.values())
     adam = make_optimizer("adam", model.parameters(), 0.01)
     adam.step()
