@@ -46,12 +46,18 @@ from averaged_weights import Averages  # noqa: E402
 SPAN = 0.1                       # the synchronous strategies' default average, in epochs
 
 
+def stages(k: int, ramp: float, start: int) -> list[int]:
+    """Every k_j a run takes, in order: ``start`` doubled until k (just k without a ramp)."""
+    if ramp <= 0 or start >= k:
+        return [k]
+    return [start * 2 ** j for j in range(math.ceil(math.log2(k / start)))] + [k]
+
+
 def stage(t: float, k: int, ramp: float, start: int) -> int:
-    """k_j: the global batch in one replica's batches at ``t`` epochs."""
-    if ramp <= 0 or t >= ramp or start >= k:
-        return k
-    stages = math.ceil(math.log2(k / start))
-    return min(k, start * 2 ** int(t / (ramp / stages)))
+    """k_j: the global batch in one replica's batches at ``t`` epochs (the ramp's stages of
+    equal length, then k)."""
+    ks = stages(k, ramp, start)
+    return k if t >= ramp or len(ks) == 1 else ks[int(t / (ramp / (len(ks) - 1)))]
 
 
 def run(data: str, k: int, epochs: int, seed: int, ramp: float, start: int) -> dict:
@@ -73,10 +79,10 @@ def run(data: str, k: int, epochs: int, seed: int, ramp: float, start: int) -> d
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + e))
         pos = 0
         while pos < n and not (acc and acc[-1] >= sim.TARGET):
-            kj = stage(e + pos / n, k, ramp, start)
+            t = e + pos / n
+            kj = stage(t, k, ramp, start)
             b = sim.BATCH * kj
-            opt.param_groups[0]["lr"] = min(schedule.at(e + pos / n),
-                                            sim.DECAY ** e * sim.LR * kj)
+            opt.param_groups[0]["lr"] = min(schedule.at(t), sim.DECAY ** e * sim.LR * kj)
             idx = perm[pos:pos + b]
             pos += b
             spent[kj] = spent.get(kj, 0.0) + len(idx) / n
@@ -163,7 +169,7 @@ def main(argv=None):
     variants = sorted({(k, r, s) if r > 0 and s < k else (k, 0.0, 1)   # else: no ramp
                        for k in ks for r, s in ramps})
     costs = step_costs(sorted({sim.BATCH * kj // k for k, r, s in variants
-                               for kj in [k] + [s * 2 ** j for j in range(8) if s * 2 ** j < k]}))
+                               for kj in stages(k, r, s)}))
     data = sim.make_data(args.samples, Path(tempfile.mkdtemp(prefix="batch-ramp-")))
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs = [(data, k, args.epochs, seed, r, s) for k, r, s in variants for seed in seeds]

@@ -14,8 +14,8 @@ OPTIMIZERS = ("sgd", "rmsprop", "adagrad", "adam", "lbfgs", "cg")
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, max_iter: int = 10,
                    nesterov: bool = False) -> torch.optim.Optimizer:
-    """``name`` in OPTIMIZERS; ``momentum`` applies to SGD, ``nesterov`` (Nesterov's
-    momentum) to SGD, ``max_iter`` to the closure-based L-BFGS and CG (iterations per step)."""
+    """``name`` in OPTIMIZERS; ``momentum`` and ``nesterov`` (its Nesterov form) apply to SGD,
+    ``max_iter`` to the closure-based L-BFGS and CG (iterations per step)."""
     if name == "sgd":
         params = list(params)
         if _on_cuda(params):                 # one kernel, and GradScaler's fp16 steps need
