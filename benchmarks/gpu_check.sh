@@ -12,8 +12,8 @@
 #   PS_SERVING=1 bash benchmarks/gpu_check.sh ""  # only bench_ps_serving (LOOP_FROM's evidence)
 # Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
 # SCALING_REPLICAS (1,CORES), SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS,
-# SCALING_FIRST_SEED, SCALING_OUT (a file
-# name in RESULTS); RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
+# SCALING_FIRST_SEED, SCALING_LR (one replica's lr; bench_scaling's 0.02 unless set),
+# SCALING_OUT (a file name in RESULTS); RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
 # STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS; PS_CAPACITY_REPEATS, PS_CAPACITY_PUSHES;
 # PS_SERVING_WORKERS, PS_SERVING_REPEATS.
 set -uo pipefail
@@ -36,7 +36,7 @@ if [ -n "${SCALING:-}" ]; then
   python3 benchmarks/bench_scaling.py --replicas "${SCALING_REPLICAS:-1,${CORES:-16}}" --repeats "${SCALING_REPEATS:-1}" \
     --epochs "${SCALING_EPOCHS:-2}" \
     --strategies "${SCALING_STRATEGIES:-allreduce,downpour+lr,gossip}" \
-    --first-seed "${SCALING_FIRST_SEED:-0}" \
+    --first-seed "${SCALING_FIRST_SEED:-0}" ${SCALING_LR:+--lr "$SCALING_LR"} \
     --out "$RESULTS/${SCALING_OUT:-scaling-16.json}" || rc=$?
 fi
 if [ -n "${RUN:-}" ]; then           # TorchDistributor and spark_dl.run at CORES processes

@@ -42,6 +42,9 @@
 # 1.5-2.0.) Next on 16 cores, after the defaults of step 1: Downpour's default against
 # "worker+short" at 1, 4, 8 and 16 replicas,
 # SCALING_STRATEGIES=downpour,downpour+worker+short
+# At the scaling issue's own rate (lr 0.01, where two replicas met the 2-core target pooled
+# over 24 seeds in every strategy on 2026-11-30, and the simulated 16 replicas needed 1.5
+# epochs to one replica's 0.75): SCALING_LR=0.01 bash benchmarks/gpu_session.sh "$OUT"
 set -u
 O=$1
 t0=$(date +%s)
