@@ -44,7 +44,8 @@
 # SCALING_STRATEGIES=downpour,downpour+worker+short
 # At the scaling issue's own rate (lr 0.01, where two replicas met the 2-core target pooled
 # over 24 seeds in every strategy on 2026-11-30, and the simulated 16 replicas needed 1.5
-# epochs to one replica's 0.75): SCALING_LR=0.01 bash benchmarks/gpu_session.sh "$OUT"
+# epochs to one replica's 0.75):
+#   SCALING_LR=0.01 SCALING_OUT=scaling-16-lr0.01.json bash benchmarks/gpu_session.sh "$OUT"
 set -u
 O=$1
 t0=$(date +%s)

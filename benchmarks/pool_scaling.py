@@ -11,7 +11,8 @@ AllReduce's and Gossip's 2-core ratio"). This script reads several runs with the
   pooled         the ratio of the medians over every seed of every run (the machine's speed
                  drifts between runs: read it with the next)
   same seed      the median over every seed of R replicas' time over one replica's, each pair
-                 from one run (drift cancels within a pair)
+                 from one run (drift cancels within a pair); seeds where one replica never
+                 reached the target are left out, R replicas that never did count as slowest
   epochs         how many seeds needed each quarter epoch, one replica and R replicas
 
 The reference of each strategy is bench_scaling.py's (Gossip: AllReduce's one replica).
@@ -67,32 +68,36 @@ def pool(runs: list[dict], ratio: float) -> dict:
         ref = reference(strategy, names)
         if ref not in names:
             continue
+        never = float("inf")                    # a fit that never got there: last in line
         per_run, times, refs, pairs = [], [], [], []
         for run in runs:
-            two = [x["time_to_target_s"] for x in run["raw"][name]]
-            one = [x["time_to_target_s"] for x in run["raw"][ref]]
+            two = {x["seed"]: x["time_to_target_s"] or never for x in run["raw"][name]}
+            one = {x["seed"]: x["time_to_target_s"] or never for x in run["raw"][ref]}
             row = run["summary"].get(name, {})
             per_run.append({"seeds": run["seeds"].split(",")[0],
                             "ratio": row.get("time_vs_one_replica"),
                             "met": (row.get("time_vs_one_replica") or ratio + 1) <= ratio})
-            times += two
-            refs += one
-            pairs += [a / b for a, b in zip(two, one) if a and b]
-        never = float("inf")                    # a fit that never got there: last in line
-        pooled = statistics.median(t or never for t in times) / \
-            statistics.median(t or never for t in refs)
+            times += two.values()
+            refs += one.values()
+            pairs += [two[seed] / one[seed] for seed in two.keys() & one.keys()
+                      if one[seed] < never]      # R replicas that never got there: inf
+        t2, t1 = statistics.median(times), statistics.median(refs)
+        same = statistics.median(pairs) if pairs else never
 
         def epochs(system):
-            return dict(sorted(Counter(
+            counts = Counter(
                 next((round(float(e["epoch"]), 2) for e in x["evals"]  # Boosting: 0.750665
                       if e.get("val_accuracy", 0) >= runs[0]["target"]), "never")
-                for run in runs for x in run["raw"][system]).items(), key=str))
+                for run in runs for x in run["raw"][system])
+            return {str(k): counts[k] for k in sorted(counts, key=lambda k: (k == "never",
+                                                                               str(k)))}
         summary[name] = {
             "reference": ref, "seeds": len(times),
             "runs": per_run, "runs_met": f"{sum(p['met'] for p in per_run)}/{len(per_run)}",
-            "reached": f"{sum(t is not None for t in times)}/{len(times)}",
-            "pooled": round(pooled, 3) if pooled == pooled and pooled < never else None,
-            "same_seed": round(statistics.median(pairs), 3) if pairs else None,
+            "reached": f"{sum(t < never for t in times)}/{len(times)}",
+            "pooled": round(t2 / t1, 3) if t1 < never and t2 < never else None,
+            "same_seed": round(same, 3) if same < never else None,
+            "same_seed_pairs": len(pairs),
             "epochs_one_replica": epochs(ref), "epochs": epochs(name)}
     return summary
 
@@ -104,6 +109,8 @@ def main(argv=None):
     ap.add_argument("--ratio", type=float, default=0.6)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/scaling-pooled.json"))
     args = ap.parse_args(argv)
+    if not args.ratio > 0:
+        ap.error(f"--ratio must be > 0, got {args.ratio}")
     from _results import write_results
     runs = load(args.files)
     summary = pool(runs, args.ratio)
