@@ -85,10 +85,8 @@ def pool(runs: list[dict], ratio: float) -> dict:
         same = statistics.median(pairs) if pairs else never
 
         def epochs(system):
-            counts = Counter(
-                next((round(float(e["epoch"]), 2) for e in x["evals"]  # Boosting: 0.750665
-                      if e.get("val_accuracy", 0) >= runs[0]["target"]), "never")
-                for run in runs for x in run["raw"][system])
+            counts = Counter("never" if e is None else round(float(e), 2)  # Boosting: 0.750665
+                             for run in runs for e in run["summary"][system]["epochs_to_target"])
             return {str(k): counts[k] for k in sorted(counts, key=lambda k: (k == "never",
                                                                                str(k)))}
         summary[name] = {
