@@ -1,6 +1,6 @@
 """spark_dl: large-scale distributed deep learning on Apache Spark with PyTorch."""
 
-from .byol import RunContext, context, run
+from .launch import RunContext, context, run
 from .config import DataConfig, DemoConfig, TrainConfig, load_toml
 from .errors import ConfigError, DataError, ResourceError, SparkDLError, TaskError
 from .fit import FitResult, fit

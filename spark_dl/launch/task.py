@@ -49,7 +49,7 @@ def make_task(cfg: RunConfig, fn: Callable, args: tuple, kwargs: dict, secret: s
 
 
 def _call(cfg, fn, args, kwargs, shard, device, rank, world, statuses, client, ctx) -> dict:
-    from spark_dl.byol.context import _CURRENT, RunContext
+    from spark_dl.launch.context import _CURRENT, RunContext
     t0 = time.perf_counter()
     machines = [s["machine"] for s in statuses]
     local = machines[:rank].count(machines[rank])
