@@ -57,10 +57,11 @@ class RunContext:
             raise RuntimeError("ctx.batches(): spark_dl.run was called without df=, so this "
                                "replica has no shard: pass run(train_fn, df=your_dataframe)")
         from spark_dl.runtime.failures import at
+        from spark_dl.runtime.seeds import replica_seed
         at(epoch, 0)
         size = self.cfg.batch_size if batch_size is None else batch_size
-        return iter(self.shard.batches(size, shuffle=self.cfg.shuffle, seed=self.cfg.seed *
-                                       1000003 + self.rank, epoch=epoch,
+        return iter(self.shard.batches(size, shuffle=self.cfg.shuffle, seed=replica_seed(self.cfg.seed, self.rank),
+                                       epoch=epoch,
                                        transform=self.cfg.transform))
 
     def num_batches(self, batch_size: int | None = None) -> int:

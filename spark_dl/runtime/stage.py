@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .failures import at, report
+from .seeds import replica_seed
 
 __all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "Validation",
            "barrier_task", "broadcast_bytes", "collective_device", "mean_buffers",
@@ -250,7 +251,7 @@ def stage_info(statuses: list[dict]) -> dict:
 def epoch_batches(cfg: StageConfig, shard, rank: int, epoch: int) -> Iterator:
     """Replica ``rank``'s mini-batches of ``epoch`` (its own shuffle, the same on a resume)."""
     return iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
-                              seed=cfg.seed * 1000003 + rank, epoch=epoch))
+                              seed=replica_seed(cfg.seed, rank), epoch=epoch))
 
 
 def most_batches(shard, batch_size: int, device) -> int:
@@ -437,7 +438,7 @@ class OwnStatistics:
         cfg, shard = self.cfg, self.shard
         peak = getattr(shard, "peak_buffer_rows", None)     # a stream's, which a pass resets
         every = shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
-                              seed=cfg.seed * 1000003 + self.rank, epoch=0)
+                              seed=replica_seed(cfg.seed, self.rank), epoch=0)
         held, size = [], 0
         try:
             for x, _ in itertools.islice(every, self.batches):

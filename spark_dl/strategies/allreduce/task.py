@@ -25,6 +25,7 @@ from torch import nn
 from spark_dl.optim.factory import load_optimizer_state
 from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.checkpoint import save_atomic
+from spark_dl.runtime.seeds import replica_seed
 from spark_dl.runtime.stage import (
     LocalStepConfig,
     StepReports,
@@ -321,7 +322,7 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
     for epoch in range(start, cfg.epochs):
         model.train()
         it = reports.epoch(shard, epoch, None if balancer is None else balancer.epoch(
-            shard, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank, epoch=epoch,
+            shard, shuffle=cfg.shuffle, seed=replica_seed(cfg.seed, rank), epoch=epoch,
             accumulate=cfg.accumulate, transform=cfg.transform))
         totals = torch.zeros(2, dtype=torch.float64, device=device)   # loss sum, samples
         seen = 0                                     # samples (one replica: counted here)

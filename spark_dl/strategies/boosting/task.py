@@ -27,6 +27,7 @@ import torch
 from spark_dl.runtime.amp import LossScaler, autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
+from spark_dl.runtime.seeds import replica_seed
 from spark_dl.runtime.stage import (
     LossSum,
     StageConfig,
@@ -261,7 +262,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 if moved is not None:
                     moved.zero_()
             for x, y in shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
-                                      seed=cfg.seed * 1000003 + key, epoch=epoch):
+                                      seed=replica_seed(cfg.seed, key), epoch=epoch):
                 if cfg.fresh:
                     rebased += rebase(client, wire, flat, moved)
                 x = x.to(device=device, dtype=dtype)

@@ -25,6 +25,7 @@ from spark_dl.balance import balanced_batches
 from spark_dl.runtime.amp import LossScaler, autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
+from spark_dl.runtime.seeds import replica_seed
 from spark_dl.runtime.stage import (
     LossSum,
     StageConfig,
@@ -338,11 +339,11 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
         first = resume_step if epoch == resume_epoch else 0
         if cfg.balance is None:
             it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
-                                    transform=cfg.transform, seed=cfg.seed * 1000003 + rank,
+                                    transform=cfg.transform, seed=replica_seed(cfg.seed, rank),
                                     epoch=epoch, skip=first))
         else:
             it = itertools.islice(balanced_batches(
-                shard, batch_size, steps, shuffle=cfg.shuffle, seed=cfg.seed * 1000003 + rank,
+                shard, batch_size, steps, shuffle=cfg.shuffle, seed=replica_seed(cfg.seed, rank),
                 epoch=epoch, transform=cfg.transform), first, None)
         t0 = last = time.perf_counter()
         loss_sum, samples = LossSum(), 0.0
