@@ -60,7 +60,8 @@ class RunContext:
         from spark_dl.runtime.seeds import replica_seed
         at(epoch, 0)
         size = self.cfg.batch_size if batch_size is None else batch_size
-        return iter(self.shard.batches(size, shuffle=self.cfg.shuffle, seed=replica_seed(self.cfg.seed, self.rank),
+        return iter(self.shard.batches(size, shuffle=self.cfg.shuffle,
+                                       seed=replica_seed(self.cfg.seed, self.rank),
                                        epoch=epoch,
                                        transform=self.cfg.transform))
 
