@@ -1,7 +1,8 @@
 """The single-process reference training loop; distributed engines reuse its pieces.
 
-    history = fit(model, lambda epoch: shard.batches(64, epoch=epoch), optimizer, epochs=5,
-                  evaluate_fn=lambda m: evaluate(m, test_x, test_y), checkpoint="run/ckpt.pt")
+    history = train_loop(model, lambda epoch: shard.batches(64, epoch=epoch), optimizer, epochs=5,
+                         evaluate_fn=lambda m: evaluate(m, test_x, test_y),
+                         checkpoint="run/ckpt.pt")
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from torch import nn
 
 from .optim.factory import make_optimizer, needs_closure
 
-__all__ = ["evaluate", "fit", "load_checkpoint", "make_optimizer", "save_checkpoint",
-           "seed_everything", "train_epoch", "train_step"]
+__all__ = ["evaluate", "make_optimizer", "restore_checkpoint", "save_checkpoint",
+           "seed_everything", "train_epoch", "train_loop", "train_step"]
 
 
 def seed_everything(seed: int) -> None:
@@ -83,7 +84,7 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer=None, epoch: i
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: str | Path, model: nn.Module, optimizer=None) -> dict:
+def restore_checkpoint(path: str | Path, model: nn.Module, optimizer=None) -> dict:
     """Restore model (and optimizer) in place; returns the checkpoint's epoch and history."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(ckpt["model"])
@@ -92,12 +93,13 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer=None) -> dict:
     return {"epoch": ckpt["epoch"], "history": ckpt["history"]}
 
 
-def fit(model: nn.Module, batches_fn: Callable[[int], Iterable],
-        optimizer: torch.optim.Optimizer, epochs: int, loss_fn=nn.functional.cross_entropy,
-        evaluate_fn: Callable[[nn.Module], dict] | None = None,
-        checkpoint: str | Path | None = None, log: Callable[[str], None] | None = print,
-        scheduler=None) -> list:
-    """Train for ``epochs``; history: one dict per epoch (train loss, samples, seconds and
+def train_loop(model: nn.Module, batches_fn: Callable[[int], Iterable],
+               optimizer: torch.optim.Optimizer, epochs: int,
+               loss_fn=nn.functional.cross_entropy,
+               evaluate_fn: Callable[[nn.Module], dict] | None = None,
+               checkpoint: str | Path | None = None, log: Callable[[str], None] | None = print,
+               scheduler=None) -> list:
+    """Train in this process for ``epochs`` (spark_dl.fit trains on Spark); history: one dict per epoch (train loss, samples, seconds and
     whatever ``evaluate_fn`` returns, prefixed ``val_``). Checkpoints after every epoch."""
     history = []
     for epoch in range(epochs):

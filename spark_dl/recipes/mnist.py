@@ -15,7 +15,7 @@ import torch
 from ..config import DataConfig, TrainConfig, _check
 from ..data import ShardData, distort_range, mnist_split
 from ..models import FCNet, build_model
-from ..train import evaluate, fit, make_optimizer, seed_everything
+from ..train import evaluate, make_optimizer, seed_everything, train_loop
 from .common import RunConfig, pick_device
 
 __all__ = ["MnistJobConfig", "train_mnist"]
@@ -72,10 +72,11 @@ def train_mnist(cfg: MnistJobConfig, log=print, spark=None) -> dict:
     def evaluate_fn(m):
         return evaluate(m, test_xt.to(device), test_yt.to(device))
     t0 = time.perf_counter()
-    history = fit(model, lambda e: _to(device, shard.batches(t.batch_size, seed=t.seed, epoch=e)),
-                  opt, t.epochs, evaluate_fn=evaluate_fn,
-                  checkpoint=f"{cfg.run.out_dir}/{t.model}-{t.optimizer}.pt", log=log,
-                  scheduler=sched)
+    history = train_loop(model, lambda e: _to(device, shard.batches(t.batch_size, seed=t.seed,
+                                                                    epoch=e)),
+                         opt, t.epochs, evaluate_fn=evaluate_fn,
+                         checkpoint=f"{cfg.run.out_dir}/{t.model}-{t.optimizer}.pt", log=log,
+                         scheduler=sched)
     return {"model": t.model, "optimizer": t.optimizer, "lr": t.lr, "batch_size": t.batch_size,
             "epochs": t.epochs, "train_samples": len(shard), "train_seconds":
             time.perf_counter() - t0, "test_accuracy": history[-1]["val_accuracy"],

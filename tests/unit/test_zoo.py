@@ -1,4 +1,4 @@
-"""The model zoo of the thesis: SSDA, char RNN/LSTM, SRCNN, CG/L-BFGS, the reference fit()."""
+"""The model zoo of the thesis: SSDA, char RNN/LSTM, SRCNN, CG/L-BFGS, the reference train_loop."""
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from spark_dl.models import (
     train_tbptt,
 )
 from spark_dl.optim import NonlinearCG, make_optimizer
-from spark_dl.train import evaluate, fit, load_checkpoint, seed_everything, train_step
+from spark_dl.train import evaluate, restore_checkpoint, seed_everything, train_loop, train_step
 
 # ---- SSDA -------------------------------------------------------------------------------
 
@@ -261,9 +261,9 @@ def test_fit_history_checkpoint_and_determinism(mnist, tmp_path):
         seed_everything(3)
         model = FCNet((784, 16, 10))
         opt = make_optimizer("sgd", model.parameters(), 0.1)
-        h = fit(model, lambda e: shard.batches(32, seed=3, epoch=e), opt, epochs=2,
-                evaluate_fn=lambda m: evaluate(m, shard.features[:100], y[:100]),
-                checkpoint=ckpt, log=None)
+        h = train_loop(model, lambda e: shard.batches(32, seed=3, epoch=e), opt, epochs=2,
+                       evaluate_fn=lambda m: evaluate(m, shard.features[:100], y[:100]),
+                       checkpoint=ckpt, log=None)
         return model, opt, h
     m1, _opt1, h1 = run(tmp_path / "a.pt")
     m2, _, h2 = run(tmp_path / "b.pt")
@@ -273,7 +273,7 @@ def test_fit_history_checkpoint_and_determinism(mnist, tmp_path):
         assert torch.equal(p, q)
     assert {"epoch", "loss", "samples", "val_loss", "val_accuracy"} <= set(h1[0])
     fresh = FCNet((784, 16, 10))
-    info = load_checkpoint(tmp_path / "a.pt", fresh)
+    info = restore_checkpoint(tmp_path / "a.pt", fresh)
     assert info["epoch"] == 2 and info["history"][1]["loss"] == h1[1]["loss"]
     for p, q in zip(m1.parameters(), fresh.parameters()):
         assert torch.equal(p, q)
