@@ -94,12 +94,12 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
     if features:
         from ..preflight import check_not_empty
         check_not_empty(df)
-    cfg = _task.RunConfig(features=features, label=label, shape=tuple(shape),
-                          label_shape=tuple(label_shape), num_classes=num_classes,
-                          batch_size=batch_size, shuffle=shuffle, seed=seed, device=device,
-                          threads=threads, timeout_s=timeout_s, data=data,
-                          shuffle_buffer=shuffle_buffer, transform=transform, resume=False,
-                          comm_hook=comm_hook, function=name)
+    cfg = _task.LaunchConfig(features=features, label=label, shape=tuple(shape),
+                             label_shape=tuple(label_shape), num_classes=num_classes,
+                             batch_size=batch_size, shuffle=shuffle, seed=seed, device=device,
+                             threads=threads, timeout_s=timeout_s, data=data,
+                             shuffle_buffer=shuffle_buffer, transform=transform, resume=False,
+                             comm_hook=comm_hook, function=name)
     stage = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     job = Job(df=df, model=name, model_fn=None, loss_fn=None, loss_name="", stage=stage,
               train={}, replicas=replicas, validation=None, run_dir=run_dir, progress=progress,

@@ -26,11 +26,11 @@ import torch.distributed as dist
 
 from spark_dl.runtime.stage import StageConfig, barrier_task, most_batches, stage_info
 
-__all__ = ["RunConfig", "decode_result", "make_task"]
+__all__ = ["LaunchConfig", "decode_result", "make_task"]
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig(StageConfig):
+class LaunchConfig(StageConfig):
     """Plain values shipped to the tasks (see ``spark_dl.run`` for their meaning); an empty
     ``features`` means a stage without data (run without ``df``)."""
 
@@ -38,7 +38,7 @@ class RunConfig(StageConfig):
     function: str = ""                    # the function's name, for messages
 
 
-def make_task(cfg: RunConfig, fn: Callable, args: tuple, kwargs: dict, secret: str,
+def make_task(cfg: LaunchConfig, fn: Callable, args: tuple, kwargs: dict, secret: str,
               channel: tuple[str, int] | None, run_dir: str | None):
     """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
 
