@@ -16,7 +16,7 @@ import torch
 
 from ...balance import check_balance
 from ...errors import ConfigError, ResourceError
-from ...losses import evaluate
+from ...losses import val_metrics
 from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...planning.partitions import Layout, check_thesis, plan_partitions
 from ...runtime.amp import check_amp
@@ -361,7 +361,7 @@ class Downpour(Strategy):
                    "lr": ps.shards[0].epoch_lr(epoch, ps.epoch_steps)}
             if val is not None:
                 layout.load(ps.parameters().to(dtype), ps.buffers())
-                row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
+                row.update(val_metrics(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
             return row
 
         def on_message(m: dict) -> None:
@@ -516,7 +516,7 @@ class ServerSnapshots:
         for t, seconds, values, buffers in self.taken:
             layout.load(values.to(next(net.parameters()).dtype), buffers)
             out.append({"epoch": round(t, 6), "train_seconds": seconds,
-                        **evaluate(net, val, loss_fn, classify)})
+                        **val_metrics(net, val, loss_fn, classify)})
         return out
 
 
