@@ -156,7 +156,7 @@ def plain(data: Path, val, args, seed: int) -> dict:
     import pyarrow.parquet as pq
     import torch
 
-    from spark_dl.losses import evaluate
+    from spark_dl.losses import val_metrics
     from spark_dl.models import build_model
     from spark_dl.runtime.stage import mid_epoch_steps
     torch.set_num_threads(1)
@@ -185,8 +185,8 @@ def plain(data: Path, val, args, seed: int) -> dict:
                 now = time.perf_counter()
                 clock, epoch_s, t0 = clock + now - t0, epoch_s + now - t0, None
                 evals.append({"epoch": e + (s + 1) / steps, "train_seconds": clock,
-                              **evaluate(model, (vx, vy), torch.nn.functional.cross_entropy,
-                                         True)})
+                              **val_metrics(model, (vx, vy), torch.nn.functional.cross_entropy,
+                                            True)})
                 model.train()
                 t0 = time.perf_counter()
         rates.append(n / max(epoch_s, 1e-9))

@@ -11,8 +11,8 @@ from torch import nn
 
 from .errors import DataError
 
-__all__ = ["LOSSES", "cross_entropy", "evaluate", "evaluation_row", "evaluation_sums",
-           "loss_function", "sequence_cross_entropy"]
+__all__ = ["LOSSES", "cross_entropy", "evaluation_row", "evaluation_sums", "loss_function",
+           "sequence_cross_entropy", "val_metrics"]
 
 LOSSES = ("cross_entropy", "sequence_cross_entropy", "mse")
 
@@ -52,8 +52,9 @@ def loss_function(name: str) -> Callable:
                      f"or pass a callable loss(output, target) -> mean loss")
 
 
-def evaluate(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
-    """``model``'s mean loss (and accuracy when ``classify``) on the held-out rows ``val``."""
+def val_metrics(model, val, loss_fn, classify: bool, batch: int = 1000) -> dict:
+    """``model``'s mean loss (and accuracy when ``classify``) on the held-out rows ``val``:
+    {"val_loss", "val_accuracy"} (spark_dl.train.evaluate scores a classifier on arrays)."""
     return evaluation_row(evaluation_sums(model, val, loss_fn, classify, batch), classify)
 
 
