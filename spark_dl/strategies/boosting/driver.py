@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError, DataError
-from ...losses import evaluate
+from ...losses import val_metrics
 from ...optim.average import check_average
 from ...runtime.amp import check_amp
 from ...transport.ps import SERVER_OPTIMIZERS
@@ -249,7 +249,7 @@ class Boosting(Strategy):
                     kept = state["averages"][0]          # the averaged server's, if any
                     layout.load((state["values"][0] if kept is None else kept).to(dtype),
                                 state["buffers"])
-                    row.update(evaluate(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
+                    row.update(val_metrics(net, val, job.loss_fn, job.loss_name == "cross_entropy"))
                 history.append(row)
                 job.tracker.epoch(row)
                 run.record({"type": "server_epoch", **row})
