@@ -18,9 +18,8 @@ What the stack outputs after pretraining:
     the final layer's f with y; the cascade's F1-F3 are 256→1280→1280→256), so the network is
     256-1280-1280-256 and has no decoders. Pretraining still trains it as an autoencoder of the
     codes below (App. B counts 2×1280×256 pretraining weights for it); fine-tuning makes its
-    units the patch. Decoding that stack's 256-unit code back through two more 1280-unit
-    sigmoid layers (the package's reading until 2026-11-25) learns only each patch's mean
-    (docs/quality.md, "Which denoiser").
+    units the patch. (Decoding that stack's 256-unit code back through two more 1280-unit
+    sigmoid layers instead learns only each patch's mean: docs/quality.md, "Which denoiser".)
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Ship segmentation (seed 000): synthetic satellite-like scenes made in the executors, the
 bottleneck U-Net trained with the seed's "boosting" parameter server by default (Boosting:
-the driver's data-key scheduler hands out chunks of n_push mini-batches, 2 by default since
-2026-11-29 evening and the seed's 4 before, reshuffled every epoch; a worker trains a key's
-mini-batches and pushes, the server applies every push as its own step in arrival order),
+the driver's data-key scheduler hands out chunks of n_push mini-batches (Boosting's default,
+2), reshuffled every epoch; a worker trains a key's mini-batches and pushes, the server applies every push as its own step in arrival order),
 then IoU, Dice and the Airbus F2 of held-out scenes and a picture strip (scene | true mask |
 predicted mask).
 
