@@ -2,8 +2,8 @@
 bottleneck U-Net trained with the seed's "boosting" parameter server by default (Boosting:
 the driver's data-key scheduler hands out chunks of n_push mini-batches (Boosting's default,
 2), reshuffled every epoch; a worker trains a key's mini-batches and pushes, the server
-applies every push as its own step in arrival order), then IoU, Dice and the Airbus F2 of held-out scenes and a picture strip (scene | true mask |
-predicted mask).
+applies every push as its own step in arrival order), then IoU, Dice and the Airbus F2 of
+held-out scenes and a picture strip (scene | true mask | predicted mask).
 
     python jobs/segment_ships.py --config conf/jobs/ships.toml
 """
