@@ -5,13 +5,13 @@ CNN on 1x28x28 inputs, cross-entropy) and "ssda" (the SSDA 256-1280-1280-256 on 
 MSE against the input); float32, batch 64. For each net and each F, F processes (1 thread
 each, gloo on 127.0.0.1) train it for a few steps: the all-gather / all-reduce layers
 (model_parallel/layers.py, "collective") and, for FC nets, the thesis's master algorithm
-(model_parallel/thesis.py, "thesis"). Plain single-process PyTorch with 1 and with F threads
+(model_parallel/master.py, "thesis"). Plain single-process PyTorch with 1 and with F threads
 on the same cores is the calibration. Systems run interleaved (A B A B ...), medians of
 --repeats.
 
 The prediction beside each measurement: the messages and bytes the planner counts for that
 algorithm (cost_model.step_cost, one run on the meta device, for "collective";
-cost_model.thesis_counts for "thesis"), priced with T_lat and T_data measured by
+cost_model.master_counts for "thesis"), priced with T_lat and T_data measured by
 cost_model.probe in the same run, plus the compute, two ways:
 
     predicted_ms          (plain 1-thread step) / F: the compute the split leaves each process
@@ -84,7 +84,7 @@ def _rank(rank, world, port, net, algorithm, out):
     import torch
     import torch.distributed as dist
 
-    from spark_dl.model_parallel import Comm, ThesisFC, partition_model
+    from spark_dl.model_parallel import Comm, MasterBackpropFC, partition_model
     from spark_dl.planning import cost_model
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -96,7 +96,7 @@ def _rank(rank, world, port, net, algorithm, out):
     with torch.device("meta"):
         full = _net(net)[0]()
     if algorithm == "thesis":
-        model = ThesisFC(full.to_empty(device="cpu"), comm)
+        model = MasterBackpropFC(full.to_empty(device="cpu"), comm)
     else:
         model = partition_model(full, comm).to_empty(device="cpu")
     for p in model.parameters():
@@ -223,7 +223,7 @@ def main(argv=None):
                 link = cost_model.Link(**runs[-1]["link"])
                 cost = cost_model.step_cost(model_fn, shape, F, BATCH)
                 counts = {"messages": cost.messages, "bytes": cost.bytes} \
-                    if alg == "collective" else cost_model.thesis_counts(
+                    if alg == "collective" else cost_model.master_counts(
                         [int(w) for w in net.split("-")], F, BATCH, 4)
                 comm_s = cost_model.predict_seconds(counts, link)
                 rate = statistics.median(r["flops_per_s"] for r in runs)

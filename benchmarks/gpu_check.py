@@ -217,7 +217,7 @@ def section_shared(spark, runs, out):
              ("boosting", Boosting(), cnn, (1, 28, 28), 2),
              # one replica of two model-parallel tasks, both on the GPU
              ("downpour-partitions-2", Downpour(partitions=2), "fc", (784,), 1),
-             ("downpour-partitions-2-thesis", Downpour(partitions=2, model_parallel="thesis"),
+             ("downpour-partitions-2-thesis", Downpour(partitions=2, model_parallel="master"),
               "fc", (784,), 1)]
     for name, strat, fn, shape, replicas in cases:
         row = {"strategy": name, "replicas": replicas, "tasks": 2}

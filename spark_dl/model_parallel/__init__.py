@@ -13,9 +13,9 @@ from .layers import (
     partition_model,
 )
 from .mappings import copy_to_partitions, gather_from_partitions
-from .thesis import ThesisFC, fc_activation
+from .master import MasterBackpropFC, fc_activation
 
 __all__ = ["ColumnConv2d", "ColumnDenoisingLayer", "ColumnLSTM", "ColumnLinear", "ColumnRNN",
-           "Comm", "CountingComm", "ThesisFC", "copy_to_partitions", "fc_activation",
+           "Comm", "CountingComm", "MasterBackpropFC", "copy_to_partitions", "fc_activation",
            "gather_from_partitions", "kept_whole", "merge_partitions", "parameter_bytes",
            "partition_model", "split_sizes"]

@@ -216,8 +216,8 @@ class CountingComm(Comm):
     count, for every rank p of the group, what ``Comm`` counts on rank p. Every rank runs the
     same collectives on tensors of the same shapes, so one rank's run gives all ranks' counts:
     ``per_rank[p]`` holds rank p's counters, the inherited counters this rank's.
-    Point-to-point messages, whose pattern depends on the peers' programme (ThesisFC), are not
-    simulated: ``cost_model.thesis_counts`` counts those."""
+    Point-to-point messages, whose pattern depends on the peers' programme (MasterBackpropFC),
+    are not simulated: ``cost_model.master_counts`` counts those."""
 
     def __init__(self, size: int, rank: int = 0):
         if not 0 <= rank < size:
@@ -269,8 +269,8 @@ class CountingComm(Comm):
 
     def _point_to_point(self, *args, **kwargs):
         raise NotImplementedError("CountingComm counts collectives; point-to-point messages "
-                                  "(the thesis algorithm) are counted by "
-                                  "cost_model.thesis_counts")
+                                  "(the master algorithm) are counted by "
+                                  "cost_model.master_counts")
 
     send = recv = hypercube_all_gather = _point_to_point
 

@@ -5,9 +5,9 @@
 K messages per epoch, N data units per message on average (so K N is the epoch's data),
 T_lat the latency of one message, T_data the time of one unit (here: one byte).
 
-``thesis_published`` evaluates eqs. 3.5-3.9 as printed, for M examples. ``thesis_counts``
-gives the exact messages and bytes of one step of the implementation
-(model_parallel/thesis.py, which documents where and why it departs from the printed
+``thesis_published`` evaluates the thesis's eqs. 3.5-3.9 as printed, for M examples.
+``master_counts`` gives the exact messages and bytes of one step of the implementation
+(model_parallel/master.py, which documents where and why it departs from the printed
 counts); ``collective_counts`` those of the all-gather / all-reduce layers
 (model_parallel/layers.py) for a chain of Linear layers. ``step_cost`` prices a step of any
 model that ``partition_model`` splits by running it once, in one process, on the meta device:
@@ -33,8 +33,8 @@ import time
 from ..model_parallel.comm import Comm, split_sizes
 
 __all__ = ["Cluster", "Link", "Plan", "StepCost", "activation_bytes", "collective_counts",
-           "fc_step_cost", "flat_input_shape", "plan", "predict_seconds", "probe", "probe_flops",
-           "step_cost", "thesis_counts", "thesis_published"]
+           "fc_step_cost", "flat_input_shape", "master_counts", "plan", "predict_seconds",
+           "probe", "probe_flops", "step_cost", "thesis_published"]
 
 
 def thesis_published(sizes: list[int], F: int, M: int, unit: int = 1) -> dict:
@@ -51,8 +51,8 @@ def thesis_published(sizes: list[int], F: int, M: int, unit: int = 1) -> dict:
             "data": M * (N1 + N2 + N3)}
 
 
-def thesis_counts(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> dict:
-    """Messages and bytes of one step of ThesisFC (all ranks together), by phase."""
+def master_counts(sizes: list[int], F: int, batch: int, itemsize: int = 4) -> dict:
+    """Messages and bytes of one step of MasterBackpropFC (all ranks together), by phase."""
     n = len(sizes)
     B, s = batch, itemsize
     out = split_sizes(sizes[-1], F)

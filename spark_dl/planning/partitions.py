@@ -1,6 +1,7 @@
 """Model-parallel replicas of Downpour: ``partitions="auto"`` (the cost model's planner, with the
-link probed on the cluster), the checks of the thesis's master algorithm, and how the
-parameter server lays out a partitioned model."""
+link probed on the cluster), the ``model_parallel`` algorithms and the checks of the master
+algorithm (model_parallel/master.py), and how the parameter server lays out a partitioned
+model."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import torch
 
 from ..errors import ConfigError
 
-__all__ = ["Layout", "check_thesis", "plan_partitions"]
+__all__ = ["MODEL_PARALLEL", "Layout", "check_master_backprop", "model_parallel_algorithm",
+           "plan_partitions"]
+
+MODEL_PARALLEL = ("collective", "master")      # how partitions > 1 split a replica's model
+_ALIASES = {"thesis": "master"}                # the master algorithm's former name
+# the name Downpour's driver and tasks read for each algorithm (its tasks say "thesis")
+_DOWNPOUR_NAME = {"collective": "collective", "master": "thesis"}
 
 
 def plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log) -> tuple[int, int]:
@@ -60,25 +67,36 @@ def _task_memory(spark) -> int:
 
 
 
-def check_thesis(model_fn, loss_name: str, partitions) -> None:
-    """model_parallel='thesis' runs FC nets with softmax cross-entropy, every layer split."""
+def model_parallel_algorithm(value) -> str:
+    """``model_parallel``: "collective" (each layer's all-gather and all-reduce) or "master"
+    (distributed backpropagation through a master, FC nets); "thesis" is accepted as "master".
+    Returns the name Downpour's driver and tasks read for it; a ConfigError for another."""
+    name = _ALIASES.get(value, value) if isinstance(value, str) else value
+    if name not in MODEL_PARALLEL:
+        raise ConfigError(f"model_parallel must be one of {', '.join(map(repr, MODEL_PARALLEL))}"
+                          f" ('thesis' is accepted as 'master'), got {value!r}")
+    return _DOWNPOUR_NAME[name]
+
+
+def check_master_backprop(model_fn, loss_name: str, partitions) -> None:
+    """model_parallel='master' runs FC nets with softmax cross-entropy, every layer split."""
     from ..model_parallel import fc_activation
     from . import cost_model
     with torch.device("meta"):
         net = model_fn()
     sizes = cost_model.fc_sizes(net)
     if sizes is None:
-        raise ConfigError("model_parallel='thesis' runs FC nets (a chain of Linear layers); "
+        raise ConfigError("model_parallel='master' runs FC nets (a chain of Linear layers); "
                           "use model_parallel='collective' for this model")
     try:
         fc_activation(net)
     except ValueError as e:
-        raise ConfigError(f"model_parallel='thesis': {e}") from None
+        raise ConfigError(f"model_parallel='master': {e}") from None
     if loss_name != "cross_entropy":
-        raise ConfigError(f"model_parallel='thesis' trains with softmax cross-entropy, not "
+        raise ConfigError(f"model_parallel='master' trains with softmax cross-entropy, not "
                           f"{loss_name!r}")
     if isinstance(partitions, int) and min(sizes[1:]) < partitions:
-        raise ConfigError(f"model_parallel='thesis' splits every layer: a layer of "
+        raise ConfigError(f"model_parallel='master' splits every layer: a layer of "
                           f"{min(sizes[1:])} units cannot go over partitions={partitions}")
 
 

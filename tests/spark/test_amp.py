@@ -58,5 +58,5 @@ def test_amp_options_are_checked(spark, tmp_path):
     with pytest.raises(ConfigError, match=r"use amp='bf16' \(no loss scaling\) with partitions"):
         Downpour(amp="fp16", partitions=2)
     with pytest.raises(ConfigError, match=r"use model_parallel=.collective. with amp"):
-        fit(df, small_fc, strategy=Downpour(amp="bf16", partitions=2, model_parallel="thesis"),
+        fit(df, small_fc, strategy=Downpour(amp="bf16", partitions=2, model_parallel="master"),
             replicas=1, log=None, run_dir=tmp_path / "thesis")

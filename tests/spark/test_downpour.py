@@ -89,12 +89,12 @@ def test_overlapped_push_is_sgd_delayed_by_one_step(spark, tmp_path):
     assert res.info["overlap"] == [True]
 
 
-@pytest.mark.parametrize("algorithm", ["collective", "thesis"])
+@pytest.mark.parametrize("algorithm", ["collective", "master"])
 def test_model_parallel_replica_is_single_process_sgd_on_the_union_of_its_batches(spark,
                                                                                    tmp_path,
                                                                                    algorithm):
     # one replica split over 2 tasks by columns; step s trains on both tasks' batch s, with
-    # the all-gather layers or with the thesis's master algorithm
+    # the all-gather layers or with the master algorithm (the thesis's §3.2)
     x, y = data(40, seed=12)
     res = fit(frame(spark, x, y, [24, 16]), small_fc,
               strategy=Downpour(partitions=2, wire_dtype="float64", model_parallel=algorithm),
@@ -248,10 +248,10 @@ def test_a_fit_served_from_the_event_loop_applies_every_push(spark, tmp_path, mo
     assert all(np.isfinite(h["loss"]) for h in res.history)
 
 
-def test_thesis_algorithm_refuses_what_it_cannot_run(spark):
+def test_master_algorithm_refuses_what_it_cannot_run(spark):
     x, y = data(16)
     df = frame(spark, x, y, [8, 8])
-    kw = dict(strategy=Downpour(partitions=2, model_parallel="thesis"), log=None)
+    kw = dict(strategy=Downpour(partitions=2, model_parallel="master"), log=None)
     with pytest.raises(ConfigError, match="runs FC nets"):
         fit(df, narrow_fc_conv, **kw)
     with pytest.raises(ConfigError, match="a layer of 1 units cannot go over partitions=2"):
@@ -261,10 +261,10 @@ def test_thesis_algorithm_refuses_what_it_cannot_run(spark):
     with pytest.raises(ConfigError, match="softmax cross-entropy"):
         fit(df, small_fc, loss=first_three_ce, **kw)
     with pytest.raises(ConfigError, match="give partitions=F"):
-        Downpour(partitions=1, model_parallel="thesis")
+        Downpour(partitions=1, model_parallel="thesis")        # the former name, accepted
     with pytest.raises(ConfigError,
-                       match="model_parallel must be one of 'collective', 'thesis', got "
-                             "'megatron'"):
+                       match="model_parallel must be one of 'collective', 'master' "
+                             r"\('thesis' is accepted as 'master'\), got 'megatron'"):
         Downpour(partitions=2, model_parallel="megatron")
 
 

@@ -18,7 +18,7 @@ FC_SIZES = [20, 13, 7, 5]           # widths not divisible by 2, 3 or 4: uneven 
 
 
 def _rank_main(rank, world):
-    from spark_dl.model_parallel import Comm, ThesisFC, parameter_bytes, partition_model
+    from spark_dl.model_parallel import Comm, MasterBackpropFC, parameter_bytes, partition_model
     from spark_dl.models import FCNet, ThesisCNN
     from spark_dl.models.rnn import CharRNN
     report = {}
@@ -70,7 +70,7 @@ def _rank_main(rank, world):
     ref.zero_grad()
     ref_loss = torch.nn.functional.cross_entropy(ref(x), y)
     ref_loss.backward()
-    thesis = ThesisFC(ref, comm)
+    thesis = MasterBackpropFC(ref, comm)
     comm.reset()
     loss = thesis.step(x if rank == 0 else None, y if rank == 0 else None, batch=len(x))
     counts = comm.counts()
@@ -124,7 +124,7 @@ def test_partitioned_models_equal_the_unpartitioned_ones(world, tmp_path):
     def total(name, what):
         return sum(rep[name]["counts"][what] for rep in reports)
     # the thesis algorithm sends exactly what the cost model counts, message by message
-    expect = cost_model.thesis_counts(FC_SIZES, world, batch=6, itemsize=8)
+    expect = cost_model.master_counts(FC_SIZES, world, batch=6, itemsize=8)
     assert total("thesis_fc", "total_messages") == expect["messages"]
     assert total("thesis_fc", "total_bytes") == expect["bytes"]
     # ... and the collective layers what the ring algorithms send
@@ -144,7 +144,7 @@ def test_published_counts_agree_with_the_implementation_where_the_thesis_is_exac
     # the implementation adds the softmax normaliser's 2 (F - 1) per example
     sizes, F, M = [784, 480, 160, 10], 2, 1
     pub = cost_model.thesis_published(sizes, F, M)
-    impl = cost_model.thesis_counts(sizes, F, batch=1, itemsize=1)
+    impl = cost_model.master_counts(sizes, F, batch=1, itemsize=1)
     assert pub["K"] + 2 * (F - 1) == impl["messages"]
     phases = impl["phases"]
     # init: x and the label columns (N1); forward: a^i (N2, the same for F = 2)

@@ -1,4 +1,6 @@
-"""The thesis's distributed backpropagation (§3.2) for fully-connected nets, message by message.
+"""Distributed backpropagation through a master for fully-connected nets, message by message:
+the algorithm of D. Shrivastava, "Large-Scale Distributed Deep Learning using Apache Spark"
+(M.Tech. thesis, IIT Delhi, 2016; §3.2, message counts §3.3). ``model_parallel="master"``.
 
 F processes, rank 0 the master; every layer's weight matrix split by columns (output units).
 One training step on a mini-batch of B examples (x and the labels start on the master):
@@ -34,7 +36,7 @@ from torch import nn
 
 from .comm import Comm, split_sizes
 
-__all__ = ["ThesisFC", "fc_activation"]
+__all__ = ["MasterBackpropFC", "fc_activation"]
 
 _DERIVATIVE = {"sigmoid": lambda a: a * (1 - a), "tanh": lambda a: 1 - a * a,
                "relu": lambda a: (a > 0).to(a.dtype)}
@@ -54,7 +56,7 @@ _ACTIVATIONS = {nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.ReLU: "relu"}
 
 def fc_activation(net: nn.Module) -> str:
     """The hidden activation of an FC net (one of sigmoid, tanh, relu), or a ValueError
-    naming what the thesis algorithm cannot run."""
+    naming what the master algorithm cannot run."""
     found = set()
     for name, m in net.named_modules():
         if isinstance(m, nn.Linear) or (not m._parameters and list(m.children())):
@@ -62,17 +64,18 @@ def fc_activation(net: nn.Module) -> str:
         if type(m) in _ACTIVATIONS:
             found.add(_ACTIVATIONS[type(m)])
         elif name:
-            raise ValueError(f"layer {name} ({type(m).__name__}): the thesis algorithm runs FC "
+            raise ValueError(f"layer {name} ({type(m).__name__}): the master algorithm runs FC "
                              f"nets of Linear layers with sigmoid, tanh or relu between them")
     if len(found) > 1:
-        raise ValueError(f"the thesis algorithm needs one hidden activation, the net has "
+        raise ValueError(f"the master algorithm needs one hidden activation, the net has "
                          f"{sorted(found)}")
     return found.pop() if found else "sigmoid"
 
 
-class ThesisFC(nn.Module):
+class MasterBackpropFC(nn.Module):
     """This rank's columns of an FCNet (hidden activation sigmoid, tanh or relu; softmax
-    cross-entropy output), trained by the master algorithm above."""
+    cross-entropy output), trained by distributed backpropagation through a master (the
+    thesis's §3.2, above)."""
 
     def __init__(self, net: nn.Module, comm: Comm, act: str = "sigmoid"):
         super().__init__()
@@ -80,7 +83,8 @@ class ThesisFC(nn.Module):
             raise ValueError(f"unknown activation {act!r}; choose one of {sorted(_DERIVATIVE)}")
         linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
         if not linears:
-            raise ValueError("ThesisFC partitions a net of Linear layers; this one has none")
+            raise ValueError("MasterBackpropFC partitions a net of Linear layers; this one has "
+                             "none")
         self.comm, self.act, self.d_act = comm, getattr(torch, act), _DERIVATIVE[act]
         self.widths = [linears[0].in_features] + [m.out_features for m in linears]
         self.splits = [None] + [split_sizes(b, comm.size) for b in self.widths[1:]]
