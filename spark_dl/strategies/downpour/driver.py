@@ -18,7 +18,12 @@ from ...balance import check_balance
 from ...errors import ConfigError, ResourceError
 from ...losses import val_metrics
 from ...optim.average import DEFAULT_AVERAGE, check_average
-from ...planning.partitions import Layout, check_thesis, plan_partitions
+from ...planning.partitions import (
+    Layout,
+    check_master_backprop,
+    model_parallel_algorithm,
+    plan_partitions,
+)
 from ...runtime.amp import check_amp
 from ...transport.ps import MODES, SERVER_OPTIMIZERS
 from ..base import (
@@ -169,7 +174,7 @@ class Downpour(Strategy):
             raise ConfigError("partitions > 1 runs modes 'async' and 'sequential' without "
                               "max_staleness (each partition is its own parameter-server "
                               "shard, pushed by the replicas' tasks of that partition)")
-        check_choice("model_parallel", self.model_parallel, ("collective", "thesis"))
+        object.__setattr__(self, "model_parallel", model_parallel_algorithm(self.model_parallel))
         if self.balance is not None:
             check_balance(self.balance)
             if self.mode != "sync" or self.balance == "adaptive" or self.partitions != 1:
@@ -212,7 +217,7 @@ class Downpour(Strategy):
             if self.amp:
                 raise ConfigError("model_parallel='thesis' computes its layers by hand, "
                                   "without autocast: use model_parallel='collective' with amp")
-            check_thesis(job.model_fn, job.loss_name, self.partitions)
+            check_master_backprop(job.model_fn, job.loss_name, self.partitions)
 
     def barrier(self, job: Job) -> bool:
         return job.plan.get("partitions", self.partitions) != 1
