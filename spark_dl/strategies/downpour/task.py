@@ -178,11 +178,11 @@ def _partitioned_model(model_fn: Callable, comm, dtype, algorithm: str = "collec
     meta device and cut; flat_parameters allocates the slice (its values come from the
     server).
     ``algorithm`` "thesis": the FC net as ThesisFC (the thesis's master algorithm)."""
-    from spark_dl.model_parallel import ThesisFC, fc_activation, partition_model
+    from spark_dl.model_parallel import MasterBackpropFC, fc_activation, partition_model
     with torch.device("meta"):
         full = model_fn().to(dtype)
     if algorithm == "thesis":
-        return ThesisFC(full, comm, fc_activation(full))
+        return MasterBackpropFC(full, comm, fc_activation(full))
     model = partition_model(full, comm)
     for module in model.modules():    # buffers (kept-whole BatchNorm's): real, at their start
         meta = [k for k, b in module._buffers.items() if b is not None and b.is_meta]
