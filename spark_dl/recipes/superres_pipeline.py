@@ -73,14 +73,10 @@ class SuperResConfig:
 
 
 def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
-    import torch
-
-    from ..models.ssda import app_b_layers
     from ..runs import new_run_dir
     from ..session import get_session
-    from ..superres.cascade import Cascade
     from ..superres.evaluate import evaluate_folder
-    from ..superres.pipeline import finetune_cascade, train_cnn, train_cnn_on_clean, train_ssda
+    from ..superres.pipeline import finetune_cascade
     from ..superres.prepare import Degradation, prepare_patches
     spark = spark or get_session()
     out = Path(cfg.run.out_dir)
@@ -102,19 +98,7 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     if loaded:
         conventional, start = loaded["conventional"], loaded[cfg.init_cascade]
     else:
-        # App. B: the hidden layers sparse, the last one without sparsity; a last layer as
-        # wide as the LR patch (the thesis's 256) is the output layer
-        specs = app_b_layers(cfg.ssda_layers, lr_size * lr_size)
-        t = time.perf_counter()
-        ssda, histories["ssda"] = train_ssda(df, lr_size, specs, cfg.pretrain_epochs,
-                                             cfg.finetune_epochs, cfg.ssda_lr, run_dir=fits,
-                                             **kw)
-        timings["ssda_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        conventional, histories["cnn"] = train_cnn(
-            df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr, run_dir=fits / "cnn",
-            residual=cfg.cnn_residual, noisy_skip=cfg.cnn_noisy_skip, **kw)
-        timings["cnn_s"] = time.perf_counter() - t
+        conventional = _train_conventional(cfg, df, lr_size, fits, kw, timings, histories)
         start = conventional
     t = time.perf_counter()
     cascade, histories["cascade"] = finetune_cascade(
@@ -125,24 +109,10 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     if "thesis_conventional" in loaded:
         pipelines["thesis_conventional"] = loaded["thesis_conventional"]
     elif cfg.thesis_conventional_epochs:
-        # the thesis's "conventional" method: the SSDA and an SRCNN trained for SR alone on
-        # clean LR patches, as published; "conventional" above trained its SRCNN on the SSDA's
-        # output, which already adapts it to the denoiser
-        t = time.perf_counter()
-        cnn_clean, h4 = train_cnn_on_clean(df, lr_size, cfg.scale, cfg.thesis_conventional_epochs,
-                                           cfg.cnn_lr, run_dir=fits / "cnn-clean",
-                                           residual=cfg.cnn_residual, **kw)
-        timings["cnn_clean_s"] = time.perf_counter() - t
-        pipelines["thesis_conventional"] = Cascade(lr_size, cfg.scale, conventional.ssda,
-                                                   cnn_clean)
-        histories["cnn_clean"] = h4
+        pipelines["thesis_conventional"] = _train_thesis_conventional(
+            cfg, df, lr_size, conventional.ssda, fits, kw, timings, histories)
     active = _active_units(df, pipelines, log)
-    models = {}
-    for name, net in pipelines.items():
-        path = out / f"{name}.pt"          # the whole module: superres.cascade.load_cascade
-        torch.save(net, path.with_suffix(".pt.tmp"))
-        path.with_suffix(".pt.tmp").replace(path)
-        models[name] = str(path.resolve())
+    models = _save_pipelines(pipelines, out)
     report = evaluate_folder(cfg.test_images, out / "report", cfg.scale, degradation,
                              {name: (net.ssda, net.cnn) for name, net in pipelines.items()},
                              seed=cfg.run.seed, stride=cfg.tile_stride,
@@ -150,6 +120,64 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
     avg = report["average"]
     log("average PSNR / SSIM: " + ", ".join(f"{m} {v['psnr']:.2f} / {v['ssim']:.4f}"
                                              for m, v in avg.items()))
+    summary = _summary(cfg, prep, timings, avg, active)
+    return {**summary, "report": report, "histories": histories,
+            "report_dir": str(out / "report"), "models": models}
+
+
+def _train_conventional(cfg: SuperResConfig, df, lr_size: int, fits: Path, kw: dict,
+                        timings: dict, histories: dict):
+    """Stages 1 and 2: the SSDA denoiser, then the SRCNN on its output; the Cascade of both
+    (the "conventional" pipeline). Adds their seconds and histories to ``timings`` and
+    ``histories``."""
+    from ..models.ssda import app_b_layers
+    from ..superres.pipeline import train_cnn, train_ssda
+    # App. B: the hidden layers sparse, the last one without sparsity; a last layer as
+    # wide as the LR patch (the thesis's 256) is the output layer
+    specs = app_b_layers(cfg.ssda_layers, lr_size * lr_size)
+    t = time.perf_counter()
+    ssda, histories["ssda"] = train_ssda(df, lr_size, specs, cfg.pretrain_epochs,
+                                         cfg.finetune_epochs, cfg.ssda_lr, run_dir=fits, **kw)
+    timings["ssda_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    conventional, histories["cnn"] = train_cnn(
+        df, ssda, lr_size, cfg.scale, cfg.cnn_epochs, cfg.cnn_lr, run_dir=fits / "cnn",
+        residual=cfg.cnn_residual, noisy_skip=cfg.cnn_noisy_skip, **kw)
+    timings["cnn_s"] = time.perf_counter() - t
+    return conventional
+
+
+def _train_thesis_conventional(cfg: SuperResConfig, df, lr_size: int, ssda, fits: Path,
+                               kw: dict, timings: dict, histories: dict):
+    """The thesis's "conventional" method: ``ssda`` and an SRCNN trained for SR alone on
+    clean LR patches, as published ("conventional" trains its SRCNN on the SSDA's output,
+    which already adapts it to the denoiser). Adds its seconds and history."""
+    from ..superres.cascade import Cascade
+    from ..superres.pipeline import train_cnn_on_clean
+    t = time.perf_counter()
+    cnn_clean, histories["cnn_clean"] = train_cnn_on_clean(
+        df, lr_size, cfg.scale, cfg.thesis_conventional_epochs, cfg.cnn_lr,
+        run_dir=fits / "cnn-clean", residual=cfg.cnn_residual, **kw)
+    timings["cnn_clean_s"] = time.perf_counter() - t
+    return Cascade(lr_size, cfg.scale, ssda, cnn_clean)
+
+
+def _save_pipelines(pipelines: dict, out: Path) -> dict:
+    """Each pipeline as ``<out>/<name>.pt`` (the whole module: superres.cascade.load_cascade),
+    written atomically; name -> absolute path."""
+    import torch
+    models = {}
+    for name, net in pipelines.items():
+        path = out / f"{name}.pt"
+        torch.save(net, path.with_suffix(".pt.tmp"))
+        path.with_suffix(".pt.tmp").replace(path)
+        models[name] = str(path.resolve())
+    return models
+
+
+def _summary(cfg: SuperResConfig, prep, timings: dict, avg: dict, active: dict) -> dict:
+    """The run's headline figures: patches, timings, the average PSNR of each pipeline and
+    the cascade's gains in dB."""
     summary = {"patches": prep.patches, "skipped_images": prep.skipped, "timings": timings,
                **({"init_from": str(Path(cfg.init_from).resolve()),
                    "init_cascade": cfg.init_cascade} if cfg.init_from else {}),
@@ -165,8 +193,7 @@ def run_superres(cfg: SuperResConfig, log=print, spark=None) -> dict:
         summary["psnr_thesis_conventional"] = avg["thesis_conventional"]["psnr"]
         summary["cascade_gain_over_thesis_conventional_db"] = round(
             avg["cascade"]["psnr"] - avg["thesis_conventional"]["psnr"], 3)
-    return {**summary, "report": report, "histories": histories,
-            "report_dir": str(out / "report"), "models": models}
+    return summary
 
 
 def _load_run(cfg: SuperResConfig, log) -> dict:
