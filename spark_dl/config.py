@@ -2,7 +2,8 @@
 
 Every section of a TOML file maps to one dataclass; unknown sections or keys are an error that
 names the key, the file and the keys that are allowed, so a typo never silently falls back to a
-default.
+default. The [train] keys that are fit's options are made from their definitions
+(spark_dl.options).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from . import options
 from .errors import ConfigError
 
 __all__ = ["DataConfig", "DemoConfig", "TrainConfig", "from_mapping", "load_toml"]
@@ -46,29 +48,30 @@ class DataConfig:
         _check(self.partitions >= 1, "data.partitions", self.partitions, "must be >= 1")
 
 
+# the keys of [train] that are fit's options: from their definitions (spark_dl.options)
+_FitKeys = dataclasses.make_dataclass(
+    "_FitKeys", [(o.name, o.toml_type(), dataclasses.field(default=options.default(o, "toml"),
+                                                            metadata={"doc": o.doc}))
+                 for o in options.on("toml")], frozen=True, namespace={"__module__": __name__})
+
+# what the recipes hand fit by name (the rest of fit's keys: TrainConfig.fit_options)
+_BY_NAME = ("strategy", "replicas", "epochs", "batch_size", "optimizer", "lr", "momentum", "seed")
+
+
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """The model and the optimisation of one fit."""
+class TrainConfig(_FitKeys):
+    """The model and the optimisation of one fit: a job file's [train] table.
+
+    Its keys: the model's (below) and those of fit's options that spark_dl.options marks
+    "toml", each checked as fit checks it, with fit's meaning and default (but
+    options.TOML_DEFAULTS'). ``strategy`` is also "single" (one process, no Spark stage), or a
+    table [train.strategy] with ``name = ...`` and the strategy's options.
+    """
 
     MODELS: ClassVar[tuple] = ("cnn", "cnn_bn", "fc")
     model: str = "cnn"              # "cnn" (thesis CNN), "cnn_bn" (with BatchNorm) or "fc"
-    epochs: int = 1
-    batch_size: int = 16
-    optimizer: str = "sgd"          # sgd (with momentum), rmsprop, adagrad, adam, lbfgs, cg
-    lr: float = 0.05
-    momentum: float = 0.9
-    nesterov: bool = False          # SGD's momentum in Nesterov's form (fit's nesterov)
-    seed: int = 0
-    strategy: str | dict = "single"  # "single" (one process / one task), "allreduce", "downpour",
-                                    # "gossip"; or a table [train.strategy] with name = ... and
-                                    # the strategy's options (spark_dl.strategies)
-    strategy_options: dict = dataclasses.field(default_factory=dict)  # from that table
-    replicas: int = 0               # distributed: replicas (0: the cluster's task slots)
+    strategy_options: dict = dataclasses.field(default_factory=dict)  # from [train.strategy]
     fc_hidden: tuple = (480, 160)   # the FC net's hidden widths (the thesis: 480, 160)
-    lr_scaling: str = "auto"        # lr for the global batch: "auto", "linear", "sqrt", "none"
-    warmup_epochs: float | str = "auto"  # the scaled lr's warmup ("auto": grows with log2 k)
-    grad_clip: float | str = "auto"  # AllReduce's/Gossip's gradient norm cut: "auto", 0 (off)
-                                    # or a maximum norm (spark_dl.optim.clip)
 
     def __post_init__(self):
         object.__setattr__(self, "fc_hidden", tuple(self.fc_hidden))
@@ -78,36 +81,27 @@ class TrainConfig:
         _check(self.model in self.MODELS, "train.model", self.model,
                f"must be one of {', '.join(map(repr, self.MODELS))}")
         _strategy_spec(self, "train.strategy")
-        _check(self.replicas >= 0, "train.replicas", self.replicas, "must be >= 0")
-        from .optim.factory import OPTIMIZERS
-        _check(self.optimizer in OPTIMIZERS, "train.optimizer", self.optimizer,
-               f"must be one of {', '.join(OPTIMIZERS)}")
-        _check(self.epochs >= 1, "train.epochs", self.epochs, "must be >= 1")
-        _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
-        _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
-        _check(0 <= self.momentum < 1, "train.momentum", self.momentum, "must be in [0, 1)")
-        _check(self.nesterov in (False, True), "train.nesterov", self.nesterov,
-               "must be true or false")
+        for option in options.on("toml"):
+            if option.name != "strategy":
+                option.check(options.to_fit(option, getattr(self, option.name)), "train")
         _check(not self.nesterov or (self.optimizer == "sgd" and self.momentum > 0),
                "train.nesterov", self.nesterov, f"needs optimizer = 'sgd' and momentum > 0 "
                f"(optimizer = {self.optimizer!r}, momentum = {self.momentum!r})")
         _check(not self.nesterov or self.strategy in ("single", "allreduce", "gossip"),
                "train.nesterov", self.nesterov, f"runs with strategy 'single', 'allreduce' "
                f"or 'gossip', not {self.strategy!r} (whose staleness rule places the momentum)")
-        from .optim.clip import check_grad_clip
         from .optim.schedule import check_lr_scaling
         try:
             check_lr_scaling(self.lr_scaling, self.warmup_epochs, self.epochs)
-            check_grad_clip(self.grad_clip)
         except ConfigError as e:
             raise ConfigError(f"train.{e}") from None
 
     @property
     def fit_options(self) -> dict:
-        """fit()'s lr_scaling, warmup_epochs, grad_clip and nesterov."""
-        return {"lr_scaling": self.lr_scaling, "warmup_epochs": self.warmup_epochs,
-                "grad_clip": self.grad_clip, "nesterov": self.nesterov}
-
+        """fit()'s keywords from this table that the recipes do not pass by name (lr_scaling,
+        warmup_epochs, grad_clip, nesterov)."""
+        return {o.name: options.to_fit(o, getattr(self, o.name)) for o in options.on("toml")
+                if o.name not in _BY_NAME}
 
     @property
     def partitions(self) -> int | str:
@@ -124,23 +118,24 @@ def _strategy_spec(cfg, key: str) -> None:
     """Normalise ``cfg.strategy`` (a name, or a table with ``name`` and options) into the name
     and ``cfg.strategy_options``, and make the strategy once so that a bad option fails here,
     naming the key."""
-    spec = cfg.strategy
-    options = dict(cfg.strategy_options)
-    if isinstance(spec, Mapping):
-        options = {**{k: v for k, v in spec.items() if k != "name"}, **options}
-        spec = spec.get("name")
-        _check(spec is not None, key, dict(cfg.strategy), "is a table that needs name = "
-               "'allreduce', 'downpour' or 'gossip'")
-    object.__setattr__(cfg, "strategy", spec)
-    object.__setattr__(cfg, "strategy_options", options)
     from .strategies import STRATEGIES, make_strategy
+    spec = cfg.strategy
+    strategy_options = dict(cfg.strategy_options)
+    if isinstance(spec, Mapping):
+        strategy_options = {**{k: v for k, v in spec.items() if k != "name"},
+                            **strategy_options}
+        spec = spec.get("name")
+        _check(spec is not None, key, dict(cfg.strategy), f"is a table that needs name = one "
+               f"of {', '.join(map(repr, STRATEGIES))}")
+    object.__setattr__(cfg, "strategy", spec)
+    object.__setattr__(cfg, "strategy_options", strategy_options)
     _check(spec in ("single", *STRATEGIES), key, spec,
            f"must be one of 'single', {', '.join(map(repr, STRATEGIES))}")
     if spec == "single":
-        _check(not options, key, options, "'single' takes no options")
+        _check(not strategy_options, key, strategy_options, "'single' takes no options")
         return
     try:
-        make_strategy(spec, **options)
+        make_strategy(spec, **strategy_options)
     except ConfigError as e:
         raise ConfigError(f"'{key}': {e}") from None
 

@@ -10,7 +10,7 @@ The DataFrame holds a feature column (array<float> or fixed-size list, reshaped 
 and a label column; each partition is one replica's shard (``replicas`` repartitions). Rows
 never reach the driver: each task reads its partition through the Arrow bridge. What the
 replicas share, and how, is the strategy's (spark_dl.strategies); this module holds what every
-strategy shares.
+strategy shares. Its options are declared in spark_dl.options.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from torch import nn
 from .compat import default_parallelism, gpu_request_error, master, num_partitions, task_slots
 from .errors import ConfigError, DataError, ResourceError
 from .losses import loss_function
-from .optim.clip import check_grad_clip
-from .optim.factory import OPTIMIZERS
 from .optim.schedule import check_lr_scaling, resolve_scaling
+from .options import OPTIONS, describe
 from .preflight import check_model, check_not_empty
 from .runtime.stage import StageConfig
 from .strategies import STRATEGIES, Strategy, make_strategy, option_owner
@@ -33,6 +32,52 @@ from .strategies.base import FitResult, Job
 from .tracking import Tracker
 
 __all__ = ["STRATEGIES", "FitResult", "fit"]
+
+
+def _misplaced(options: dict) -> ConfigError:
+    """The error for keywords fit does not take: a strategy's option names its strategy."""
+    owners = {k: option_owner(k) for k in options}
+    return ConfigError("; ".join(
+        f"{k} is an option of the {owner} strategy: pass strategy={owner}({k}=...)"
+        if owner else f"fit() has no argument {k!r}" for k, owner in owners.items()))
+
+
+def _fixed_clip(grad_clip) -> bool:
+    """Whether ``grad_clip`` is a maximum norm (not None, "auto" or 0: off)."""
+    return grad_clip not in (None, "auto", 0)
+
+
+def _check_together(args: dict) -> None:
+    """ConfigErrors for options that do not go together (each alone is checked already)."""
+    optimizer, momentum, grad_clip = args["optimizer"], args["momentum"], args["grad_clip"]
+    if args["nesterov"] and (optimizer != "sgd" or momentum <= 0):
+        raise ConfigError(f"nesterov=True is SGD's Nesterov momentum: it needs optimizer='sgd' "
+                          f"and momentum > 0, got optimizer={optimizer!r}, "
+                          f"momentum={momentum!r}")
+    check_lr_scaling(args["lr_scaling"], args["warmup_epochs"], args["epochs"])
+    if _fixed_clip(grad_clip) and optimizer in ("lbfgs", "cg"):
+        raise ConfigError(f"grad_clip={grad_clip!r} with optimizer {optimizer!r}: its line "
+                          f"search picks its own steps from the gradient, so a cut does not "
+                          f"apply; use grad_clip=None, or optimizer='sgd' or 'adam'")
+
+
+def _loss(loss) -> tuple[str, Callable]:
+    """The loss's name (for the run's config; "custom" for a callable) and its function."""
+    if isinstance(loss, str):
+        return loss, loss_function(loss)
+    if not callable(loss):
+        raise TypeError(f"loss must be a name or a callable, got {type(loss).__name__}")
+    return "custom", loss
+
+
+def _handed(args: dict) -> tuple[dict, dict]:
+    """What fit hands the strategy for its tasks: StageConfig's fields (the data, the loop, the
+    task's resources) and the replicas' optimizer (LocalStepConfig's own fields)."""
+    given = {o.name: o.cast(args[o.name]) for o in OPTIONS}
+    stage = StageConfig(**{o.name: given[o.name] for o in OPTIONS if o.to == "stage"})
+    train = {o.name: given[o.name] for o in OPTIONS if o.to == "train"}
+    train["lr_scaling"] = resolve_scaling(args["lr_scaling"], args["optimizer"])
+    return {f: getattr(stage, f) for f in StageConfig.__dataclass_fields__}, train
 
 
 def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Module]:
@@ -44,11 +89,6 @@ def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Modu
         raise TypeError(f"model must be a model name ('fc', 'cnn') or a function returning an "
                         f"nn.Module, got {type(model).__name__}")
     return model
-
-
-def _check(name: str, ok: bool, value, must: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name} must be {must}, got {value!r}")
 
 
 def _validation(validation, shape, dtype: str):
@@ -89,99 +129,27 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         progress: bool = True, log: Callable[[str], None] | None = print,
         timeout_s: float = 300.0, data: str = "auto", shuffle_buffer: int | str = "256MB",
         transform: Callable | None = None, track=None, **options) -> FitResult:
-    """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on ``df``.
+    """Train ``model`` (a name from spark_dl.models or a zero-argument factory) on the
+    partitions of ``df``, one replica each, sharing what they learn as ``strategy`` says.
 
-    strategy: a strategy object (``AllReduce(...)``, ``Downpour(...)``, ``Gossip(...)``, see
-      spark_dl.strategies for their options) or a name ("allreduce", "downpour", "gossip"):
-      its defaults.
-    optimizer, lr, momentum, weight_decay, max_iter: the replicas' optimizer (Downpour: the
-      server's, see its server_optimizer); lr_decay: lr is multiplied by it after every epoch.
-      ``lr`` is the rate for one replica's mini-batch of ``batch_size`` rows.
-    nesterov: SGD's momentum in Nesterov's form (AllReduce and Gossip; needs momentum > 0;
-      Downpour's and Boosting's staleness rules place the momentum themselves). AllReduce
-      on the thesis CNN reached 98% sooner with it, at one replica and at two
-      (docs/guides/fit.md, "Nesterov's momentum").
-    lr_scaling, warmup_epochs: how the rate follows the global batch when an update averages
-      k such mini-batches (AllReduce: replicas x accumulate; Gossip: replicas; Downpour sync:
-      replicas; an asynchronous push of n mini-batches: n): "linear" (k lr, SGD), "sqrt"
-      (sqrt(k) lr, Adam-like), None (lr as given), or "auto" (linear for SGD, sqrt for Adam,
-      RMSprop and Adagrad, None for L-BFGS and CG), reached by a linear warmup from lr over
-      ``warmup_epochs`` ("auto": growing with log2 k to a quarter of the fit, at most 2
-      epochs, from k = 32 on). The
-      rate of each epoch is in the history ("lr"); see spark_dl.optim.schedule.
-    grad_clip: AllReduce's and Gossip's cut of the update's gradient norm: a number (its
-      maximum), None (off) or "auto" (when the rate is scaled, k = replicas x accumulate > 1:
-      at twice its running mean, which keeps the linear rule's large rates from diverging).
-      Downpour and Boosting take ``clip`` on their server instead; see spark_dl.optim.clip.
-    batch_size: per replica and step (AllReduce's ``accumulate`` micro-batches make one step).
-    replicas: number of replicas (default: the DataFrame's partitions, at most the cluster's
-      task slots); the data is repartitioned when it differs.
-    device: "auto" (the GPU Spark assigned to the task, else the CPU), "cpu" or "cuda";
-      dtype: "float32" or "float64" (exactness checks).
-    data: how a task holds its partition: "memory" (read into one array; a partition larger
-      than the task's memory fails with a ResourceError), "stream" (spilled once to Spark's
-      local directory in its storage dtype, read back per epoch through a shuffle buffer:
-      memory bounded by the buffer, whatever the partition's size) or "auto" (in memory while
-      the partition stays under a quarter of the task's memory headroom, else streamed).
-    shuffle_buffer: rows (int) or a size ("256MB") of a streamed shard's shuffle buffer.
-    transform: ``transform(x, y) -> (x_tensor, y_tensor)`` on every mini-batch's numpy rows
-      (storage dtypes: uint8 for binary pixel columns), instead of the default conversion.
-    validation: (x, y) numpy arrays evaluated after every epoch (the model the strategy
-      returns: by default the moving average of replica 0's weights, of the server's, or of
-      the replicas' mean, its ``average``); validate_every: also
-      every this fraction of an epoch (e.g. 0.25), into ``info["evals"]`` with the training
-      seconds so far (validation's own time left out).
-    run_dir: where config, metrics, history, plot and checkpoints go (default
-      runs/<strategy>-<time>-<id>); a run_dir with a checkpoint is resumed when ``resume``.
-    track: None, "tensorboard", "mlflow" or both in a list: the run's figures also go there.
+    Returns a FitResult: the model, one history row per epoch, the strategy's info and the run
+    directory. A strategy's own options go on its object (``Downpour(n_push=4)``); one given
+    here is a ConfigError that says where it belongs. docs/guides/fit.md explains the choices
+    (the learning-rate rules, Nesterov's momentum, streamed data) and links the measurements
+    behind them. The options and their defaults (each declared once, in spark_dl.options):
     """
+    args = dict(locals())
     if options:
-        owners = {k: option_owner(k) for k in options}
-        raise ConfigError("; ".join(
-            f"{k} is an option of the {owner} strategy: pass strategy={owner}({k}=...)"
-            if owner else f"fit() has no argument {k!r}" for k, owner in owners.items()))
+        raise _misplaced(options)
     strategy = make_strategy(strategy)
-    _check("optimizer", optimizer in OPTIMIZERS, optimizer, f"one of {', '.join(OPTIMIZERS)}")
-    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("max_iter", max_iter)):
-        _check(name, isinstance(value, int) and value >= 1, value, "an integer >= 1")
-    _check("lr", lr > 0, lr, "> 0")
-    _check("lr_decay", 0 < lr_decay <= 1, lr_decay, "in (0, 1] (a per-epoch factor)")
-    _check("momentum", 0 <= momentum < 1, momentum, "in [0, 1)")
-    if nesterov not in (False, True):
-        raise ConfigError(f"nesterov must be True or False, got {nesterov!r}")
-    if nesterov and (optimizer != "sgd" or momentum <= 0):
-        raise ConfigError(f"nesterov=True is SGD's Nesterov momentum: it needs optimizer='sgd' "
-                          f"and momentum > 0, got optimizer={optimizer!r}, "
-                          f"momentum={momentum!r}")
-    check_lr_scaling(lr_scaling, warmup_epochs, epochs)
-    check_grad_clip(grad_clip)
-    fixed_clip = grad_clip not in (None, "auto", 0)           # a maximum norm
-    if fixed_clip and optimizer in ("lbfgs", "cg"):
-        raise ConfigError(f"grad_clip={grad_clip!r} with optimizer {optimizer!r}: its line "
-                          f"search picks its own steps from the gradient, so a cut does not "
-                          f"apply; use grad_clip=None, or optimizer='sgd' or 'adam'")
-    _check("validate_every", isinstance(validate_every, (int, float)) and
-           not isinstance(validate_every, bool) and 0 < validate_every <= 1, validate_every,
-           "a fraction of an epoch in (0, 1]")
-    _check("dtype", dtype in ("float32", "float64"), dtype, "'float32' or 'float64'")
-    _check("device", device in ("auto", "cpu", "cuda"), device, "'auto', 'cpu' or 'cuda'")
-    from .data.stream import DATA_MODES, parse_buffer
-    _check("data", data in DATA_MODES, data, f"one of {', '.join(DATA_MODES)}")
-    parse_buffer(shuffle_buffer)
-    if transform is not None and not callable(transform):
-        raise TypeError(f"transform must be a function (x, y) -> (tensor, tensor), got "
-                        f"{type(transform).__name__}")
-    loss_name = loss if isinstance(loss, str) else "custom"
-    loss_fn = loss_function(loss) if isinstance(loss, str) else loss
-    if not callable(loss_fn):
-        raise TypeError(f"loss must be a name or a callable, got {type(loss).__name__}")
+    for option in OPTIONS:
+        option.check(args[option.name])
+    _check_together(args)
+    loss_name, loss_fn = _loss(loss)
     for col in (features, label):
         if col and col not in df.columns:
             raise DataError(f"column {col!r} not in the DataFrame (columns: {df.columns}); "
                             f"pass features=/label= with the right names")
-    if replicas is not None:
-        _check("replicas", isinstance(replicas, int) and replicas >= 1, replicas,
-               "an integer >= 1")
     spark = df.sparkSession
     why = gpu_request_error(master(spark),
                             spark.conf.get("spark.task.resource.gpu.amount", None), device)
@@ -192,26 +160,13 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     rows = tuple(shape) if len(shape) else validation[0].shape[1:] if validation else None
     signature = check_model(model_fn, rows=None if transform else rows, dtype=dtype,
                             num_classes=num_classes, loss=loss_name, validation=validation)
-    stage = StageConfig(
-        features=features, label=label, shape=tuple(shape), label_shape=tuple(label_shape),
-        num_classes=num_classes, loss=loss_name, epochs=epochs, batch_size=batch_size,
-        shuffle=shuffle, seed=seed, dtype=dtype, device=device, threads=threads,
-        timeout_s=timeout_s, data=data, shuffle_buffer=shuffle_buffer, transform=transform,
-        resume=resume, validate_every=float(validate_every))
+    stage, train = _handed({**args, "loss": loss_name})
     job = Job(df=df, model=model, model_fn=model_fn, loss_fn=loss_fn, signature=signature,
-              loss_name=loss_name, stage={f: getattr(stage, f) for f in
-                                          StageConfig.__dataclass_fields__},
-              train=dict(optimizer=optimizer, lr=float(lr), lr_decay=float(lr_decay),
-                         momentum=float(momentum), nesterov=bool(nesterov),
-                         weight_decay=float(weight_decay),
-                         max_iter=max_iter,
-                         lr_scaling=resolve_scaling(lr_scaling, optimizer),
-                         warmup_epochs=warmup_epochs, grad_clip=grad_clip),
-              replicas=replicas, validation=validation,
-              run_dir=run_dir, progress=progress, log=log, tracker=Tracker(track),
-              slots=task_slots(spark), partitions=num_partitions(df))
+              loss_name=loss_name, stage=stage, train=train, replicas=replicas,
+              validation=validation, run_dir=run_dir, progress=progress, log=log,
+              tracker=Tracker(track), slots=task_slots(spark), partitions=num_partitions(df))
     job.plan["lr_scaling_auto"] = lr_scaling == "auto"      # a strategy may refine the rule
-    if fixed_clip and strategy.name not in ("allreduce", "gossip"):
+    if _fixed_clip(grad_clip) and strategy.name not in ("allreduce", "gossip"):
         raise ConfigError(f"grad_clip={grad_clip!r} cuts the gradient a replica steps with "
                           f"(AllReduce, Gossip); {strategy.name}'s server steps instead: pass "
                           f"{type(strategy).__name__}(clip=...) for its server's cut (in "
@@ -231,3 +186,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
             f"replicas train together: use replicas <= {job.slots} or add executors/cores")
     check_not_empty(df)
     return strategy.run(job)
+
+
+if fit.__doc__:                         # the options' list, from their definitions
+    fit.__doc__ = f"{fit.__doc__.rstrip()}\n\n{describe(OPTIONS)}"
