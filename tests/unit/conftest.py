@@ -1,15 +1,17 @@
 """Fixtures of the unit tests: ``ps_servers`` makes parameter servers over real sockets
 (test_ps.py, test_ps_loop.py) with the secret SECRET on linspace(-1, 1, n) values, closed
-when the test ends; ``in_threads`` runs their clients at once."""
+when the test ends (the keywords of a StepRule make its rule, the others go to the server);
+``in_threads`` runs their clients at once."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 import torch
 
-from spark_dl.transport.ps import ParameterServer
+from spark_dl.transport.ps import ParameterServer, StepRule
 
 SECRET = b"s" * 32
 
@@ -19,7 +21,9 @@ def ps_servers():
     servers = []
 
     def make(n=1000, **kw):
-        ps = ParameterServer(torch.linspace(-1, 1, n, dtype=torch.float64), SECRET, **kw)
+        rule = {f.name: kw.pop(f.name) for f in dataclasses.fields(StepRule) if f.name in kw}
+        ps = ParameterServer(torch.linspace(-1, 1, n, dtype=torch.float64), SECRET,
+                             rule=StepRule(**rule), **kw)
         servers.append(ps)
         return ps
     yield make

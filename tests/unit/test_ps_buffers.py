@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spark_dl.transport.ps import ParameterServer, PSClient, PSError
+from spark_dl.transport.ps import ParameterServer, PSClient, PSError, StepRule
 from spark_dl.transport.ps.buffers import buffer_spec, load_buffers, read_buffers, spec_numel
 
 SECRET = b"b" * 32
@@ -41,8 +41,8 @@ def test_only_floating_buffers_travel_and_a_reshaped_one_is_not_reported():
 
 def test_the_server_returns_the_mean_of_the_workers_latest_buffers():
     initial = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64)
-    ps = ParameterServer(torch.zeros(3, dtype=torch.float64), SECRET, optimizer="sgd",
-                         workers=2, buffers=initial)
+    ps = ParameterServer(torch.zeros(3, dtype=torch.float64), SECRET,
+                         rule=StepRule(optimizer="sgd"), workers=2, buffers=initial)
     try:
         assert torch.equal(ps.buffers(), initial)       # nobody reported: model_fn()'s
         a = PSClient(ps.address, SECRET, 0, dtype=torch.float64)

@@ -55,7 +55,7 @@ def test_after_the_hello_one_thread_serves_every_worker(server, mode):
     ps = server(n=1000, optimizer="sgd", lr=0.1, mode=mode, workers=16)
     initial = ps.parameters()
     clients = [_client(ps, w) for w in range(16)]
-    _until(lambda: ps._loop.connections == 16)
+    _until(lambda: ps.connections.loop.connections == 16)
     # the connections' own threads have handed them over and ended
     _until(lambda: not [t for t in threading.enumerate() if "_handle" in t.name])
     grads = torch.randn(16, 30, 1000, dtype=torch.float64,
@@ -70,7 +70,7 @@ def test_after_the_hello_one_thread_serves_every_worker(server, mode):
     assert torch.allclose(ps.parameters(), initial - 0.1 * grads.sum(dim=(0, 1)), atol=1e-9)
     for c in clients[:8]:
         c.close()                                   # bye: the loop closes those
-    _until(lambda: ps._loop.connections == 8)
+    _until(lambda: ps.connections.loop.connections == 8)
     ps.close()                                      # and the server the others
     with pytest.raises((PSError, ConnectionError, OSError)):
         clients[8].push(grads[8, 0], samples=1, pull_into=torch.empty(1000, dtype=torch.float64))
@@ -105,14 +105,14 @@ def test_a_worker_killed_mid_frame_is_dropped_and_its_retry_served(server):
                    steps=1)
     a.conn.sock.sendall(frame[:500])
     a.conn.sock.close()                               # killed mid-frame
-    _until(lambda: ps._loop.connections == 0)
+    _until(lambda: ps.connections.loop.connections == 0)
     retry = PSClient(ps.address, SECRET, 3, dtype=torch.float64, timeout_s=10)
     retry.hello(rows=100, batch_size=1)
     assert retry.done_steps == 1 and ps.versions == [1]
     retry.push(torch.ones(1000, dtype=torch.float64), samples=1, pull_into=out)
     assert ps.versions == [2] and torch.allclose(out, initial - 0.2)
-    _until(lambda: ps._loop.connections == 1)
-    assert ps.rejected == 0
+    _until(lambda: ps.connections.loop.connections == 1)
+    assert ps.connections.rejected == 0
 
 
 def test_a_reply_the_socket_cannot_take_at_once_waits_for_its_reader(server):
@@ -148,24 +148,24 @@ def test_a_bad_frame_after_the_hello_closes_that_connection_only(server):
     nan = _client(ps, 2)
     with pytest.raises(PSError, match="NaN or inf"):
         nan.push(torch.full((100,), float("nan"), dtype=torch.float64), samples=1)
-    assert ps.rejected == 2 and ps.versions == [0]
+    assert ps.connections.rejected == 2 and ps.versions == [0]
     out = torch.empty(100, dtype=torch.float64)
     good.pull(out)
     assert torch.equal(out, before)
-    _until(lambda: ps._loop.connections == 1)
+    _until(lambda: ps.connections.loop.connections == 1)
 
 
 def test_which_servers_serve_from_the_loop(server):
     """From 8 workers on (a thread each below: a waiting worker's thread runs on its idle
     core), and only where no push waits for another worker's and one shard takes them all."""
-    assert server(mode="async", workers=2)._loop is None
-    assert server(mode="async", workers=LOOP_FROM)._loop is not None
-    assert server(mode="sequential", workers=16)._loop is not None
-    assert server(mode="async", workers=2, loop=True)._loop is not None
-    assert server(mode="async", workers=16, loop=False)._loop is None
-    assert server(mode="sync", workers=16, loop=True)._loop is None
-    assert server(mode="async", workers=16, max_staleness=2)._loop is None
-    assert server(workers=16, shards=4)._loop is None    # big models: shards in parallel
+    assert server(mode="async", workers=2).connections.loop is None
+    assert server(mode="async", workers=LOOP_FROM).connections.loop is not None
+    assert server(mode="sequential", workers=16).connections.loop is not None
+    assert server(mode="async", workers=2, loop=True).connections.loop is not None
+    assert server(mode="async", workers=16, loop=False).connections.loop is None
+    assert server(mode="sync", workers=16, loop=True).connections.loop is None
+    assert server(mode="async", workers=16, max_staleness=2).connections.loop is None
+    assert server(workers=16, shards=4).connections.loop is None    # big models: shards in parallel
 
 
 def _echo(conn, op, code, steps, worker, shard, version, count, payload):
@@ -248,7 +248,7 @@ def test_a_fault_of_the_threaded_server_closes_that_workers_connection(server):
     """Below LOOP_FROM (a thread per connection) too: a fault of the server's own closes the
     connection at once, the worker does not wait out its timeout for a reply."""
     ps = server(n=10, mode="async", workers=2)
-    assert ps._loop is None
+    assert ps.connections.loop is None
 
     def fault(*frame):
         raise ZeroDivisionError("a bug")
@@ -277,7 +277,7 @@ def test_a_worker_that_reads_no_replies_is_not_read_either():
         for _ in range(125):
             c.conn.send(OPS["pull"], worker=0, shard=0, code=DTYPE_CODES[torch.float64])
         time.sleep(1.0)
-        peers = list(ps._loop._peers)
+        peers = list(ps.connections.loop._peers)
         assert len(peers) == 1 and len(peers[0].out) <= 2
         out = torch.empty(100_000, dtype=torch.float64)
         for _ in range(125):                     # every reply comes, in order, once read

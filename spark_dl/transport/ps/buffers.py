@@ -15,8 +15,8 @@ last ~10 mini-batches of each worker). The weights matter when the workers have 
 unequally: a worker that joined late (the data-key scheduler gave the first keys to the
 other), or a retried task that started again from ``model_fn()``'s buffers, still holds
 much of the initial values (BatchNorm: (1 - momentum)^n of them after n batches); with
-equal weights its report pulled the mean towards zeros and ones (running variances up to
-1.95x the data's were measured that way, 2026-11-27).
+equal weights its report would pull the mean towards zeros and ones (docs/guides/
+downpour.md, "Buffers").
 
 The rule for the buffers that cannot be averaged: only floating-point buffers travel, in
 the shapes ``model_fn()`` gives them on the driver (``buffer_spec``). A buffer that is not

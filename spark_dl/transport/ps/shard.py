@@ -9,15 +9,13 @@ steps applied so far (x̄ = x while a E_t <= k). So in the first epoch the avera
 last fraction a of the trajectory so far, not the initial values and the steep first steps
 (which a model validated a quarter epoch in would otherwise mix in; docs/guides/downpour.md,
 "Averaged server"); from the first epoch on it is the last a E mini-batch steps, whatever
-the push size (a Boosting key of n_push mini-batches, a Downpour push of n_push). Until
-2026-11-28 the weight was 1 / (a E_t) a push, so pushes of k steps averaged over k a epochs
-(docs/guides/boosting.md, "Averaged server"). Workers always fetch x; the server's
-``parameters()`` (the model the driver validates and returns) is x̄: it damps the last
-iterates' noise, which asynchronous pushes add to (docs/benchmarks.md, "Downpour SGD").
-The average is spark_dl.optim.average's ``WeightAverage``, the replicas' own: it takes x
-every a E_t / 32 mini-batch steps with the weight of those steps and folds in the rest when
-read, so that the lerp, a pass over the shard that cost a fifth of a push, costs a fiftieth
-with a window of 300 steps (docs/guides/fit.md, "Averaged weights").
+the push size (a Boosting key of n_push mini-batches, a Downpour push of n_push). Workers
+always fetch x; the server's ``parameters()`` (the model the driver validates and returns)
+is x̄: it damps the last iterates' noise, which asynchronous pushes add to
+(docs/guides/downpour.md, "Averaged server"). The average is spark_dl.optim.average's
+``WeightAverage``, the replicas' own: it takes x every a E_t / 32 mini-batch steps with the
+weight of those steps and folds in the rest when read, so that the lerp is not a pass over
+the shard every push (docs/guides/fit.md, "Averaged weights").
 
 Clipped pushes (``clip`` = c): a step's gradient (the push's, as scaled) is cut to at most c
 times the running mean of the steps' gradient norms on this shard, r <- r + 0.05 (|g| - r)
@@ -42,6 +40,7 @@ that at the next push.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from collections import Counter
@@ -119,7 +118,7 @@ class Shard:
         self.opt = opts[optimizer]()
         # SGD, with or without momentum: its step done here, op for op as torch's
         # single-tensor SGD does it (state in the optimizer's own state dict), without the
-        # wrapper's per-call bookkeeping, ~70 us a push that the server serializes
+        # wrapper's per-call bookkeeping, which the server would serialize
         self._sgd = optimizer in ("sgd", "momentum")
         # the rate per fractional epoch of steps applied (its warmup and decay)
         self.schedule = schedule or LRSchedule(lr, decay=lr_decay)
@@ -164,6 +163,25 @@ class Shard:
     def avg(self) -> torch.Tensor | None:
         """x̄ as of the last push (None without an average); under the lock."""
         return None if self.averaged is None else self.averaged.current()[0]
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of this shard (under its lock): its values, average,
+        optimizer state, version, steps and clip's running norm."""
+        return {"values": self.param.detach().clone(),
+                "average": None if self.avg is None else self.avg.clone(),
+                "optimizer": copy.deepcopy(self.opt.state_dict()), "version": self.version,
+                "steps": self.steps, "norm": (self.norm_mean, self.norm_steps)}
+
+    def load_state(self, values: torch.Tensor, optimizer: dict, version: int, steps: int,
+                   average: torch.Tensor | None, norm: tuple[float, int]) -> None:
+        """Restore what ``state()`` kept (under its lock), the optimizer's settings this
+        shard's own (load_optimizer)."""
+        self.norm_mean, self.norm_steps = float(norm[0]), int(norm[1])
+        self.param.data.copy_(values)
+        self.load_optimizer(optimizer)
+        self.version, self.steps = int(version), int(steps)
+        if self.averaged is not None:     # none saved: the average starts at x
+            self.load_average(average)
 
     def load_optimizer(self, saved: dict) -> None:
         """A checkpoint's optimizer state under this shard's own settings (torch's
