@@ -105,13 +105,12 @@ def test_two_workers_share_the_keys_of_a_parquet_dataset_exactly_once(spark, tmp
     assert not (tmp_path / "run" / "ps-versions").exists()         # gone with the server
 
 
-@pytest.mark.parametrize("rule, rate", [("worker", 0.5), ("dana", 1.0)])
-def test_the_worker_rule_moves_the_momentum_to_the_workers(spark, tmp_path, rule, rate):
-    """staleness="worker": the server steps plainly at half fit's rate (2 workers), each
-    worker carries fit's momentum over its pushes, and the fit still learns; "dana": at
-    fit's rate, each worker reporting its momentum as its ramp grows it (twice with 4-batch
-    keys: 2/3 of fit's 0.5 after one, all of it after two), the server sending the
-    look-ahead."""
+@pytest.mark.parametrize("rule, rate", [("dana", 1.0)])
+def test_the_dana_rule_moves_the_momentum_to_the_workers(spark, tmp_path, rule, rate):
+    """staleness="dana": the server steps plainly at fit's rate (2 workers), each worker
+    carries fit's momentum over its pushes, reporting it as its ramp grows it (twice with
+    4-batch keys: 2/3 of fit's 0.5 after one, all of it after two), the server sending the
+    look-ahead, and the fit still learns."""
     x, y = data(320, seed=6)
     res = fit(frame(spark, x, y, [160, 160]), small_fc,
               strategy=Boosting(staleness=rule, n_push=4),
@@ -134,7 +133,7 @@ def test_a_resumed_fit_ramps_the_workers_momentum_over_the_epochs_it_has_left(sp
     (7 if the epoch done were counted)."""
     x, y = data(400, seed=9)
     df = frame(spark, x, y, [200, 200])
-    kw = dict(strategy=Boosting(staleness="worker"), batch_size=8, lr=0.1, momentum=0.9,
+    kw = dict(strategy=Boosting(staleness="dana"), batch_size=8, lr=0.1, momentum=0.9,
               run_dir=tmp_path / "run", log=None)
     first = fit(df, small_fc, epochs=1, **kw)
     assert all(r["momentum_ramp"] == 2 for r in first.info["workers"])       # 25 -> 2

@@ -314,9 +314,12 @@ def test_downpour_argument_errors(spark):
         Downpour(average=-0.1)
     with pytest.raises(ConfigError, match=r"average=0.1 needs mode='async'"):
         Downpour(mode="sync", average=0.1)
-    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'step', "
-                                          r"'momentum', 'lr', 'lr\+momentum', 'none'"):
+    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'lr', "
+                                          r"'none', 'dana', got 'tau'"):
         Downpour(staleness="tau")
+    with pytest.raises(ConfigError, match=r"staleness='worker\+short' was removed; use "
+                                          r"'dana' \(the default"):
+        Downpour(staleness="worker+short")
     with pytest.raises(ConfigError, match=r"overlap=True with staleness='none' and server "
                                           r"momentum 0.9 over 2 replicas diverges"):
         fit(df, small_fc, strategy=Downpour(overlap=True, staleness="none"), replicas=2,
@@ -326,13 +329,11 @@ def test_downpour_argument_errors(spark):
 def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     """Two async replicas with momentum 0.9. The default, "dana": each worker carries fit's
     momentum over its pushes and reports it, the server steps them plainly at fit's rate
-    and sends the look-ahead; "worker+short": momentum 0.8 at the workers at fit's rate, the
-    step per gradient of "worker" (fit's 0.9 at the workers, half fit's rate at the server).
-    "momentum" lowers the server's momentum by the asynchrony's own, 0.9 - (1 - 1/2) = 0.4;
-    "step" runs 1 - 2 x (1 - 0.9) = 0.8 on CPUs, half the single process's effective step
-    (the driver guesses device='auto' from this machine: GPU workers overlap their pushes, a
-    version more stale, and get a quarter: 0.6); "halfway" runs their mean, 0.6 on CPUs (0.5
-    on GPUs); "none" keeps 0.9; sync rounds keep 0.9."""
+    and sends the look-ahead; "halfway" runs the server at the mean of 1 - 2 x (1 - 0.9) =
+    0.8 and 0.9 - (1 - 1/2) = 0.4, 0.6 on CPUs (the driver guesses device='auto' from this
+    machine: GPU workers overlap their pushes, a version more stale: 0.5); "none" keeps 0.9;
+    sync rounds keep 0.9. The rules removed ("worker+short", "worker", "momentum", "step")
+    are ConfigErrors (tests/unit/test_ps.py)."""
     x, y = data(32, seed=12)
     df = frame(spark, x, y, [16, 16])
     kw = dict(replicas=2, batch_size=8, epochs=1, lr=0.1, momentum=0.9, log=None)
@@ -346,28 +347,11 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     # each worker reported its momentum once: 0 for its first push (the ramp of a tenth of
     # its 2 mini-batches, at least 1), 0.9 from its second
     assert default.info["server"]["momentum_reports"] == 2
-    short = fit(df, small_fc, strategy=Downpour(staleness="worker+short"),
-                run_dir=tmp_path / "h", **kw)
-    assert (short.info["server_momentum"], short.info["worker_momentum"],
-            short.info["server_rate"], short.info["look_ahead"]) == \
-        (0.0, pytest.approx(0.8), 1.0, False)
-    worker = fit(df, small_fc, strategy=Downpour(staleness="worker"),
-                 run_dir=tmp_path / "g", **kw)      # the same step: 0.9 at half the rate
-    assert (worker.info["server_momentum"], worker.info["worker_momentum"],
-            worker.info["server_rate"]) == (0.0, 0.9, 0.5)
-    assert worker.history[0]["lr"] == pytest.approx(0.05)
-    assert all(r["velocity_norm"] > 0 for r in worker.info["workers"])
     halfway = fit(df, small_fc, strategy=Downpour(staleness="halfway"),
                   run_dir=tmp_path / "f", **kw)
     assert halfway.info["server_momentum"] == pytest.approx(0.5 if gpu else 0.6)
     assert (halfway.info["worker_momentum"], halfway.info["server_rate"]) == (0.0, 1.0)
     assert halfway.history[0]["lr"] == pytest.approx(0.1)
-    rule = fit(df, small_fc, strategy=Downpour(staleness="momentum"), run_dir=tmp_path / "e",
-               **kw)
-    assert rule.info["server_momentum"] == pytest.approx(0.4)
-    step = fit(df, small_fc, strategy=Downpour(staleness="step"), run_dir=tmp_path / "d", **kw)
-    assert step.info["server_momentum"] == pytest.approx(0.6 if gpu else 0.8)
-    assert step.info["overlap"] == [gpu, gpu]
     plain = fit(df, small_fc, strategy=Downpour(staleness="none"), run_dir=tmp_path / "b",
                 **kw)
     assert plain.info["server_momentum"] == 0.9
@@ -381,7 +365,7 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     assert all(r["velocity_norm"] is None and r["momentum_ramp"] is None
                for r in halfway.info["workers"])
     # the returned model averages the server's values over 0.1 epoch by default in async
-    # mode (with one worker too, since 2026-11-28), never in sync rounds
+    # mode (with one worker too), never in sync rounds
     assert (default.info["average"], plain.info["average"], sync.info["average"]) == \
         (0.1, 0.1, 0.0)
 

@@ -83,8 +83,8 @@ def test_concurrent_workers_see_each_key_once():
 
 def test_boosting_options_name_the_value_and_the_choices():
     from spark_dl import Boosting
-    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'step', "
-                                          r"'momentum', 'lr', 'lr\+momentum', 'none'"):
+    with pytest.raises(ConfigError, match=r"staleness must be one of 'halfway', 'lr', "
+                                          r"'none', 'dana', got 'fast'"):
         Boosting(staleness="fast")
     with pytest.raises(ConfigError, match="local must be True or False, got 1"):
         Boosting(local=1)
@@ -94,25 +94,23 @@ def test_boosting_options_name_the_value_and_the_choices():
         Boosting(clip=True)
 
 
-@pytest.mark.parametrize("workers, expected, short", [
-    (1, (0.9, 0.0, 1.0), (0.9, 0.0, 1.0)),   # one worker: fit's momentum at the server
-    (2, (0.0, 0.9, 1.0), (0.0, 0.8, 1.0)),   # "worker+short": the shorter memory
-    (4, (0.0, 0.9, 1.0), (0.0, 0.6, 2.0)),
-    (8, (0.0, 0.9, 0.5), (0.0, 0.2, 4.0)),
-    (16, (0.0, 0.9, 0.5), (0.0, 0.0, 2.5)),  # nothing left to carry: worker_rate(16) = 1/4, x 10
+@pytest.mark.parametrize("workers, expected", [
+    (1, (0.9, 0.0, 1.0)),   # one worker: fit's momentum at the server
+    (2, (0.0, 0.9, 1.0)),
+    (4, (0.0, 0.9, 1.0)),
+    (8, (0.0, 0.9, 0.5)),
+    (16, (0.0, 0.9, 0.5)),
 ])
-def test_boostings_default_rule_is_downpours_look_ahead(workers, expected, short):
+def test_boostings_default_rule_is_downpours_look_ahead(workers, expected):
     from spark_dl import Boosting
     from spark_dl.strategies.boosting.driver import staleness_rule
-    # since 2026-11-29 evening: "dana" (fit's momentum at the workers, fit's rate up to 4
-    # workers, half of it from 8) on keys of 2 mini-batches
+    # "dana" (fit's momentum at the workers, fit's rate up to 4 workers, half of it from 8)
+    # on keys of 2 mini-batches
     assert (Boosting().staleness, Boosting().n_push) == ("dana", 2)
     assert staleness_rule(Boosting().staleness, 0.9, workers, "momentum") == \
         pytest.approx(expected)
-    # the default from that morning: Downpour's shorter memory
-    assert staleness_rule("worker+short", 0.9, workers, "momentum") == pytest.approx(short)
-    # the rule before 2026-11-29: fit's momentum lowered by 1 - 1/W at the server
-    assert staleness_rule("momentum", 0.9, 2, "momentum") == pytest.approx((0.4, 0.0, 1.0))
+    # "halfway": the server keeps a lowered momentum, the workers none
+    assert staleness_rule("halfway", 0.9, 2, "momentum") == pytest.approx((0.6, 0.0, 1.0))
 
 
 def test_downpour_clip_names_the_value_and_the_mode():
@@ -123,7 +121,7 @@ def test_downpour_clip_names_the_value_and_the_mode():
         Downpour(mode="sync", clip=2.0)
     assert Downpour(mode="sequential", clip=2).clip == 2
     Downpour(mode="sync", clip=0)                        # off: allowed in any mode
-    from spark_dl.strategies.downpour.driver import server_clip
+    from spark_dl.strategies.ps_rules import server_clip
     assert server_clip(None, 2, "async") == 2.0          # the default: several async replicas
     assert server_clip(None, 1, "async") is None         # one worker stays plain SGD
     assert server_clip(None, 2, "sequential") is None

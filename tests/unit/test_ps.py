@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from spark_dl.transport.ps import ParameterServer, PSClient, PSError
+from spark_dl.transport.ps import KeyLeases, ParameterServer, PSClient, PSError, StepRule
 from spark_dl.transport.ps.wire import HEADER_BYTES, MAGIC, OPS
 
 from .conftest import SECRET, in_threads
@@ -289,28 +290,32 @@ def test_staleness_aware_server_steps_lr_over_tau(server, staleness_lr):
 
 
 def test_the_staleness_rules_set_the_server_momentum():
-    """"step": the server's effective step lr / (1 - m) is the single process's divided by R,
-    2R when the pushes overlap, not below momentum 0; "momentum": lowered by 1 - 1/R;
-    "halfway" (the default until "worker"): the mean of those two; "lr" and "none" keep it;
-    one worker, sync and sequential keep it."""
-    from spark_dl.strategies.downpour.driver import _server_momentum
-    step = [_server_momentum(0.9, r, "async", "step") for r in (1, 2, 4, 8, 10, 16)]
-    assert step == pytest.approx([0.9, 0.8, 0.6, 0.2, 0.0, 0.0])
-    assert (1 - step[2]) == pytest.approx(4 * (1 - 0.9))      # effective step / 4
-    assert _server_momentum(0.9, 2, "async", "step", overlap=True) == pytest.approx(0.6)
-    assert _server_momentum(0.9, 1, "async", "step", overlap=True) == 0.9
-    assert _server_momentum(0.99, 4, "async", "step") == pytest.approx(0.96)
-    rule = [_server_momentum(0.9, r, "async", "momentum") for r in (1, 2, 4, 16)]
-    assert rule == pytest.approx([0.9, 0.4, 0.15, 0.0])
-    assert _server_momentum(0.9, 4, "async", "lr+momentum") == pytest.approx(0.15)
-    halfway = [_server_momentum(0.9, r, "async", "halfway") for r in (1, 2, 4, 8, 10, 16)]
+    """"halfway": the mean of m' with lr / (1 - m') the single process's effective step
+    divided by R (2R when the pushes overlap), not below momentum 0, and the momentum lowered
+    by 1 - 1/R; "lr" and "none" keep it; one worker, sync and sequential keep it."""
+    from spark_dl.strategies.ps_rules import server_momentum
+    halfway = [server_momentum(0.9, r, "async", "halfway") for r in (1, 2, 4, 8, 10, 16)]
     assert halfway == pytest.approx([0.9, 0.6, 0.375, 0.1125, 0.0, 0.0])
-    assert _server_momentum(0.9, 2, "async", "halfway", overlap=True) == pytest.approx(0.5)
-    assert _server_momentum(0.9, 2, "sync", "halfway") == 0.9
+    assert server_momentum(0.9, 2, "async", "halfway", overlapped=True) == pytest.approx(0.5)
+    assert server_momentum(0.9, 2, "sync", "halfway") == 0.9
     for staleness in ("lr", "none"):
-        assert _server_momentum(0.9, 4, "async", staleness) == 0.9
+        assert server_momentum(0.9, 4, "async", staleness) == 0.9
     for mode in ("sync", "sequential"):
-        assert _server_momentum(0.9, 4, mode, "step") == 0.9
+        assert server_momentum(0.9, 4, mode, "halfway") == 0.9
+
+
+@pytest.mark.parametrize("removed, instead", [
+    ("step", "'halfway'"), ("momentum", "'halfway'"), ("lr+momentum", "'lr'"),
+    ("worker", "'dana' \\(the default"), ("worker+short", "'dana' \\(the default")])
+def test_a_removed_staleness_rule_names_what_to_use_instead(removed, instead):
+    from spark_dl import Boosting, Downpour
+    from spark_dl.errors import ConfigError
+    from spark_dl.strategies.ps_rules import check_staleness
+    match = rf"staleness='{re.escape(removed)}' was removed; use {instead}"
+    for check in (check_staleness, lambda v: Downpour(staleness=v),
+                  lambda v: Boosting(staleness=v)):
+        with pytest.raises(ConfigError, match=match):
+            check(removed)
 
 
 def test_clip_cuts_a_push_to_a_multiple_of_the_running_norm_and_resumes_it(server):
@@ -340,7 +345,7 @@ def test_clip_cuts_a_push_to_a_multiple_of_the_running_norm_and_resumes_it(serve
     d.push(10 * e, samples=1)                            # cut at once: r came with the state
     assert torch.allclose(again.parameters(), start - (23.5 + 2 * r) * e, atol=1e-12)
     d.close()
-    assert server(n=4, mode="sync", clip=2.0).clip is None   # a round averages: not clipped
+    assert server(n=4, mode="sync", clip=2.0).rule.clip is None   # a round averages: not clipped
     with pytest.raises(ValueError, match="clip must be > 0"):
         server(n=4, clip=0)
 
@@ -388,7 +393,7 @@ def test_hostile_peers_are_rejected_and_change_nothing(server):
         except OSError:
             pass                                   # the server hung up on us: as it should
         s.close()
-    assert ps.rejected >= 3
+    assert ps.connections.rejected >= 3
     assert torch.equal(_still_serving(ps), before) and ps.versions == [0, 0]
 
 
@@ -413,7 +418,7 @@ def test_a_peer_that_stalls_before_its_hello_is_let_go(server, loop):
     peer is closed at once, the stalled ones when their time is up, and a real worker is
     served after them."""
     ps = server(n=10, optimizer="sgd", lr=1.0, workers=8 if loop else 2, loop=loop)
-    ps.arrivals.seconds, ps.arrivals.most = 1.0, 2
+    ps.connections.arrivals.seconds, ps.connections.arrivals.most = 1.0, 2
     silent, _ = _raw(ps)                           # says nothing
     trickle, _ = _raw(ps)                          # a byte at a time, never a whole frame
     for _ in range(3):
@@ -424,7 +429,7 @@ def test_a_peer_that_stalls_before_its_hello_is_let_go(server, loop):
     assert _closed_by_server(silent, 3.0) and _closed_by_server(trickle, 3.0)
     for s in (silent, trickle, third):
         s.close()
-    assert ps.stats()["turned_away_before_hello"] == 3 and ps.rejected == 0
+    assert ps.stats()["turned_away_before_hello"] == 3 and ps.connections.rejected == 0
     assert torch.equal(_still_serving(ps), torch.linspace(-1, 1, 10, dtype=torch.float64))
 
 
@@ -432,7 +437,7 @@ def test_a_sync_hello_that_waits_for_the_others_is_not_late(server):
     """The time limit is on saying the hello, not on its answer: in sync mode a worker's
     hello waits for every worker, here longer than the limit, and is answered."""
     ps = server(n=10, mode="sync", workers=2)
-    ps.arrivals.seconds = 0.5
+    ps.connections.arrivals.seconds = 0.5
     first = PSClient(ps.address, SECRET, 0, dtype=torch.float64)
     answered = []
     t = threading.Thread(target=lambda: answered.append(first.hello(rows=4, batch_size=2)))
@@ -466,7 +471,7 @@ def test_bad_server_arguments():
     with pytest.raises(ValueError, match="unknown mode 'eventual'"):
         ParameterServer(torch.zeros(3), SECRET, mode="eventual")
     with pytest.raises(ValueError, match="unknown server optimizer 'lamb'"):
-        ParameterServer(torch.zeros(3), SECRET, optimizer="lamb")
+        StepRule(optimizer="lamb")
     with pytest.raises(ValueError, match=r"shards must be in 1..3"):
         ParameterServer(torch.zeros(3), SECRET, shards=4)
 
@@ -550,7 +555,7 @@ def test_the_average_spans_a_fraction_of_an_epoch_whatever_the_push_size(server)
 def test_data_keys_a_push_counts_only_under_its_lease_and_epochs_keep_their_state(server):
     from spark_dl.strategies.boosting.keys import KeyScheduler
     keys = KeyScheduler(3, epochs=2, workers=2, seed=0, lease_s=0.2)
-    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, keys=keys)
+    ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0, keys=KeyLeases(keys))
     a, b = (PSClient(ps.address, SECRET, w, torch.float64) for w in (0, 1))
     for c in (a, b):
         c.hello(0, 1)
@@ -568,7 +573,7 @@ def test_data_keys_a_push_counts_only_under_its_lease_and_epochs_keep_their_stat
         what, _, _ = b.next_key()
         assert what == "key"
         b.push(one, 1)
-    state = ps.next_epoch_state(1, 1.0)      # the server as the epoch's last push left it
+    state = ps.keys.next_epoch_state(1, 1.0)   # the server as the epoch's last push left it
     assert state["versions"] == [3]
     assert torch.allclose(state["values"][0], torch.linspace(-1, 1, 10, dtype=torch.float64)
                           - 3)
@@ -588,8 +593,9 @@ def test_a_key_asked_behind_a_push_is_served_after_the_push_is_applied(server, p
     reads the request once the reply is out."""
     from spark_dl.strategies.boosting.keys import KeyScheduler
     keys = KeyScheduler(3, epochs=1, workers=1, seed=0)
-    ps = server(n=n, mode="sequential", optimizer="sgd", lr=1.0, keys=keys, loop=loop)
-    assert (ps._loop is not None) == loop          # the event loop reads frames as they come
+    ps = server(n=n, mode="sequential", optimizer="sgd", lr=1.0, keys=KeyLeases(keys),
+                loop=loop)
+    assert (ps.connections.loop is not None) == loop          # the event loop reads frames as they come
     c = PSClient(ps.address, SECRET, 0, torch.float64)
     c.hello(0, 1)
     values = torch.empty(n, dtype=torch.float64)
@@ -614,7 +620,7 @@ def test_a_request_while_a_key_is_asked_is_refused_before_it_is_sent(server):
     it as its own, so the client refuses them, and next_key() then gets the key."""
     from spark_dl.strategies.boosting.keys import KeyScheduler
     ps = server(n=10, mode="sequential", optimizer="sgd", lr=1.0,
-                keys=KeyScheduler(2, epochs=1, workers=1))
+                keys=KeyLeases(KeyScheduler(2, epochs=1, workers=1)))
     c = PSClient(ps.address, SECRET, 0, torch.float64)
     c.hello(0, 1)
     values = torch.empty(10, dtype=torch.float64)
@@ -641,7 +647,8 @@ def test_a_key_request_needs_a_fit_with_keys(server):
         c.next_key()
     with pytest.raises(ValueError, match="sequential"):
         from spark_dl.strategies.boosting.keys import KeyScheduler
-        ParameterServer(torch.zeros(10), SECRET, mode="async", keys=KeyScheduler(2, 1, 1))
+        ParameterServer(torch.zeros(10), SECRET, mode="async",
+                        keys=KeyLeases(KeyScheduler(2, 1, 1)))
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
@@ -676,7 +683,7 @@ def test_a_shards_own_sgd_step_is_torchs_bit_for_bit_and_checkpoints_alike(optim
 
 
 def test_a_workers_carried_momentum_on_a_plain_server_is_torchs_momentum_sgd():
-    """Staleness rule "worker": one worker carrying the momentum over its pushes (sums of
+    """Staleness rule "dana": one worker carrying the momentum over its pushes (sums of
     uneven numbers of samples) and a server stepping them without momentum move the values
     as torch's momentum SGD on the mean gradients does."""
     from spark_dl.strategies.downpour.exchange import carry_momentum
@@ -700,7 +707,7 @@ def test_a_workers_carried_momentum_on_a_plain_server_is_torchs_momentum_sgd():
 
 def test_a_resumed_server_runs_its_own_momentum_with_the_saved_buffer():
     """A checkpoint saved under one staleness rule (server momentum 0.6) and resumed under
-    another: the momentum is the new rule's (0.9: the buffer goes on; 0, as "worker" runs
+    another: the momentum is the new rule's (0.9: the buffer goes on; 0, as "dana" runs
     it: the buffer is dropped), not the saved 0.6."""
     from spark_dl.transport.ps.shard import Shard
     saved = Shard(torch.zeros(5), "momentum", lr=0.1, momentum=0.6)
@@ -723,52 +730,18 @@ def test_a_resumed_server_runs_its_own_momentum_with_the_saved_buffer():
     torch.testing.assert_close(plain.param.detach(), torch.full((5,), -0.1))
 
 
-def test_the_worker_rules_rate_is_half_then_falls_as_one_over_the_replicas_from_8():
+def test_the_servers_schedule_is_fits_times_the_rate():
     from types import SimpleNamespace
 
-    from spark_dl.strategies.downpour.driver import _schedule, worker_rate
-    assert [worker_rate(r) for r in (2, 4, 8, 16, 32)] == [0.5, 0.5, 0.5, 0.25, 0.125]
+    from spark_dl.strategies.ps_rules import lr_schedule
     job = SimpleNamespace(train={"lr": 0.02, "lr_scaling": "linear", "warmup_epochs": "auto",
                                  "lr_decay": 0.5}, stage={"epochs": 3})
-    schedule = _schedule(job, 16, "async", worker_rate(16))
+    schedule = lr_schedule(job, 16, "async", 0.25)
     assert schedule.at(0.0) == pytest.approx(0.005) and schedule.at(1.0) == pytest.approx(0.0025)
 
 
-def test_overlapped_pushes_take_the_worker_rules_rate_of_twice_the_replicas():
-    from spark_dl.strategies.downpour.driver import _worker_rule_rate
-    assert [_worker_rule_rate(0.9, 8, o) for o in (False, True)] == [0.5, 0.25]
-    assert [_worker_rule_rate(0.9, 2, o) for o in (False, True)] == [0.5, 0.5]
-    assert _worker_rule_rate(0.0, 8, True) == 1.0             # nothing carried: fit's rate
-
-
-def test_the_shorter_memory_keeps_the_worker_rules_step_and_the_single_process_memory():
-    """Staleness rule "worker+short": rate / (1 - momentum) as under "worker", with momentum
-    1 - R (1 - momentum) at the workers (a buffer decaying every R server steps spans as
-    many of them as the single process's), none from R = 10 at 0.9; the server's rate
-    makes up the step."""
-    from spark_dl.strategies.downpour.driver import _worker_rule, shorter_memory, worker_rate
-    for replicas, carried, server in ((2, 0.8, 1.0), (4, 0.6, 2.0), (8, 0.2, 4.0),
-                                      (16, 0.0, 2.5), (32, 0.0, 1.25)):
-        m, rate = shorter_memory(0.9, worker_rate(replicas), replicas)
-        assert (m, rate) == (pytest.approx(carried), pytest.approx(server))
-        assert rate / (1 - m) == pytest.approx(worker_rate(replicas) / (1 - 0.9))
-        assert replicas / (1 - m) >= 1 / (1 - 0.9) - 1e-9    # the single process's, or more
-    assert shorter_memory(0.5, 0.5, 2) == (0.0, 1.0)
-    m, rate = shorter_memory(0.3, 0.5, 2)                 # below 0: none, a smaller rate
-    assert m == 0.0 and rate == pytest.approx(0.5 / 0.7)
-    assert shorter_memory(0.0, 1.0, 2) == (0.0, 1.0)      # nothing carried
-    # the driver's rule: where the two formulas differ (4 replicas: 0.8 at fit's rate before);
-    # overlapped pushes land later (worker_rate of twice the replicas), not more often (the
-    # memory of the replicas)
-    assert _worker_rule(0.9, 4, False, "worker+short") == (0.6, 2.0)
-    assert _worker_rule(0.9, 8, True, "worker+short") == (0.2, 2.0)
-    assert _worker_rule(0.9, 2, True, "worker+short") == (0.8, 1.0)
-    assert _worker_rule(0.9, 2, False, "worker") == (0.9, 0.5)
-    assert _worker_rule(0.0, 4, False, "worker+short") == (0.0, 1.0)   # nothing moved
-
-
 def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():
-    """Staleness rule "worker": the momentum a worker carries grows linearly from 0 over its
+    """Staleness rule "dana": the momentum a worker carries grows linearly from 0 over its
     first MOMENTUM_RAMP mini-batches (its first push a plain gradient), then stays fit's;
     carried through carry_momentum, the buffer is torch's SGD buffer under that schedule."""
     from spark_dl.strategies.downpour.exchange import MOMENTUM_RAMP, carry_momentum, ramped
@@ -807,7 +780,7 @@ def test_the_nan_check_of_small_and_large_pushes(n, dtype):
     quiet numpy's, each for itself)."""
     import warnings
 
-    from spark_dl.transport.ps.server import _finite, quiet_numpy
+    from spark_dl.transport.ps.payload import is_finite, quiet_numpy
     big = torch.finfo(dtype).max / 2
     got = []
 
@@ -815,12 +788,12 @@ def test_the_nan_check_of_small_and_large_pushes(n, dtype):
         quiet_numpy()
         with warnings.catch_warnings():
             warnings.simplefilter("error")              # a warning fails the check
-            got.append(_finite(torch.zeros(n, dtype=dtype)))
-            got.append(_finite(torch.full((n,), big, dtype=dtype)))   # the sum is inf
+            got.append(is_finite(torch.zeros(n, dtype=dtype)))
+            got.append(is_finite(torch.full((n,), big, dtype=dtype)))   # the sum is inf
             for bad in (float("nan"), float("inf"), -float("inf")):
                 g = torch.zeros(n, dtype=dtype)
                 g[n // 2] = bad
-                got.append(_finite(g))
+                got.append(is_finite(g))
     t = threading.Thread(target=serving_thread)
     t.start()
     t.join()
@@ -869,7 +842,7 @@ def test_the_server_accepts_again_after_running_out_of_file_descriptors(tmp_path
         except OSError:
             pass
         time.sleep(0.5)
-        assert ps._thread.is_alive(), "the accept thread ended"
+        assert ps.connections.thread.is_alive(), "the accept thread ended"
         for s in held:
             s.close()
         time.sleep(0.5)
@@ -1067,17 +1040,17 @@ def test_the_dana_rule_keeps_fits_momentum_at_the_workers_at_a_rate_from_1_to_a_
     """Staleness rule "dana": fit's momentum at the workers, none on the server; the server's
     rate 1 up to 4 replicas, 4 / R from there, not below 1/2 (overlapped pushes: that of
     twice the replicas)."""
-    from spark_dl.strategies.downpour.driver import (
-        _server_momentum,
-        _worker_momentum,
-        _worker_rule,
+    from spark_dl.strategies.ps_rules import (
         dana_rate,
+        server_momentum,
+        worker_momentum,
+        worker_rule,
     )
     assert [dana_rate(r) for r in (1, 2, 4, 5, 8, 16, 64)] == [1, 1, 1, 0.8, 0.5, 0.5, 0.5]
-    assert _worker_rule(0.9, 2, False, "dana") == (0.9, 1.0)
-    assert _worker_rule(0.9, 4, True, "dana") == (0.9, 0.5)
-    assert _worker_rule(0.0, 4, False, "dana") == (0.0, 1.0)          # nothing moved
-    assert _worker_momentum(0.9, 2, "async", "dana", "momentum") == 0.9
-    assert _worker_momentum(0.9, 1, "async", "dana", "momentum") == 0.0
-    assert _worker_momentum(0.9, 2, "async", "dana", "adam") == 0.0
-    assert _server_momentum(0.9, 2, "async", "dana") == 0.0
+    assert worker_rule(0.9, 2, False, "dana") == (0.9, 1.0)
+    assert worker_rule(0.9, 4, True, "dana") == (0.9, 0.5)
+    assert worker_rule(0.0, 4, False, "dana") == (0.0, 1.0)          # nothing moved
+    assert worker_momentum(0.9, 2, "async", "dana", "momentum") == 0.9
+    assert worker_momentum(0.9, 1, "async", "dana", "momentum") == 0.0
+    assert worker_momentum(0.9, 2, "async", "dana", "adam") == 0.0
+    assert server_momentum(0.9, 2, "async", "dana") == 0.0

@@ -53,7 +53,7 @@ class BoostingConfig(StageConfig):
     #                                    the worker's copy one after another (see _work)
     fresh: bool = False                # before each mini-batch, the server's newer values
     #                                    less the key's local steps so far (see _work)
-    worker_momentum: float = 0.0       # staleness "worker": SGD's momentum kept here
+    worker_momentum: float = 0.0       # staleness "dana": SGD's momentum kept here
     board: tuple | None = None         # fresh: where the server's versions are mapped from
     #                                    on its machine (transport/ps/board.py: ticket)
     momentum_ramp: int = MOMENTUM_RAMP  # ... ramped up over this many mini-batches
@@ -233,7 +233,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
         local, seen = torch.empty_like(grad), torch.empty_like(grad)
         if cfg.fresh:
             moved = torch.empty_like(grad)      # the key's local steps so far, summed
-    # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
+    # staleness "dana": this worker's momentum buffer over its pushes' mean gradients
     carrier = CarriedMomentum(grad, cfg.worker_momentum, cfg.momentum_ramp) \
         if cfg.worker_momentum else None
     buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64

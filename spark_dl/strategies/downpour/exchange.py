@@ -25,11 +25,10 @@ __all__ = [
     "reported_momentum",
 ]
 
-# staleness "worker": a worker's momentum grows from 0 to fit's over its first this many
-# mini-batches, at most a tenth of its fit (docs/guides/downpour.md, "Staleness rule":
-# without the ramp the first pushes' large gradients, carried for ~1 / (1 - momentum) pushes
-# each and landing late, blew up the ships U-Net's normalized convolutions' weights, and it
-# ended at IoU 0.78-0.88; with it, where one process does)
+# staleness "dana": a worker's momentum grows from 0 to fit's over its first this many
+# mini-batches, at most a tenth of its fit: the first pushes' large gradients, carried for
+# ~1 / (1 - momentum) pushes each and landing late, would otherwise blow up normalized
+# convolutions' weights (docs/guides/downpour.md, "Staleness rule")
 MOMENTUM_RAMP = 50
 
 
@@ -156,7 +155,7 @@ def ramped(momentum: float, batches: int, ramp: int = MOMENTUM_RAMP) -> float:
 
 def carry_momentum(velocity: torch.Tensor, grad: torch.Tensor, samples: int,
                    momentum: float) -> None:
-    """Staleness rule "worker" (Downpour's and Boosting's workers): ``velocity`` <- momentum
+    """Staleness rule "dana" (Downpour's and Boosting's workers): ``velocity`` <- momentum
     x velocity + the mean gradient (the ``samples``' gradient sum ``grad`` / samples; torch's
     SGD buffer, whose first value is the first gradient), and ``grad`` becomes the sum the
     server takes for it (velocity x samples): the server steps the buffer as a plain SGD
@@ -166,7 +165,7 @@ def carry_momentum(velocity: torch.Tensor, grad: torch.Tensor, samples: int,
 
 
 class CarriedMomentum:
-    """Staleness rule "worker": a worker's momentum buffer over its pushes' mean gradients,
+    """Staleness rule "dana": a worker's momentum buffer over its pushes' mean gradients,
     shaped like ``like`` and empty at first, its momentum ramped from 0 to ``momentum`` over
     its first ``ramp`` mini-batches (ramp_length)."""
 

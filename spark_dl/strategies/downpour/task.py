@@ -61,7 +61,7 @@ class DownpourConfig(StageConfig):
     widths: tuple | None = None        # partitions' shares of every layer's columns
     balance: str | tuple | None = None  # sync rounds: "speed" or fixed shares per worker
     buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
-    worker_momentum: float = 0.0       # async, staleness "worker": SGD's momentum kept here
+    worker_momentum: float = 0.0       # async, staleness "dana": SGD's momentum kept here
     look_ahead: bool = False           # staleness "dana": its momentum reported to the server
 
 
@@ -324,7 +324,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     staleness: Counter = Counter()
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
-    # staleness "worker": this worker's momentum buffer over its pushes' mean gradients
+    # staleness "dana": this worker's momentum buffer over its pushes' mean gradients
     carrier = CarriedMomentum(grad, cfg.worker_momentum,     # ramped over what is left
                               ramp_length(steps * (cfg.epochs - resume_epoch) - resume_step)) \
         if cfg.worker_momentum else None
@@ -442,7 +442,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
               "data": shard.kind, "spill_dir": getattr(shard, "directory", None),
               "device": str(device), "note": note, "history": history, "pushes": pushes,
               "overlap": overlap,
-              **carried_report(carrier),        # staleness "worker": the buffer it carried
+              **carried_report(carrier),        # staleness "dana": the buffer it carried
               "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}
               if resume_epoch or resume_step else None,
               "staleness": {str(k): v for k, v in sorted(staleness.items())},
