@@ -2,9 +2,8 @@
 
 A thread per connection (as the hello still is) costs the server little with a few workers,
 but with many each push wakes a thread that must take Python's GIL and the shard's lock from
-the others: at 16 clients pushing the thesis CNN's 4,414 values, the server made 8.6 context
-switches a push and spent 186-222 µs of CPU on it, against 1 switch and 90-100 µs with one
-client (`perf stat`, benchmarks/bench_ps_capacity.py). So where a push never waits for another
+the others, several context switches and about twice the server's CPU a push (docs/guides/
+downpour.md, "How many replicas one server feeds"). So where a push never waits for another
 worker (modes "async" and "sequential", no ``max_staleness``) and one shard's lock serialises
 the pushes anyway, one thread serves them all from a selector: it reads each connection's
 frames as their bytes arrive (a frame half-sent by a slow peer holds up nobody), hands every
