@@ -16,15 +16,19 @@ Features: an ML Vector column or an array<float|double> column, flattened, ``inp
 giving the shape of one sample (e.g. [1, 28, 28] for the CNN). ``TorchModel.transform`` runs
 ``pyspark.ml.functions.predict_batch_udf``: the network is rebuilt once per Python worker and
 fed Arrow batches of ``batchSize`` rows.
+
+The Params that are spark_dl.fit's options (``batchSize`` is fit's ``batch_size``) are made
+from their definitions in spark_dl.options, with their ``__init__``/``setParams`` keywords.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
+import inspect
 import io
 import math
 
-from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed
@@ -37,6 +41,7 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
+from . import options
 from .errors import ConfigError, DataError
 
 __all__ = ["TorchEstimator", "TorchModel"]
@@ -49,44 +54,32 @@ def _text(value) -> str:
     return str(value)
 
 
+_CONVERTERS = {bool: TypeConverters.toBoolean, int: TypeConverters.toInt,
+               float: TypeConverters.toFloat, str: TypeConverters.toString,
+               tuple: TypeConverters.toListInt}
+
+
+def _converter(option: options.Option):
+    """A Param's type converter from the option's types (a word or a number: ``_text``; a
+    strategy: its name)."""
+    types = [t for t in option.plain_types() if t is not dict]
+    return _CONVERTERS[types[0]] if len(types) == 1 else _text
+
+
 class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
+    """The Estimator's own Params (the network, Downpour's partitions), and one per option of
+    spark_dl.fit that spark_dl.options marks "param" (set on the class below)."""
+
     model = Param(Params._dummy(), "model", "network: 'fc' (hiddenLayers) or 'cnn' (the "
                   "thesis CNN, inputShape [1, 28, 28])", TypeConverters.toString)
     hiddenLayers = Param(Params._dummy(), "hiddenLayers", "hidden widths of the 'fc' network",
                          TypeConverters.toListInt)
-    inputShape = Param(Params._dummy(), "inputShape", "shape of one sample's features",
-                       TypeConverters.toListInt)
-    numClasses = Param(Params._dummy(), "numClasses", "number of classes", TypeConverters.toInt)
-    strategy = Param(Params._dummy(), "strategy", "'allreduce' or 'downpour'",
-                     TypeConverters.toString)
     partitions = Param(Params._dummy(), "partitions", "downpour: column partitions per "
                        "replica (model parallelism)", TypeConverters.toInt)
-    replicas = Param(Params._dummy(), "replicas", "replicas (0: the cluster's task slots)",
-                     TypeConverters.toInt)
-    epochs = Param(Params._dummy(), "epochs", "passes over the data", TypeConverters.toInt)
-    batchSize = Param(Params._dummy(), "batchSize", "mini-batch per replica (and inference "
-                      "batch)", TypeConverters.toInt)
-    optimizer = Param(Params._dummy(), "optimizer", "sgd, adam, adagrad, rmsprop, ...",
-                      TypeConverters.toString)
-    lr = Param(Params._dummy(), "lr", "learning rate", TypeConverters.toFloat)
-    momentum = Param(Params._dummy(), "momentum", "SGD momentum", TypeConverters.toFloat)
-    nesterov = Param(Params._dummy(), "nesterov", "SGD's momentum in Nesterov's form "
-                     "(allreduce, gossip; spark_dl.fit's nesterov)", TypeConverters.toBoolean)
-    lrScaling = Param(Params._dummy(), "lrScaling", "lr for the global batch of several "
-                      "replicas: auto, linear, sqrt or none (spark_dl.fit's lr_scaling)",
-                      TypeConverters.toString)
-    warmupEpochs = Param(Params._dummy(), "warmupEpochs", "epochs to reach the scaled lr: "
-                         "auto, or a number (spark_dl.fit's warmup_epochs)", _text)
-    gradClip = Param(Params._dummy(), "gradClip", "gradient norm cut of a scaled lr: auto, "
-                     "none, or a maximum norm (spark_dl.fit's grad_clip)", _text)
 
     def __init__(self):
         super().__init__()
-        self._setDefault(model="fc", hiddenLayers=[128], inputShape=[], numClasses=2,
-                         strategy="allreduce", partitions=1, replicas=0, epochs=1, batchSize=64,
-                         optimizer="sgd", lr=0.05, momentum=0.9, nesterov=False, seed=0,
-                         lrScaling="auto", warmupEpochs="auto", gradClip="auto",
-                         featuresCol="features", labelCol="label", predictionCol="prediction")
+        self._setDefault(**_DEFAULTS)
 
     def _network(self):
         """A zero-argument factory of the network these params describe (plain values only)."""
@@ -103,6 +96,48 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed):
             return lambda: ThesisCNN(num_classes=classes, in_channels=channels)
         raise ValueError(f"model must be 'fc' or 'cnn', got {name!r}")
 
+
+for _option in options.on("param"):         # featuresCol, labelCol, seed: Spark ML's own
+    if not hasattr(_TorchParams, options.param_name(_option)):
+        setattr(_TorchParams, options.param_name(_option),
+                Param(Params._dummy(), options.param_name(_option),
+                      f"{_option.doc} (spark_dl.fit's {_option.name})", _converter(_option)))
+
+# every Param's default: the Estimator's own, then the options' (spark_dl.options)
+_DEFAULTS = {"predictionCol": "prediction", "model": "fc", "hiddenLayers": [128],
+             "partitions": 1,
+             **{options.param_name(o): options.default(o, "param") for o in options.on("param")}}
+
+
+def _keywords(method):
+    """``method(self, **params)`` keyword-only over the Params (its signature lists them with
+    their defaults, for help and IDEs); an unknown keyword is a TypeError listing them."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        unknown = sorted(set(kwargs) - set(_DEFAULTS))
+        if args or unknown:
+            raise TypeError(f"{method.__name__} takes Params by name, got "
+                            f"{', '.join(map(repr, unknown)) or f'{len(args)} positional'}; "
+                            f"the Params: {', '.join(sorted(_DEFAULTS))}")
+        self._input_kwargs = kwargs
+        return method(self, **kwargs)
+    wrapper.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] +
+        [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v)
+         for k, v in _DEFAULTS.items()])
+    return wrapper
+
+
+def _from_param(option: options.Option, value):
+    """A Param's value as fit takes the option."""
+    value = options.to_fit(option, value)
+    if option.name == "shape":
+        return tuple(value)
+    if option.name == "warmup_epochs":
+        return _auto_or_number("warmupEpochs", value)
+    if option.name == "grad_clip":
+        return _auto_or_number("gradClip", value, off=True)
+    return value
 
 def _auto_or_number(name: str, value: str, off: bool = False):
     """A word-or-number Param as fit takes it: "auto", None for "none" (where ``off``), or a
@@ -144,21 +179,13 @@ def _features_array(df, col: str):
 class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
     """Trains a spark_dl network with ``spark_dl.fit``; ``fit(df)`` returns a TorchModel."""
 
-    @keyword_only
-    def __init__(self, *, featuresCol="features", labelCol="label",
-                 predictionCol="prediction", model="fc", hiddenLayers=None, inputShape=None,
-                 numClasses=2, strategy="allreduce", partitions=1, replicas=0, epochs=1,
-                 batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, nesterov=False,
-                 seed=0, lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
+    @_keywords
+    def __init__(self, **params):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
-    @keyword_only
-    def setParams(self, *, featuresCol="features", labelCol="label",
-                  predictionCol="prediction", model="fc", hiddenLayers=None, inputShape=None,
-                  numClasses=2, strategy="allreduce", partitions=1, replicas=0, epochs=1,
-                  batchSize=64, optimizer="sgd", lr=0.05, momentum=0.9, nesterov=False,
-                  seed=0, lrScaling="auto", warmupEpochs="auto", gradClip="auto"):
+    @_keywords
+    def setParams(self, **params):
         kwargs = {k: v for k, v in self._input_kwargs.items() if v is not None}
         if "gradClip" in self._input_kwargs and self._input_kwargs["gradClip"] is None:
             kwargs["gradClip"] = "none"                  # off, as fit's grad_clip=None
@@ -168,25 +195,19 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
         from pyspark.sql import functions as F
 
         from .fit import fit
+        from .strategies import make_strategy
         g = self.getOrDefault
-        warmup = _auto_or_number("warmupEpochs", g("warmupEpochs"))
-        clip = _auto_or_number("gradClip", g("gradClip"), off=True)
+        given = {o.name: _from_param(o, g(options.param_name(o))) for o in options.on("param")}
         feats = _features_array(dataset, g("featuresCol"))
         if g("labelCol") not in dataset.columns:
             raise DataError(f"label column {g('labelCol')!r} not in the DataFrame (columns: "
                             f"{dataset.columns}); set labelCol")
         df = dataset.select(feats.alias("features"),
                             F.col(g("labelCol")).cast("long").alias("label"))
-        shape = list(g("inputShape"))
-        from .strategies import make_strategy
         partitions = {"partitions": g("partitions")} if g("partitions") != 1 else {}
-        res = fit(df, self._network(), strategy=make_strategy(g("strategy"), **partitions),
-                  shape=tuple(shape),
-                  num_classes=g("numClasses"), optimizer=g("optimizer"), lr=g("lr"),
-                  momentum=g("momentum"), nesterov=g("nesterov"), lr_scaling=g("lrScaling"),
-                  warmup_epochs=warmup, grad_clip=clip, epochs=g("epochs"),
-                  batch_size=g("batchSize"),
-                  replicas=g("replicas") or None, seed=g("seed"), log=None)
+        given.update(features="features", label="label",
+                     strategy=make_strategy(given["strategy"], **partitions))
+        res = fit(df, self._network(), **given, log=None)
         buf = io.BytesIO()
         import torch
         torch.save(res.model.state_dict(), buf)

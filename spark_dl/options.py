@@ -120,8 +120,8 @@ _STRATEGY_NAMES = ", ".join(map(repr, STRATEGIES))
 
 OPTIONS: tuple[Option, ...] = (
     Option("strategy", (str, Strategy), "allreduce",
-           f"how the replicas share what they learn: a strategy object (AllReduce(...), "
-           f"Downpour(...), ...) or the name of one, for its defaults: {_STRATEGY_NAMES}",
+           f"how the replicas share what they learn: a strategy's name ({_STRATEGY_NAMES}: "
+           f"its defaults) or, in fit, a strategy object such as Downpour(n_push=4)",
            on=("toml", "param")),
     Option("features", str, "features", "the DataFrame's feature column (array<float> or a "
            "fixed-size list)", to="stage", on=("param",)),
