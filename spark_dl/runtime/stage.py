@@ -1,14 +1,14 @@
 """What every training task of a fit needs, whatever the strategy: its configuration (plain
 values only: the configs travel to the executors in the task closure), its shard, and the
-scaffold of a barrier stage whose replica 0 returns the trained model (all-reduce and gossip).
-The losses and evaluation are spark_dl.losses, the checkpoint files checkpoint.py."""
+scaffold of a barrier stage whose replica 0 returns the trained model. The replica loop that
+runs in it is loop.py; the losses and evaluation are spark_dl.losses, the checkpoint files
+checkpoint.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
-import math
 import os
 import sys
 import time
@@ -18,13 +18,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .buffers import collective_device, mean_buffers, own_statistics, sync_buffers  # noqa: F401
 from .failures import at, report
 from .seeds import replica_seed
+from .validation import Validation  # noqa: F401
 
-__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "Validation",
-           "barrier_task", "broadcast_bytes", "collective_device", "mean_buffers",
-           "peak_memory_mb", "read_shard", "set_lr", "shared_memory_name", "stage_info",
-           "state_bytes", "sync_buffers", "write_task_info"]
+__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "barrier_task",
+           "broadcast_bytes", "most_batches", "peak_memory_mb", "read_checkpoint", "read_shard",
+           "set_lr", "shared_memory_name", "stage_info", "state_bytes", "write_task_info"]
+
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
@@ -320,141 +322,6 @@ def shared_memory_name(statuses: list[dict], rank: int, world: int, device) -> s
     return broadcast_bytes(f"sdl-{os.urandom(8).hex()}".encode(), rank, device).decode()
 
 
-def collective_device(device) -> torch.device:
-    """Where small bookkeeping tensors of a collective go: the task's GPU under NCCL, the CPU
-    under gloo (whose gather and all_gather take CPU tensors only)."""
-    return device if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-def mean_buffers(model: torch.nn.Module, world: int, device,
-                 weight: float | None = None) -> dict[str, torch.Tensor]:
-    """The model's buffers by name, each floating-point one averaged over the replicas (one
-    all-reduce; BatchNorm's running statistics), the others this replica's own (their integer
-    counts, e.g. ``num_batches_tracked``, agree when the replicas take the same steps).
-    ``weight``: this replica's weight in the mean (the rows its statistics saw; a replica of
-    weight 0 contributes nothing; all 0: each keeps its own). Collective: every rank calls
-    it."""
-    named = dict(model.named_buffers())
-    floats = [k for k, b in named.items() if b.is_floating_point()]
-    out = {k: b.detach().clone() for k, b in named.items()}
-    if floats:
-        where = collective_device(device)
-        packed = torch.cat([named[k].detach().reshape(-1).to(where, torch.float64)
-                            for k in floats])
-        if weight is None:
-            dist.all_reduce(packed)
-            packed /= world
-        else:
-            packed = torch.cat([packed * weight,
-                                torch.tensor([float(weight)], dtype=torch.float64,
-                                             device=where)])
-            dist.all_reduce(packed)
-            if packed[-1] <= 0:
-                return out
-            packed = packed[:-1] / packed[-1]
-        off = 0
-        for k in floats:
-            n = named[k].numel()
-            out[k] = packed[off:off + n].reshape(named[k].shape).to(named[k].device,
-                                                                    named[k].dtype)
-            off += n
-    return out
-
-
-def sync_buffers(model, world: int, device, weight: float | None = None) -> None:
-    """Every replica's floating-point buffers become their mean over the replicas (BatchNorm's
-    running statistics, which each replica keeps from its own shard's batches; they steer
-    evaluation only, never a training step), weighted by ``weight`` (mean_buffers).
-    Collective: every rank calls it."""
-    if world > 1 and any(b.is_floating_point() for b in model.buffers()):
-        named = dict(model.named_buffers())
-        with torch.no_grad():
-            for name, b in mean_buffers(model, world, device, weight).items():
-                named[name].copy_(b)
-
-
-def statistics_batches(cfg: StageConfig, model, world: int) -> int:
-    """How many of its first mini-batches each replica recomputes an averaged model's
-    BatchNorm statistics on (spark_dl.optim.average): 0 without an average or BatchNorm."""
-    from ..optim.average import STATISTICS_ROWS, batch_norms
-    layers = batch_norms(model)
-    if not getattr(cfg, "average", 0) or not layers or \
-            any(isinstance(m, torch.nn.SyncBatchNorm) for m in layers):
-        return 0       # (SyncBatchNorm would all-reduce each pass's batch: the replicas'
-    return max(1, -(-STATISTICS_ROWS // (world * cfg.batch_size)))    # counts may differ)
-
-
-def own_statistics(cfg: StageConfig, model, shard, rank: int, world: int, device,
-                   dtype) -> OwnStatistics | None:
-    """The pass that gives a replica's averaged models BatchNorm statistics of their own
-    (OwnStatistics), or None where none is needed (statistics_batches)."""
-    batches = statistics_batches(cfg, model, world)
-    return OwnStatistics(cfg, shard, batches, rank, world, device, dtype) if batches else None
-
-
-HELD_BYTES = 64 << 20       # the most an averaged model's BatchNorm rows keep of host memory
-
-
-class OwnStatistics:
-    """Gives a net of averaged weights BatchNorm statistics of its own: each replica's from
-    its first ``batches`` mini-batches (the same rows at every call), their mean weighted by
-    the rows (spark_dl.optim.average.recompute_statistics). The random generators are left as
-    they were (a user's ``transform`` may draw): training goes on as without the passes. The
-    first pass keeps its inputs on the host while they take at most ``HELD_BYTES``, and later
-    passes reuse them: a stream would otherwise fill a shuffle window at every validation
-    (the transform then drew once, for every pass); larger inputs are read again each time.
-    Calling it is a collective: every rank calls it."""
-
-    def __init__(self, cfg: StageConfig, shard, batches: int, rank: int, world: int, device,
-                 dtype):
-        self.cfg, self.shard, self.batches = cfg, shard, batches
-        self.rank, self.world, self.device, self.dtype = rank, world, device, dtype
-        self.held: list[torch.Tensor] | None = None
-
-    def __call__(self, net):
-        import random
-
-        import numpy as np
-
-        from ..optim.average import recompute_statistics
-        from .amp import autocast
-        kept = np.random.get_state(), random.getstate()     # torch's: fork_rng keeps them
-        cuda = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda), autocast(self.device, self.cfg.amp):
-            rows = recompute_statistics(net, (x.to(device=self.device, dtype=self.dtype)
-                                              for x in self._inputs()))
-        np.random.set_state(kept[0])
-        random.setstate(kept[1])
-        sync_buffers(net, self.world, self.device, weight=rows)
-        return net
-
-    def _inputs(self):
-        """The first mini-batches' inputs: the held ones, or read from the shard (and held
-        when they fit)."""
-        if self.held is not None:
-            yield from self.held
-            return
-        import itertools
-        cfg, shard = self.cfg, self.shard
-        peak = getattr(shard, "peak_buffer_rows", None)     # a stream's, which a pass resets
-        every = shard.batches(cfg.batch_size, shuffle=cfg.shuffle, transform=cfg.transform,
-                              seed=replica_seed(cfg.seed, self.rank), epoch=0)
-        held, size = [], 0
-        try:
-            for x, _ in itertools.islice(every, self.batches):
-                size += x.element_size() * x.nelement()
-                if held is not None and size <= HELD_BYTES:
-                    held.append(x.clone())     # a copy: a view would keep a stream's window
-                else:
-                    held = None
-                yield x
-        finally:
-            getattr(every, "close", lambda: None)()      # (a prefetching thread stops here)
-            if peak is not None:               # the pass's window is held besides training's
-                shard.peak_buffer_rows = max(peak, shard.peak_buffer_rows)
-        self.held = held
-
-
 class LossSum:
     """A running sum of mini-batch losses x rows, kept on the loss's device: read (a host
     synchronisation) only when a report goes, not every step."""
@@ -474,99 +341,3 @@ class LossSum:
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     for group in opt.param_groups:
         group["lr"] = lr
-
-
-def mid_epoch_steps(steps: int, every: float) -> set[int]:
-    """The steps (0-based) of an epoch of ``steps`` after which a fit that validates every
-    ``every`` of an epoch validates before the epoch's end (which always validates)."""
-    if every >= 1.0 or steps < 2:
-        return set()
-    marks, j = set(), 1
-    while j * every < 1.0 - 1e-9:
-        marks.add(min(max(math.ceil(j * every * steps) - 1, 0), steps - 2))
-        j += 1
-    return marks
-
-
-class Validation:
-    """The held-out evaluation: after every epoch, and every ``cfg.validate_every`` of an
-    epoch within it. ``evals`` lists each with the fractional epoch and the training seconds
-    so far; validation's own time is kept out of that clock and out of the epochs' seconds
-    (StepReports.pause). ``due(step)`` is the same on every rank, for strategies whose
-    validated model takes a collective (Gossip's average).
-
-    Replica 0 reports it. With ``shared`` (replicas that hold the same model: AllReduce) and
-    a named loss, each of the ``world`` replicas evaluates its own part of the rows and the
-    sums are all-reduced (one collective of 3 numbers): the others would otherwise wait while
-    replica 0 evaluates everything, a pause that grows with the replicas (at 16 replicas on
-    16 cores, validating a quarter epoch takes as long as training it)."""
-
-    def __init__(self, cfg: StageConfig, validation, rank: int, dtype, device, client,
-                 steps: int, loss_fn, world: int = 1, shared: bool = False):
-        from ..losses import LOSSES
-        self.on = validation is not None and rank == 0
-        self.none = validation is None            # the same on every rank
-        self.shared = validation is not None and shared and world > 1 and cfg.loss in LOSSES
-        self.marks = mid_epoch_steps(steps, cfg.validate_every) \
-            if validation is not None else set()
-        self.val = None
-        if self.on or self.shared:
-            n = len(validation[0])
-            lo, hi = (rank * n // world, (rank + 1) * n // world) if self.shared else (0, n)
-            self.val = (torch.as_tensor(validation[0][lo:hi], dtype=dtype, device=device),
-                        torch.as_tensor(validation[1][lo:hi], device=device))
-        self.classify = cfg.loss == "cross_entropy"
-        self.world, self.device = world, device
-        self.client, self.steps, self.loss_fn = client, steps, loss_fn
-        self.t0, self.seconds, self.evals = time.perf_counter(), 0.0, []
-
-    def due(self, step: int) -> bool:
-        return step in self.marks
-
-    @property
-    def by(self) -> str:
-        """Who validates (info["validated_by"] of a fit with validation rows)."""
-        return f"{self.world} replicas, a part each" if self.shared else "replica 0"
-
-    def maybe(self, model_of: Callable[[], torch.nn.Module], epoch: int, step: int,
-              reports: StepReports) -> None:
-        """Validate after ``step`` if one is due there; ``model_of()`` gives the model (read
-        only then: an averaged model is made up when it is read)."""
-        if self.due(step):
-            self.run(model_of, epoch + (step + 1) / self.steps, reports)
-
-    def epoch_end(self, model, epoch: int, reports: StepReports) -> dict:
-        return self.run(model, epoch + 1, reports)
-
-    def run(self, model, t: float, reports: StepReports) -> dict:
-        """Evaluate ``model`` (a module, or a function that makes it: called on every rank
-        when the fit validates, never without validation rows, in validation's time) at
-        fractional epoch ``t``: the row on replica 0, {} elsewhere. Collective when
-        ``shared``: every rank calls it at the same step."""
-        if self.none:
-            return {}
-        start = time.perf_counter()
-        if callable(model) and not isinstance(model, torch.nn.Module):
-            model = model()                  # (a collective for some strategies)
-        if not (self.on or self.shared):
-            return {}
-        from ..losses import evaluation_row, evaluation_sums
-        if self.shared:                  # one model on every replica, running statistics too
-            sync_buffers(model, self.world, self.device)
-        sums = evaluation_sums(model, self.val, self.loss_fn, self.classify)
-        if self.shared:
-            where = collective_device(sums.device)
-            total = sums.to(where)
-            dist.all_reduce(total)
-            sums = total
-        spent = time.perf_counter() - start
-        self.seconds += spent
-        if t != int(t):
-            reports.pause(spent)
-        if not self.on:
-            return {}
-        row = evaluation_row(sums, self.classify)
-        self.evals.append({"epoch": round(t, 6),
-                           "train_seconds": start - self.t0 - (self.seconds - spent), **row})
-        self.client.send({"type": "eval", **self.evals[-1]})
-        return row

@@ -1,12 +1,13 @@
 """How the replicas of a fit share what they learn: one module per strategy, each with its
 options and its driver half (driver.py) and task half (task.py); what they share on the
-driver is base.py, on the tasks spark_dl.runtime, and the transports (rendezvous, shared
+driver is base.py, on the tasks spark_dl.runtime (the replica loop, loop.py), and the transports (rendezvous, shared
 memory, the authenticated channel, the parameter server) are in spark_dl.transport.
 
     fit(df, model, strategy=Downpour(n_push=4, mode="sync"))
     fit(df, model, strategy="gossip")                  # a name: the strategy's defaults
 
-A new strategy is a module here and one line in STRATEGIES.
+A new strategy is a folder here (its options, its driver's plan, its replica loop hooks) and
+one line in STRATEGIES.
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from .base import FitResult, Job, Strategy
 from .boosting import Boosting
 from .downpour import Downpour
 from .gossip import Gossip
+from .localsgd import LocalSGD
 
 __all__ = ["STRATEGIES", "AllReduce", "Boosting", "Downpour", "FitResult", "Gossip", "Job",
-           "Strategy", "make_strategy"]
+           "LocalSGD", "Strategy", "make_strategy"]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "allreduce": AllReduce,
     "downpour": Downpour,
     "gossip": Gossip,
     "boosting": Boosting,
+    "localsgd": LocalSGD,
 }
 
 

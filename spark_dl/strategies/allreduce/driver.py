@@ -7,6 +7,7 @@ from ...balance import BALANCE_MODES, ROW_MODES, check_balance
 from ...errors import ConfigError
 from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...runtime.amp import check_amp
+from ...runtime.loop import FitParts
 from ...runtime.stage import RESULT_SCHEMA
 from ..base import (
     FitResult,
@@ -92,8 +93,8 @@ class AllReduce(Strategy):
                                     balance_rows=self.balance_rows,
                                     average=float(self._average(job)))
         run = Run(job, self, {**job.stage, **job.train})
-        task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,
-                               str(run.path), job.validation)
+        parts = FitParts(job.model_fn, job.loss_fn, str(run.path), job.validation)
+        task = _task.make_task(cfg, parts, run.secret, run.serve().address)
         job.say(f"allreduce: {job.replicas} replica(s), run directory {run.path}")
         return run_barrier(job, run, task, RESULT_SCHEMA,
                            f"allreduce, {job.replicas} replica(s)")

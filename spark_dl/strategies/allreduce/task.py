@@ -15,33 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from spark_dl.optim.factory import load_optimizer_state
 from spark_dl.runtime.amp import autocast
-from spark_dl.runtime.checkpoint import save_atomic
+from spark_dl.runtime.loop import FitParts, Hooks, ReplicaLoop, replica_task
 from spark_dl.runtime.seeds import replica_seed
-from spark_dl.runtime.stage import (
-    LocalStepConfig,
-    StepReports,
-    Validation,
-    barrier_task,
-    most_batches,
-    own_statistics,
-    read_checkpoint,
-    set_lr,
-    shared_memory_name,
-    stage_info,
-    state_bytes,
-    sync_buffers,
-)
+from spark_dl.runtime.stage import LocalStepConfig, shared_memory_name
 
-__all__ = ["AllReduceConfig", "GradientSync", "make_task"]
+__all__ = ["AllReduceConfig", "AllReduceHooks", "GradientSync", "make_task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,107 +130,72 @@ class GradientSync:
             flat.zero_()
 
 
-def make_task(cfg: AllReduceConfig, model_fn: Callable[[], nn.Module], loss_fn: Callable,
-              secret: str, channel: tuple[str, int] | None, run_dir: str | None,
-              validation: tuple[np.ndarray, np.ndarray] | None, optimizer_fn=None):
+def make_task(cfg: AllReduceConfig, parts: FitParts, secret: str,
+              channel: tuple[str, int] | None):
     """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
-
-    def train(shard, device, rank, world, statuses, client, ctx) -> dict:
-        from spark_dl.optim.factory import make_optimizer, needs_closure
-        return _train(cfg, model_fn, loss_fn, optimizer_fn or make_optimizer, needs_closure,
-                      shard, device, rank, world, statuses, client, run_dir, validation, ctx)
-
-    return barrier_task(cfg, train, secret, channel, run_dir)
+    return replica_task(cfg, AllReduceHooks, parts, secret, channel)
 
 
-def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device, rank, world,
-           statuses, client, run_dir, validation, ctx) -> dict:
-    t_setup = time.perf_counter()
-    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    torch.manual_seed(cfg.seed)
-    model = model_fn().to(device=device, dtype=dtype)
-    for t in list(model.parameters()) + list(model.buffers()):
-        dist.broadcast(t.data, 0)                       # identical start on every replica
-    opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum,
-                         weight_decay=cfg.weight_decay, max_iter=cfg.max_iter,
-                         nesterov=cfg.nesterov)
-    schedule = cfg.schedule(world * cfg.accumulate)   # an update averages world x accumulate
-    closure_opt = needs_closure(opt)
-    clip = cfg.clip(schedule, device, line_search=closure_opt)
-    scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-    if scaler is not None:              # a rank whose first steps have no rows can step too
-        scaler.scale(torch.zeros((), device=device))
-    # One replica without a balancer has nothing to reduce: its step is the plain loop's
-    # (gradients set to None and made afresh by backward, no buckets, no copies, no divisions)
-    local = world == 1 and cfg.balance is None
-    shm_name = shared_memory_name(statuses, rank, world, device) \
-        if cfg.transport == "auto" and not local else None
-    sync = None if local else \
-        GradientSync(list(model.parameters()), cfg.bucket_mb, shm_name, cfg.timeout_s)
+class AllReduceHooks(Hooks):
+    """AllReduce's part of the replica loop: every step the sample-weighted sum of the
+    replicas' gradients (GradientSync), or with a balancer their shares of the global batch;
+    one replica without a balancer steps as a plain loop does."""
 
-    # Resume from the run's checkpoint (rank 0 reads it, every rank gets its bytes).
-    ckpt_path, ckpt = read_checkpoint(cfg, run_dir, rank, device)
-    start, history, resumed = 0, [], None
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        load_optimizer_state(opt, ckpt["optimizer"])
-        if scaler is not None and ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        if len(ckpt["rng"]) == world:
-            torch.set_rng_state(ckpt["rng"][rank].cpu())
-        start, history, resumed = ckpt["epoch"], ckpt["history"], ckpt["epoch"]
-        clip.load(ckpt.get("clip"))
-        client.send({"type": "resume", "epoch": start})
+    name = "allreduce"
+    agree = True
+    totals_global = True
 
-    balancer = None
-    if cfg.balance is not None:
+    def __init__(self, cfg: AllReduceConfig):
+        super().__init__(cfg)
+        self.accumulate = cfg.accumulate
+        self.sync = self.balancer = None
+
+    def build(self, loop: ReplicaLoop) -> None:
+        cfg = self.cfg
+        # One replica without a balancer has nothing to reduce: its step is the plain loop's
+        # (gradients set to None and made afresh by backward, no buckets, no copies)
+        self.local = loop.world == 1 and cfg.balance is None
+        if not self.local:
+            shm_name = shared_memory_name(loop.statuses, loop.rank, loop.world, loop.device) \
+                if cfg.transport == "auto" else None
+            self.sync = GradientSync(list(loop.model.parameters()), cfg.bucket_mb, shm_name,
+                                     cfg.timeout_s)
+
+    def steps(self, loop: ReplicaLoop) -> int:
+        cfg = self.cfg
+        if cfg.balance is None:
+            return super().steps(loop)
         from spark_dl.balance import Balancer
-        balancer = Balancer(cfg.balance, model=model, loss_fn=loss_fn, shard=shard,
-                            batch_size=cfg.batch_size, accumulate=cfg.accumulate, device=device,
-                            dtype=dtype, rank=rank, world=world, max_batch=cfg.max_batch,
-                            profile_steps=cfg.profile_steps, transform=cfg.transform,
-                            autocast=(lambda: autocast(device, cfg.amp)) if cfg.amp else None,
-                            rows=cfg.balance_rows)
-        if ckpt is not None:
-            balancer.restore(ckpt.get("balance"))
-        steps = balancer.steps
-    else:
-        steps = -(-most_batches(shard, cfg.batch_size, device) // cfg.accumulate)
-    val = Validation(cfg, validation, rank, dtype, device, client, steps, loss_fn, world,
-                     shared=True)                     # every replica holds the same model
-    avg = None
-    if cfg.average > 0:                  # every replica keeps it (they validate a part each)
-        from spark_dl.optim.average import AveragedModel
-        avg = AveragedModel(model, cfg.average, max(steps, 1), start * steps, make=model_fn)
-        if ckpt is not None:
-            avg.load_state_dict(ckpt.get("average"))
-    restat = own_statistics(cfg, model, shard, rank, world, device, dtype)
+        self.balancer = Balancer(
+            cfg.balance, model=loop.model, loss_fn=loop.loss_fn, shard=loop.shard,
+            batch_size=cfg.batch_size, accumulate=cfg.accumulate, device=loop.device,
+            dtype=loop.dtype, rank=loop.rank, world=loop.world, max_batch=cfg.max_batch,
+            profile_steps=cfg.profile_steps, transform=cfg.transform,
+            autocast=(lambda: autocast(loop.device, cfg.amp)) if cfg.amp else None,
+            rows=cfg.balance_rows)
+        return self.balancer.steps
 
-    def shown():
-        """The model validated and returned: the live one; or its average, with BatchNorm
-        statistics recomputed for the averaged weights (spark_dl.optim.average), or without
-        BatchNorm the live buffers, which a shared validation first makes the replicas' mean
-        as it does the live model's without the average (a collective: every rank calls it
-        when a validation is due, and at the end)."""
-        if avg is None:
-            return model
-        if restat is not None:
-            return restat(avg.read())
-        if val.shared:
-            sync_buffers(model, world, device)
-        return avg.read()
+    def restore(self, loop: ReplicaLoop, state: dict) -> None:
+        if self.balancer is not None:
+            self.balancer.restore(state.get("balance"))
 
-    def forward_loss(x, y):
-        """The mean loss of one micro-batch (moved to the device, autocast when amp)."""
-        x = x.to(device=device, dtype=dtype, non_blocking=True)
-        y = y.to(device=device, non_blocking=True)
-        if y.is_floating_point():
-            y = y.to(dtype)
-        with autocast(device, cfg.amp):
-            return loss_fn(model(x), y)
+    def batches(self, loop: ReplicaLoop, epoch: int):
+        if self.balancer is None:
+            return None
+        return self.balancer.epoch(loop.shard, shuffle=self.cfg.shuffle,
+                                   seed=replica_seed(self.cfg.seed, loop.rank), epoch=epoch,
+                                   accumulate=self.cfg.accumulate,
+                                   transform=self.cfg.transform)
 
-    def local_step(micro, totals) -> int:
+    def step(self, loop: ReplicaLoop, micro: list, totals: torch.Tensor) -> None:
+        if self.local:
+            self._local_step(loop, micro, totals)
+        else:
+            self._synced_step(loop, micro, totals)
+
+    def _local_step(self, loop: ReplicaLoop, micro: list, totals: torch.Tensor) -> None:
         """One replica's step: the mean loss over its micro-batches, as a plain loop does."""
+        opt, precision = loop.opt, loop.precision
         count = sum(len(x) for x, _ in micro)
         losses = []                                  # (mean loss, rows) of each micro-batch
 
@@ -254,45 +203,40 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             opt.zero_grad(set_to_none=True)
             losses.clear()
             for x, y in micro:
-                loss = forward_loss(x, y)
+                loss = loop.forward_loss(x, y)
                 scaled = loss if len(x) == count else loss * (len(x) / count)
-                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                (scaled if loop.closure_opt else precision.scale_loss(scaled)).backward()
                 losses.append((loss.detach(), len(x)))
-            if not closure_opt:                      # SGD & co. read no loss: no extra kernels
+            if not loop.closure_opt:                 # SGD & co. read no loss: no extra kernels
                 return None
             if not losses:                           # no rows left this step
-                return torch.zeros((), dtype=dtype, device=device)
+                return torch.zeros((), dtype=loop.dtype, device=loop.device)
             return sum(loss * n for loss, n in losses) / count
-        if closure_opt:
+        if loop.closure_opt:
             opt.step(closure)
         else:
             closure()
-            if count and clip.on:
-                if scaler is not None:
-                    scaler.unscale_(opt)
-                clip([p.grad for p in model.parameters() if p.grad is not None])
-            if count:
-                if scaler is not None:
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    opt.step()
+            grads = [p.grad for p in loop.model.parameters() if p.grad is not None]
+            if count and precision.unscale(grads):
+                if loop.clip.on:
+                    loop.clip(grads)
+                opt.step()
         for loss, n in losses:                       # on the device: no host synchronisation
             totals[0].add_(loss, alpha=n)
-        return count
+        totals[1] += count
 
-    def run_step(micro, totals) -> int:
-        if local:
-            return local_step(micro, totals)
+    def _synced_step(self, loop: ReplicaLoop, micro: list, totals: torch.Tensor) -> None:
+        """The global batch's step: every replica's summed gradients all-reduced."""
+        opt, precision, sync, balancer = loop.opt, loop.precision, self.sync, self.balancer
 
         def closure():
             sync.zero_grad()
-            loss_sum, count = torch.zeros((), dtype=dtype, device=device), 0
+            loss_sum, count = torch.zeros((), dtype=loop.dtype, device=loop.device), 0
             for x, y in micro:
-                loss = forward_loss(x, y)
+                loss = loop.forward_loss(x, y)
                 scaled = loss * len(x)
-                (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                loss_sum += loss.detach().to(dtype) * len(x)    # no host sync per step
+                (scaled if loop.closure_opt else precision.scale_loss(scaled)).backward()
+                loss_sum += loss.detach().to(loop.dtype) * len(x)   # no host sync per step
                 count += len(x)
             if balancer is not None:
                 balancer.syncing(count)
@@ -300,87 +244,32 @@ def _train(cfg, model_fn, loss_fn, make_optimizer, needs_closure, shard, device,
             if balancer is not None:
                 balancer.synced()
             return mean
-        if closure_opt:
+        if loop.closure_opt:
             opt.step(closure)
         else:
             closure()
-            if clip.on:                              # the global mean gradient: every
-                if scaler is not None:               # replica cuts it alike
-                    scaler.unscale_(opt)
-                clip([flat[:n] for flat, n in zip(sync.flats, sync.grad_numels)])
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
+            grads = [flat[:n] for flat, n in zip(sync.flats, sync.grad_numels)]
+            if precision.unscale(grads):             # the global mean gradient: every
+                if loop.clip.on:                     # replica cuts and steps it alike
+                    loop.clip(grads)
                 opt.step()
         totals += sync.flats[-1][-2:].to(torch.float64)  # (global loss sum, samples)
-        return 0
 
-    t_fit = time.perf_counter()
-    setup_s = t_fit - t_setup
-    reports = StepReports(cfg, client, rank)
-    for epoch in range(start, cfg.epochs):
-        model.train()
-        it = reports.epoch(shard, epoch, None if balancer is None else balancer.epoch(
-            shard, shuffle=cfg.shuffle, seed=replica_seed(cfg.seed, rank), epoch=epoch,
-            accumulate=cfg.accumulate, transform=cfg.transform))
-        totals = torch.zeros(2, dtype=torch.float64, device=device)   # loss sum, samples
-        seen = 0                                     # samples (one replica: counted here)
-        for step in range(steps):
-            set_lr(opt, schedule.at(epoch + step / steps))
-            micro = [b for b in (next(it, None) for _ in range(cfg.accumulate)) if b is not None]
-            seen += run_step(micro, totals)
-            if avg is not None:
-                avg.update()
-            reports.step(epoch, step, steps, totals[0], seen if local else totals[1])
-            val.maybe(shown, epoch, step, reports)
-        loss_sum, samples = totals.tolist()          # the epoch's one host synchronisation
-        if local:
-            samples = seen
-        seconds = reports.seconds()
-        row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
-               "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps,
-               "lr": opt.param_groups[0]["lr"]}
-        if balancer is not None:
-            row["balance"] = balancer.end_epoch()
-        row.update(val.epoch_end(shown, epoch, reports))
-        if avg is not None:              # read or not, every replica folds its pending steps
-            avg.average.current()        # in here (where a checkpoint is written)
-        history.append(row)
-        # Every rank's RNG state goes into the checkpoint (dropout continues as it would).
-        states = []
-        if device.type == "cpu":
-            states = [torch.empty_like(torch.get_rng_state()) for _ in range(world)]
-            dist.all_gather(states, torch.get_rng_state())
-        if rank == 0:
-            client.send({"type": "epoch", **row})
-            if ckpt_path is not None:
-                save_atomic(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                  "scaler": scaler.state_dict() if scaler else None,
-                                  "epoch": epoch + 1, "history": history,
-                                  "rng": states, "clip": clip.state(),
-                                  "average": avg.state_dict() if avg else None,
-                                  "balance": balancer.state() if balancer else None})
-    sync_buffers(model, world, device)    # the result: the replicas' mean running statistics
-    info = {**stage_info(statuses), "steps_per_epoch": steps, "resumed_from_epoch": resumed,
-            "allreduce_calls": sync.calls if sync else 0,
-            "allreduce_bytes": sync.bytes if sync else 0,
-            "buckets": len(sync.buckets) if sync else 0,
-            "transport": sync.transport if sync else "none",
-            "balance": balancer.info() if balancer is not None else None,
-            "lr_schedule": schedule.describe(), "grad_clip": clip.describe(),
-            "average": cfg.average, "evals": val.evals,
-            "validated_by": val.by if validation is not None else None,
-            "train_seconds": time.perf_counter() - t_fit,
-            "threads_per_task": torch.get_num_threads(), "attempt": ctx.attemptNumber(),
-            "timings": {"setup_s": setup_s, "train_s": time.perf_counter() - t_fit,
-                        "allreduce_s": sync.seconds if sync else 0.0,
-                        "validation_s": val.seconds}}
-    if sync is not None and sync.shm is not None:
-        sync.shm.close()
-    result = shown()              # (without an average, the buffers synced just above)
-    state = state_bytes({k: v.cpu() for k, v in result.state_dict().items()}) \
-        if rank == 0 else b""
-    return {"state": state, "history": history, "info": info}
+    def row(self, loop: ReplicaLoop) -> dict:
+        return {"balance": self.balancer.end_epoch()} if self.balancer is not None else {}
 
+    def state(self, loop: ReplicaLoop) -> dict:
+        return {"balance": self.balancer.state()} if self.balancer is not None else {}
 
+    def info(self, loop: ReplicaLoop) -> dict:
+        sync = self.sync
+        return {"allreduce_calls": sync.calls if sync else 0,
+                "allreduce_bytes": sync.bytes if sync else 0,
+                "buckets": len(sync.buckets) if sync else 0,
+                "transport": sync.transport if sync else "none",
+                "balance": self.balancer.info() if self.balancer is not None else None,
+                "timings": {"allreduce_s": sync.seconds if sync else 0.0}}
+
+    def close(self) -> None:
+        if self.sync is not None and self.sync.shm is not None:
+            self.sync.shm.close()

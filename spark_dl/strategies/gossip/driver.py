@@ -8,6 +8,7 @@ from typing import ClassVar
 from ...errors import ConfigError
 from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...runtime.amp import check_amp
+from ...runtime.loop import FitParts
 from ...runtime.stage import RESULT_SCHEMA
 from ..base import (
     FitResult,
@@ -110,8 +111,8 @@ class Gossip(Strategy):
                                  average=float(DEFAULT_AVERAGE if self.average is None
                                                else self.average))
         run = Run(job, self, {**job.stage, **train})
-        task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret, run.serve().address,
-                               str(run.path), job.validation)
+        parts = FitParts(job.model_fn, job.loss_fn, str(run.path), job.validation)
+        task = _task.make_task(cfg, parts, run.secret, run.serve().address)
         job.say(f"gossip (alpha={self.alpha}, {self.topology}, every {self.sync_every} "
                 f"step(s)): {job.replicas} replica(s), run directory {run.path}")
         return run_barrier(job, run, task, RESULT_SCHEMA,

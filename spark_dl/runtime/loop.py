@@ -1,0 +1,369 @@
+"""The replica loop: what every task of a barrier-stage fit does, whatever the strategy.
+
+One ``ReplicaLoop`` a task: it seeds, builds the model (rank 0's weights on every replica),
+the optimizer, its rate schedule, the gradient clipping and the mixed precision, resumes from
+the run's checkpoint, runs the epochs' steps with the held-out validation, the weights'
+moving average, the step reports and a checkpoint after every epoch, and returns the model
+and the info of the fit. A strategy supplies ``Hooks``: how a step's update is shared, how
+many steps an epoch takes, what its checkpoint and info add. Where the replicas hold one
+model (``Hooks.agree``: AllReduce) replica 0's model is checkpointed, validated and
+returned; where each holds its own (Gossip, LocalSGD) every replica's model goes into the
+checkpoint and their mean is validated and returned.
+
+    def make_task(cfg, parts, secret, channel):
+        return replica_task(cfg, MyHooks, parts, secret, channel)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .amp import MixedPrecision
+from .buffers import collective_device, mean_buffers, own_statistics, sync_buffers
+from .checkpoint import save_atomic
+from .stage import (
+    StepReports,
+    barrier_task,
+    most_batches,
+    read_checkpoint,
+    set_lr,
+    stage_info,
+    state_bytes,
+)
+from .validation import Validation
+
+__all__ = ["FitParts", "Hooks", "ReplicaLoop", "gather_bytes", "replica_mean", "replica_task",
+           "trainable"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FitParts:
+    """What the driver ships to every task of a fit besides its config: the model maker, the
+    loss, the run directory and the validation rows."""
+
+    model_fn: Callable[[], nn.Module]
+    loss_fn: Callable
+    run_dir: str | None = None
+    validation: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class Hooks:
+    """What a strategy adds to the loop; each hook gets the loop (``loop.model``,
+    ``loop.opt``, ``loop.precision``, ``loop.rank`` ...). Only ``step`` must be written."""
+
+    name = ""             # the checkpoint's strategy (a resume checks it)
+    agree = True          # the replicas hold one model; False: each its own
+    totals_global = False  # step() adds the global (loss sum, samples), not this replica's
+    accumulate = 1        # micro-batches a step takes
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def updates(self, world: int) -> int:
+        """Mini-batches an update averages (the rate schedule's ``k``)."""
+        return world * self.accumulate
+
+    def prepare(self, loop: ReplicaLoop) -> None:
+        """After the model is built, before its optimizer (Gossip: one flat buffer)."""
+
+    def build(self, loop: ReplicaLoop) -> None:
+        """After the optimizer and the precision: the strategy's transports."""
+
+    def steps(self, loop: ReplicaLoop) -> int:
+        """Steps an epoch: every replica the most its shard holds."""
+        return -(-most_batches(loop.shard, loop.cfg.batch_size, loop.device)
+                 // self.accumulate)
+
+    def restore(self, loop: ReplicaLoop, state: dict) -> None:
+        """A resumed fit: this replica's ``state()`` from the checkpoint (after ``steps``)."""
+
+    def batches(self, loop: ReplicaLoop, epoch: int) -> Iterator | None:
+        """The epoch's mini-batches when the strategy draws them; None: the shard's own."""
+        return None
+
+    def step(self, loop: ReplicaLoop, micro: list, totals: torch.Tensor) -> None:
+        """One update from the micro-batches ``micro`` (possibly none); adds the (loss sum,
+        samples) to ``totals``."""
+        raise NotImplementedError
+
+    def row(self, loop: ReplicaLoop) -> dict:
+        """What the epoch's history row adds (a collective where it says so)."""
+        return {}
+
+    def state(self, loop: ReplicaLoop) -> dict:
+        """What this replica's part of the checkpoint adds."""
+        return {}
+
+    def finish(self, loop: ReplicaLoop) -> None:
+        """After the last epoch (LocalSGD: the last average)."""
+
+    def info(self, loop: ReplicaLoop) -> dict:
+        """What info.json adds; a "timings" dict is merged into the loop's."""
+        return {}
+
+    def close(self) -> None:
+        """Release the transports."""
+
+
+def replica_task(cfg, make_hooks: Callable[[object], Hooks], parts: FitParts, secret: str,
+                 channel: tuple[str, int] | None):
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task:
+    the replica loop with ``make_hooks(cfg)``'s hooks."""
+
+    def train(shard, device, rank, world, statuses, client, ctx) -> dict:
+        place = dict(shard=shard, device=device, rank=rank, world=world, statuses=statuses,
+                     client=client, ctx=ctx)
+        return ReplicaLoop(cfg, make_hooks(cfg), parts, **place).run()
+
+    return barrier_task(cfg, train, secret, channel, parts.run_dir)
+
+
+def replica_mean(flat: torch.Tensor, weight: float | None = None) -> torch.Tensor:
+    """The replicas' mean of ``flat`` (one all-reduce), weighted by ``weight`` (each
+    replica's; all 0: this replica's own values). Collective: every rank calls it."""
+    world = dist.get_world_size()
+    if weight is None:
+        out = flat.detach().clone()
+        dist.all_reduce(out)
+        return out.div_(world)
+    packed = torch.cat([flat.detach() * weight,
+                        torch.tensor([float(weight)], dtype=flat.dtype, device=flat.device)])
+    dist.all_reduce(packed)
+    if packed[-1] <= 0:
+        return flat.detach().clone()
+    return packed[:-1].div_(packed[-1])
+
+
+def gather_bytes(data: bytes, rank: int, world: int, device: torch.device) -> list[bytes]:
+    """Every rank's bytes on rank 0 (as uint8 tensors: no pickling); [] elsewhere.
+    Collective: every rank calls it."""
+    device = collective_device(device)
+    n = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    longest = max(int(s) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8, device=device)
+    buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    out = [torch.empty_like(buf) for _ in range(world)] if rank == 0 else None
+    dist.gather(buf, out, dst=0)
+    if rank != 0:
+        return []
+    return [o[:int(s)].cpu().numpy().tobytes() for o, s in zip(out, sizes)]
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class ReplicaLoop:
+    """One replica's fit (the module doc); ``run()`` -> {"state", "history", "info"}."""
+
+    def __init__(self, cfg, hooks: Hooks, parts: FitParts, *, shard, device, rank: int,
+                 world: int, statuses: list[dict], client, ctx):
+        self.cfg, self.hooks, self.parts = cfg, hooks, parts
+        self.shard, self.device, self.rank, self.world = shard, device, rank, world
+        self.statuses, self.client, self.ctx = statuses, client, ctx
+        self.dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+        self.loss_fn, self.model_fn = parts.loss_fn, parts.model_fn
+        self.history: list[dict] = []
+        self.avg = self.restat = self.probe = None
+
+    # -- setup ---------------------------------------------------------------------------
+    def _build(self) -> None:
+        from spark_dl.optim.factory import make_optimizer, needs_closure
+        cfg, hooks = self.cfg, self.hooks
+        torch.manual_seed(cfg.seed)
+        self.model = self.model_fn().to(device=self.device, dtype=self.dtype)
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            dist.broadcast(t.data, 0)                   # identical start on every replica
+        hooks.prepare(self)
+        self.opt = make_optimizer(
+            cfg.optimizer, self.model.parameters(), cfg.lr, cfg.momentum,
+            weight_decay=cfg.weight_decay, max_iter=cfg.max_iter, nesterov=cfg.nesterov)
+        self.schedule = cfg.schedule(hooks.updates(self.world))
+        self.closure_opt = needs_closure(self.opt)
+        self.clip = cfg.clip(self.schedule, self.device, line_search=self.closure_opt)
+        self.precision = MixedPrecision(getattr(cfg, "amp", None), self.device)
+        hooks.build(self)
+
+    def _resume(self) -> tuple[int, dict | None]:
+        """(the epoch to start from, this replica's part of the checkpoint or None)."""
+        self.ckpt_path, ckpt = read_checkpoint(self.cfg, self.parts.run_dir, self.rank,
+                                               self.device)
+        if ckpt is None:
+            return 0, None
+        name = self.hooks.name
+        if ckpt.get("strategy") != name:
+            raise ValueError(f"{self.ckpt_path} is not a checkpoint of a {name} fit: give "
+                             f"this fit a run directory of its own")
+        replicas = ckpt["replicas"]
+        mine = replicas[self.rank % len(replicas)]
+        held = mine if not self.hooks.agree else ckpt
+        self.model.load_state_dict(held["model"])
+        from spark_dl.optim.factory import load_optimizer_state
+        load_optimizer_state(self.opt, held["optimizer"])
+        self.precision.load_state_dict(held.get("precision"))
+        self.clip.load(held.get("clip"))
+        if len(replicas) == self.world or not self.hooks.agree:
+            torch.set_rng_state(mine["rng"].cpu())
+        self.history = ckpt["history"]
+        self.client.send({"type": "resume", "epoch": ckpt["epoch"]})
+        return ckpt["epoch"], {**mine, "average": held.get("average")}
+
+    def _extras(self, start: int, mine: dict | None) -> None:
+        """Validation, the moving average, the averages' own BatchNorm statistics."""
+        cfg, hooks = self.cfg, self.hooks
+        if mine is not None:
+            hooks.restore(self, mine)
+        self.val = Validation(cfg, self.parts.validation, self.rank, self.dtype, self.device,
+                              self.client, self.steps, self.loss_fn, self.world, shared=True)
+        if getattr(cfg, "average", 0) > 0:
+            from spark_dl.optim.average import AveragedModel
+            self.avg = AveragedModel(self.model, cfg.average, max(self.steps, 1),
+                                     start * self.steps, make=self.model_fn)
+            if mine is not None:
+                self.avg.load_state_dict(mine.get("average"))
+        self.restat = own_statistics(cfg, self.model, self.shard, self.rank, self.world,
+                                     self.device, self.dtype)
+        if not hooks.agree and (self.val.on or self.val.shared or self.restat is not None):
+            from spark_dl.optim.average import remake
+            self.probe = remake(self.model, self.model_fn)   # holds the replicas' mean
+
+    # -- the model shown -------------------------------------------------------------------
+    def forward_loss(self, x, y) -> torch.Tensor:
+        """The mean loss of one micro-batch (moved to the device, autocast when amp)."""
+        x = x.to(device=self.device, dtype=self.dtype, non_blocking=True)
+        y = y.to(device=self.device, non_blocking=True)
+        if y.is_floating_point():
+            y = y.to(self.dtype)
+        with self.precision.autocast():
+            return self.loss_fn(self.model(x), y)
+
+    def own(self) -> nn.Module:
+        """This replica's model as shown: its moving average, or the live one."""
+        return self.avg.read() if self.avg is not None else self.model
+
+    def shown(self) -> nn.Module:
+        """The model validated (a collective: every rank calls it when a validation is due).
+        Replicas that agree: the live model, or its average with BatchNorm statistics of its
+        own or the replicas' mean buffers. Each its own: their mean, in a probe copy."""
+        if self.hooks.agree:
+            if self.avg is None:
+                return self.model
+            if self.restat is not None:
+                return self.restat(self.avg.read())
+            if self.val.shared:
+                sync_buffers(self.model, self.world, self.device)
+            return self.avg.read()
+        mean = replica_mean(nn.utils.parameters_to_vector(trainable(self.own())))
+        buffers = mean_buffers(self.model, self.world, self.device)
+        nn.utils.vector_to_parameters(mean, trainable(self.probe))
+        with torch.no_grad():
+            for name, b in self.probe.named_buffers():
+                b.copy_(buffers[name])
+        return self.restat(self.probe) if self.restat is not None else self.probe
+
+    def _result(self) -> nn.Module:
+        """The fit's model (a collective): the replicas' mean running statistics on the live
+        model or its average; each replica its own: their mean in the live model."""
+        if self.hooks.agree:
+            sync_buffers(self.model, self.world, self.device)
+            return self.shown() if self.avg is not None else self.model
+        mean = replica_mean(nn.utils.parameters_to_vector(trainable(self.own())))
+        nn.utils.vector_to_parameters(mean, trainable(self.model))
+        if self.restat is not None:
+            self.restat(self.model)
+        else:
+            sync_buffers(self.model, self.world, self.device)
+        return self.model
+
+    # -- the epochs ------------------------------------------------------------------------
+    def _epoch(self, epoch: int) -> dict:
+        hooks, steps = self.hooks, self.steps
+        self.model.train()
+        it = self.reports.epoch(self.shard, epoch, hooks.batches(self, epoch))
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss sum, samples
+        for step in range(steps):
+            set_lr(self.opt, self.schedule.at(epoch + step / steps))
+            micro = [b for b in (next(it, None) for _ in range(hooks.accumulate))
+                     if b is not None]
+            self.step_index = epoch * steps + step      # steps taken before this one
+            hooks.step(self, micro, totals)
+            if self.avg is not None:
+                self.avg.update()
+            self.reports.step(epoch, step, steps, totals[0], totals[1])
+            self.val.maybe(self.shown, epoch, step, self.reports)
+        seconds = self.reports.seconds()
+        if not hooks.totals_global and self.world > 1:
+            dist.all_reduce(totals)
+        loss_sum, samples = totals.tolist()          # the epoch's one host synchronisation
+        row = {"epoch": epoch + 1, "loss": loss_sum / max(samples, 1), "samples": int(samples),
+               "seconds": seconds, "samples_per_s": samples / seconds, "steps": steps,
+               "lr": self.opt.param_groups[0]["lr"], **hooks.row(self)}
+        row.update(self.val.epoch_end(self.shown, epoch, self.reports))
+        if self.avg is not None:         # read or not, every replica folds its pending steps
+            self.avg.average.current()   # in here (where a checkpoint is written)
+        return row
+
+    def _model_state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "precision": self.precision.state_dict(), "clip": self.clip.state(),
+                "average": self.avg.state_dict() if self.avg else None}
+
+    def _checkpoint(self, row: dict) -> None:
+        """Every replica's RNG state and its ``Hooks.state()`` (and its model, where each holds
+        its own) gathered into the run's checkpoint on replica 0. A collective."""
+        mine = {"rng": torch.get_rng_state(), **self.hooks.state(self)}
+        if not self.hooks.agree:
+            mine.update(self._model_state())
+        parts = gather_bytes(state_bytes(mine), self.rank, self.world, self.device)
+        if self.rank != 0:
+            return
+        self.client.send({"type": "epoch", **row})
+        if self.ckpt_path is not None:
+            shared = self._model_state() if self.hooks.agree else {}
+            save_atomic(self.ckpt_path, {
+                "strategy": self.hooks.name, "epoch": row["epoch"], "history": self.history,
+                **shared, "replicas": [torch.load(io.BytesIO(b), weights_only=True)
+                                       for b in parts]})
+
+    def run(self) -> dict:
+        t_setup = time.perf_counter()
+        self._build()
+        start, mine = self._resume()
+        self.steps = self.hooks.steps(self)
+        self._extras(start, mine)
+        t_fit = time.perf_counter()
+        self.reports = StepReports(self.cfg, self.client, self.rank)
+        for epoch in range(start, self.cfg.epochs):
+            row = self._epoch(epoch)
+            self.history.append(row)
+            self._checkpoint(row)
+        self.hooks.finish(self)
+        result = self._result()
+        info = self._info(start if mine is not None else None, t_setup, t_fit)
+        self.hooks.close()
+        state = state_bytes({k: v.cpu() for k, v in result.state_dict().items()}) \
+            if self.rank == 0 else b""
+        return {"state": state, "history": self.history, "info": info}
+
+    def _info(self, resumed: int | None, t_setup: float, t_fit: float) -> dict:
+        extra = self.hooks.info(self)
+        train_s = time.perf_counter() - t_fit
+        timings = {"setup_s": t_fit - t_setup, "train_s": train_s,
+                   **extra.pop("timings", {}), "validation_s": self.val.seconds}
+        return {**stage_info(self.statuses), "steps_per_epoch": self.steps,
+                "resumed_from_epoch": resumed, **extra,
+                "lr_schedule": self.schedule.describe(), "grad_clip": self.clip.describe(),
+                "average": getattr(self.cfg, "average", 0.0), "evals": self.val.evals,
+                "validated_by": self.val.by if self.parts.validation is not None else None,
+                "train_seconds": train_s, "threads_per_task": torch.get_num_threads(),
+                "attempt": self.ctx.attemptNumber(), "timings": timings}
