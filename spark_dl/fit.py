@@ -136,7 +136,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     directory. A strategy's own options go on its object (``Downpour(n_push=4)``); one given
     here is a ConfigError that says where it belongs. docs/guides/fit.md explains the choices
     (the learning-rate rules, Nesterov's momentum, streamed data) and links the measurements
-    behind them. The options and their defaults (each declared once, in spark_dl.options):
+    behind them. Each option is declared once, in spark_dl.options (``OPTIONS``), from which
+    ``help(spark_dl.fit)`` lists them, with their defaults:
     """
     args = dict(locals())
     if options:
