@@ -158,7 +158,7 @@ def plain(data: Path, val, args, seed: int) -> dict:
 
     from spark_dl.losses import val_metrics
     from spark_dl.models import build_model
-    from spark_dl.runtime.stage import mid_epoch_steps
+    from spark_dl.runtime.validation import mid_epoch_steps
     torch.set_num_threads(1)
     table = pq.read_table(data)
     x = np.frombuffer(b"".join(table.column("features").to_pylist()), np.uint8)

@@ -18,10 +18,9 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9,
     ``max_iter`` to the closure-based L-BFGS and CG (iterations per step)."""
     if name == "sgd":
         params = list(params)
-        if _on_cuda(params):                 # one kernel, and GradScaler's fp16 steps need
+        if _on_cuda(params):                 # one kernel (below)
             return _fused_if_possible(torch.optim.SGD, params, lr=lr, momentum=momentum,
-                                      weight_decay=weight_decay,   # no host sync (below)
-                                      nesterov=nesterov)
+                                      weight_decay=weight_decay, nesterov=nesterov)
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
                                nesterov=nesterov)
     if name == "rmsprop":
@@ -65,9 +64,7 @@ def _fused_if_possible(cls, params: list, **kw) -> torch.optim.Optimizer:
     device and dtype (CPU since torch 2.4, CUDA), else the default implementation. The fused
     Adam is the same update in one kernel: about 3x faster on CPU (1.6 vs 4.8 ms for the SSDA's
     2.3 M parameters), which matters when every replica steps its own optimizer. SGD is fused
-    on CUDA only (torch 2.4+): a fused optimizer takes GradScaler's inf check and scale as
-    device tensors and skips an overflowed step on the GPU, where the default one makes
-    GradScaler read the check on the host every step (amp="fp16")."""
+    on CUDA only (torch 2.4+)."""
     try:
         return cls(params, fused=True, **kw)
     except (RuntimeError, TypeError, ValueError):        # older torch, or an unsupported device

@@ -40,8 +40,8 @@ from .stage import (
 )
 from .validation import Validation
 
-__all__ = ["FitParts", "Hooks", "ReplicaLoop", "gather_bytes", "replica_mean", "replica_task",
-           "trainable"]
+__all__ = ["FitParts", "Hooks", "ReplicaLoop", "copy_into", "flatten_parameters",
+           "gather_bytes", "replica_mean", "replica_task", "trainable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,8 @@ class Hooks:
     ``loop.opt``, ``loop.precision``, ``loop.rank`` ...). Only ``step`` must be written."""
 
     name = ""             # the checkpoint's strategy (a resume checks it)
-    agree = True          # the replicas hold one model; False: each its own
+    agree = True          # the replicas hold one model; False: each its own, whose trainable
+                          # parameters the loop moves into one flat buffer (``loop.flat``)
     totals_global = False  # step() adds the global (loss sum, samples), not this replica's
     accumulate = 1        # micro-batches a step takes
 
@@ -70,9 +71,6 @@ class Hooks:
     def updates(self, world: int) -> int:
         """Mini-batches an update averages (the rate schedule's ``k``)."""
         return world * self.accumulate
-
-    def prepare(self, loop: ReplicaLoop) -> None:
-        """After the model is built, before its optimizer (Gossip: one flat buffer)."""
 
     def build(self, loop: ReplicaLoop) -> None:
         """After the optimizer and the precision: the strategy's transports."""
@@ -163,6 +161,25 @@ def trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def flatten_parameters(model: nn.Module) -> torch.Tensor:
+    """Move ``model``'s trainable parameters into one flat buffer (each a view of it)."""
+    params = trainable(model)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    offset = 0
+    for p in params:
+        p.data = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+@torch.no_grad()
+def copy_into(flat: torch.Tensor, params: list[nn.Parameter]) -> None:
+    """Copy the values of ``flat`` into ``params`` in place (torch's vector_to_parameters
+    would make them views of ``flat``)."""
+    chunks = torch.split(flat, [p.numel() for p in params])
+    torch._foreach_copy_(params, [c.view_as(p) for c, p in zip(chunks, params)])
+
+
 class ReplicaLoop:
     """One replica's fit (the module doc); ``run()`` -> {"state", "history", "info"}."""
 
@@ -184,7 +201,8 @@ class ReplicaLoop:
         self.model = self.model_fn().to(device=self.device, dtype=self.dtype)
         for t in list(self.model.parameters()) + list(self.model.buffers()):
             dist.broadcast(t.data, 0)                   # identical start on every replica
-        hooks.prepare(self)
+        if not hooks.agree:
+            self.flat = flatten_parameters(self.model)
         self.opt = make_optimizer(
             cfg.optimizer, self.model.parameters(), cfg.lr, cfg.momentum,
             weight_decay=cfg.weight_decay, max_iter=cfg.max_iter, nesterov=cfg.nesterov)
@@ -226,9 +244,11 @@ class ReplicaLoop:
         self.val = Validation(cfg, self.parts.validation, self.rank, self.dtype, self.device,
                               self.client, self.steps, self.loss_fn, self.world, shared=True)
         if getattr(cfg, "average", 0) > 0:
-            from spark_dl.optim.average import AveragedModel
-            self.avg = AveragedModel(self.model, cfg.average, max(self.steps, 1),
-                                     start * self.steps, make=self.model_fn)
+            from spark_dl.optim.average import AveragedModel, WeightAverage
+            span, steps = cfg.average, max(self.steps, 1)
+            self.avg = AveragedModel(self.model, span, steps, start * self.steps,
+                                     make=self.model_fn) if hooks.agree else \
+                WeightAverage([self.flat], span, steps, start * self.steps)
             if mine is not None:
                 self.avg.load_state_dict(mine.get("average"))
         self.restat = own_statistics(cfg, self.model, self.shard, self.rank, self.world,
@@ -247,9 +267,10 @@ class ReplicaLoop:
         with self.precision.autocast():
             return self.loss_fn(self.model(x), y)
 
-    def own(self) -> nn.Module:
-        """This replica's model as shown: its moving average, or the live one."""
-        return self.avg.read() if self.avg is not None else self.model
+    def own(self) -> torch.Tensor:
+        """This replica's trainable parameters as shown, flat (each its own): their moving
+        average, or the live ones."""
+        return self.avg.current()[0] if self.avg is not None else self.flat
 
     def shown(self) -> nn.Module:
         """The model validated (a collective: every rank calls it when a validation is due).
@@ -263,9 +284,9 @@ class ReplicaLoop:
             if self.val.shared:
                 sync_buffers(self.model, self.world, self.device)
             return self.avg.read()
-        mean = replica_mean(nn.utils.parameters_to_vector(trainable(self.own())))
+        mean = replica_mean(self.own())
         buffers = mean_buffers(self.model, self.world, self.device)
-        nn.utils.vector_to_parameters(mean, trainable(self.probe))
+        copy_into(mean, trainable(self.probe))
         with torch.no_grad():
             for name, b in self.probe.named_buffers():
                 b.copy_(buffers[name])
@@ -277,8 +298,8 @@ class ReplicaLoop:
         if self.hooks.agree:
             sync_buffers(self.model, self.world, self.device)
             return self.shown() if self.avg is not None else self.model
-        mean = replica_mean(nn.utils.parameters_to_vector(trainable(self.own())))
-        nn.utils.vector_to_parameters(mean, trainable(self.model))
+        mean = replica_mean(self.own())
+        self.flat.copy_(mean)
         if self.restat is not None:
             self.restat(self.model)
         else:
@@ -310,7 +331,8 @@ class ReplicaLoop:
                "lr": self.opt.param_groups[0]["lr"], **hooks.row(self)}
         row.update(self.val.epoch_end(self.shown, epoch, self.reports))
         if self.avg is not None:         # read or not, every replica folds its pending steps
-            self.avg.average.current()   # in here (where a checkpoint is written)
+            (self.avg.average if hooks.agree else self.avg).current()   # in here (where a
+                                                                         # checkpoint is written)
         return row
 
     def _model_state(self) -> dict:

@@ -18,10 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .buffers import collective_device, mean_buffers, own_statistics, sync_buffers  # noqa: F401
 from .failures import at, report
 from .seeds import replica_seed
-from .validation import Validation  # noqa: F401
 
 __all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "barrier_task",
            "broadcast_bytes", "most_batches", "peak_memory_mb", "read_checkpoint", "read_shard",

@@ -6,7 +6,7 @@ import pytest
 
 from spark_dl import ConfigError
 from spark_dl.optim.schedule import LRSchedule, check_lr_scaling, resolve_scaling
-from spark_dl.runtime.stage import mid_epoch_steps
+from spark_dl.runtime.validation import mid_epoch_steps
 
 
 def test_linear_rule_with_warmup_and_decay():

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from spark_dl.runtime.amp import LossScaler, autocast
+from spark_dl.runtime.amp import MixedPrecision, autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
 from spark_dl.runtime.seeds import replica_seed
@@ -227,7 +227,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     client.pull(wire)
     if not direct:
         flat.copy_(wire)
-    scaler = LossScaler(cfg.amp == "fp16")
+    scaler = MixedPrecision(cfg.amp, device)
     local = seen = moved = None
     if cfg.local is not None:
         local, seen = torch.empty_like(grad), torch.empty_like(grad)
@@ -271,7 +271,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                     y = y.to(dtype)
                 with autocast(device, cfg.amp):
                     loss = loss_fn(model(x), y)
-                scaler(loss * len(x)).backward()     # grad += the per-sample gradient sum
+                scaler.scale_loss(loss * len(x)).backward()     # grad += the per-sample gradient sum
                 loss_sum.add(loss, len(x))                # read once a report goes
                 samples += len(x)
                 steps += 1

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from spark_dl.balance import balanced_batches
-from spark_dl.runtime.amp import LossScaler, autocast
+from spark_dl.runtime.amp import MixedPrecision, autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
 from spark_dl.runtime.seeds import replica_seed
@@ -320,7 +320,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                               if dtype == torch.float64 else torch.float32)
     held = list(client.versions)                  # versions of the parameters in the model
     acc_samples = acc_steps = 0
-    scaler = LossScaler(cfg.amp == "fp16")
+    scaler = MixedPrecision(cfg.amp, device)
     staleness: Counter = Counter()
     history, pushes = [], 0
     n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
@@ -371,7 +371,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
                 else:
                     with autocast(device, cfg.amp):
                         loss = loss_fn(model(x), y)
-                    scaler(loss * len(x)).backward()  # grad += the per-sample gradient sum
+                    scaler.scale_loss(loss * len(x)).backward()  # grad += the per-sample gradient sum
                 acc_samples += len(x)
                 loss_sum.add(loss, len(x))                # read once a report goes
                 samples += len(x)

@@ -15,14 +15,13 @@ import dataclasses
 import time
 
 import torch
-from torch import nn
 
 from spark_dl.runtime.loop import FitParts, Hooks, ReplicaLoop, replica_task
 from spark_dl.runtime.stage import LocalStepConfig, shared_memory_name
 
 from .rounds import Rounds, average_and_distance
 
-__all__ = ["GossipConfig", "GossipHooks", "flat_parameters", "make_task"]
+__all__ = ["GossipConfig", "GossipHooks", "make_task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,17 +43,6 @@ def make_task(cfg: GossipConfig, parts: FitParts, secret: str,
     return replica_task(cfg, GossipHooks, parts, secret, channel)
 
 
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    """Move ``model``'s trainable parameters into one flat buffer (each a view of it)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    offset = 0
-    for p in params:
-        p.data = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-    return flat
-
-
 class GossipHooks(Hooks):
     """Gossip's part of the replica loop: a gossip round between each replica's gradient and
     its own step, every ``sync_every`` steps."""
@@ -65,11 +53,9 @@ class GossipHooks(Hooks):
     def updates(self, world: int) -> int:
         return world                     # the replicas' average moves by their mean gradient
 
-    def prepare(self, loop: ReplicaLoop) -> None:
-        self.flat = flat_parameters(loop.model)
-
     def build(self, loop: ReplicaLoop) -> None:
-        cfg, flat = self.cfg, self.flat
+        cfg = self.cfg
+        self.flat = flat = loop.flat      # the replica's parameters, one buffer
         self.shm, name = None, shared_memory_name(loop.statuses, loop.rank, loop.world,
                                                   loop.device)
         if name is not None:              # one host: the rounds go through shared memory

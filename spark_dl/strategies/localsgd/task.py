@@ -24,7 +24,6 @@ from spark_dl.runtime.loop import (
     ReplicaLoop,
     replica_mean,
     replica_task,
-    trainable,
 )
 from spark_dl.runtime.stage import LocalStepConfig
 
@@ -59,10 +58,10 @@ class LocalSGDHooks(Hooks):
 
     def build(self, loop: ReplicaLoop) -> None:
         cfg = self.cfg
-        self.params = trainable(loop.model)
+        self.flat = loop.flat             # the replica's parameters, one buffer
         self.outer = None
         if cfg.outer_lr != 1.0 or cfg.outer_momentum != 0.0:
-            self.anchor = nn.Parameter(nn.utils.parameters_to_vector(self.params).detach())
+            self.anchor = nn.Parameter(self.flat.detach().clone())
             self.outer = torch.optim.SGD([self.anchor], lr=cfg.outer_lr,
                                          momentum=cfg.outer_momentum,
                                          nesterov=cfg.outer_momentum > 0)
@@ -91,7 +90,7 @@ class LocalSGDHooks(Hooks):
     def synchronize(self, loop: ReplicaLoop) -> None:
         """The replicas' average, or the outer step from it. A collective."""
         t0 = time.perf_counter()
-        flat = nn.utils.parameters_to_vector(self.params)
+        flat = self.flat
         mean = replica_mean(flat, weight=float(self.rows))
         self.bytes_sent += (flat.numel() + 1) * flat.element_size()
         floats = [b for b in loop.model.buffers() if b.is_floating_point()]
@@ -103,7 +102,7 @@ class LocalSGDHooks(Hooks):
                 self.anchor.grad = self.anchor.detach() - mean    # Δ, the outer gradient
                 self.outer.step()
             mean = self.anchor.detach()
-        nn.utils.vector_to_parameters(mean, self.params)
+        flat.copy_(mean)
         self.rows = self.since = 0
         self.averages += 1
         self.average_s += time.perf_counter() - t0
