@@ -14,8 +14,6 @@ __all__ = ["MODEL_PARALLEL", "Layout", "check_master_backprop", "model_parallel_
 
 MODEL_PARALLEL = ("collective", "master")      # how partitions > 1 split a replica's model
 _ALIASES = {"thesis": "master"}                # the master algorithm's former name
-# the name Downpour's driver and tasks read for each algorithm (its tasks say "thesis")
-_DOWNPOUR_NAME = {"collective": "collective", "master": "thesis"}
 
 
 def plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log) -> tuple[int, int]:
@@ -70,12 +68,12 @@ def _task_memory(spark) -> int:
 def model_parallel_algorithm(value) -> str:
     """``model_parallel``: "collective" (each layer's all-gather and all-reduce) or "master"
     (distributed backpropagation through a master, FC nets); "thesis" is accepted as "master".
-    Returns the name Downpour's driver and tasks read for it; a ConfigError for another."""
+    Returns the algorithm's name; a ConfigError for another value."""
     name = _ALIASES.get(value, value) if isinstance(value, str) else value
     if name not in MODEL_PARALLEL:
         raise ConfigError(f"model_parallel must be one of {', '.join(map(repr, MODEL_PARALLEL))}"
                           f" ('thesis' is accepted as 'master'), got {value!r}")
-    return _DOWNPOUR_NAME[name]
+    return name
 
 
 def check_master_backprop(model_fn, loss_name: str, partitions) -> None:

@@ -135,8 +135,8 @@ class Downpour(Strategy):
                 raise ConfigError(f"widths gives each of the partitions its share of every "
                                   f"layer's columns: give partitions=F > 1 and F shares, got "
                                   f"partitions={self.partitions!r}, widths={self.widths!r}")
-            if self.model_parallel == "thesis":
-                raise ConfigError("model_parallel='thesis' splits the columns evenly; use "
+            if self.model_parallel == "master":
+                raise ConfigError("model_parallel='master' splits the columns evenly; use "
                                   "model_parallel='collective' with widths")
         check_staleness(self.staleness)
         check_average(self.average)
@@ -148,16 +148,16 @@ class Downpour(Strategy):
         if self.overlap and self.mode != "async":
             raise ConfigError(f"overlap=True needs mode='async' (got {self.mode!r}): sync and "
                               f"sequential rounds wait for the server by design")
-        if self.model_parallel == "thesis" and self.partitions == 1:
-            raise ConfigError("model_parallel='thesis' is how partitions > 1 split the model; "
+        if self.model_parallel == "master" and self.partitions == 1:
+            raise ConfigError("model_parallel='master' is how partitions > 1 split the model; "
                               "give partitions=F (or leave model_parallel alone)")
 
     def check_job(self, job: Job) -> None:
         check_server_optimizer(job, "Downpour", self.server_optimizer)
         check_amp(self.amp, job.stage["dtype"])
-        if self.model_parallel == "thesis":
+        if self.model_parallel == "master":
             if self.amp:
-                raise ConfigError("model_parallel='thesis' computes its layers by hand, "
+                raise ConfigError("model_parallel='master' computes its layers by hand, "
                                   "without autocast: use model_parallel='collective' with amp")
             check_master_backprop(job.model_fn, job.loss_name, self.partitions)
 

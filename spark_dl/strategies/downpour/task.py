@@ -56,7 +56,7 @@ class DownpourConfig(StageConfig):
     wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
     overlap: bool | None = False       # async: a push travels while the next step computes
                                        # (None: on when the worker is on a GPU)
-    model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "thesis"
+    model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "master"
     amp: str | None = None             # autocast: "bf16" or "fp16" (float32 master weights)
     widths: tuple | None = None        # partitions' shares of every layer's columns
     balance: str | tuple | None = None  # sync rounds: "speed" or fixed shares per worker
@@ -177,11 +177,11 @@ def _partitioned_model(model_fn: Callable, comm, dtype, algorithm: str = "collec
     """This task's slice of the model, without materialising the whole model: built on the
     meta device and cut; flat_parameters allocates the slice (its values come from the
     server).
-    ``algorithm`` "thesis": the FC net as ThesisFC (the thesis's master algorithm)."""
+    ``algorithm`` "master": the FC net as MasterBackpropFC (the thesis's master algorithm)."""
     from spark_dl.model_parallel import MasterBackpropFC, fc_activation, partition_model
     with torch.device("meta"):
         full = model_fn().to(dtype)
-    if algorithm == "thesis":
+    if algorithm == "master":
         return MasterBackpropFC(full, comm, fc_activation(full))
     model = partition_model(full, comm)
     for module in model.modules():    # buffers (kept-whole BatchNorm's): real, at their start
@@ -332,7 +332,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, sha
     def reported():               # staleness "dana": the next push's momentum, to the server
         return reported_momentum(carrier, cfg.look_ahead)
 
-    thesis = comm is not None and cfg.model_parallel == "thesis"
+    thesis = comm is not None and cfg.model_parallel == "master"
     master = part == 0                            # the thesis algorithm's master
     rows_total = len(shard) if comm is None else None
     for epoch in range(resume_epoch, cfg.epochs):
