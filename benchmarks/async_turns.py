@@ -8,19 +8,21 @@ worker fetched after its previous push, ``stale`` = W - 1 versions back unless g
 server steps every push (plain SGD at ``rate`` x fit's rate, or with its own momentum
 ``sm``), clips it as Downpour's server does (clip x the running mean norm, from the 21st
 push) and validates its moving average over a tenth of an epoch every quarter epoch, on the
-2,000 held-out real digits. A worker's momentum ``wm`` (staleness rule "worker") ramps up
+2,000 held-out real digits. A worker's momentum ``wm`` (staleness rule "dana") ramps up
 over ramp_length of its fit. One push is one mini-batch of 16 rows, fit's lr 0.02 halved per
 epoch, 2 epochs; no linear scaling (Downpour's pushes carry one worker's batch). The data
 are bench_scaling's (48,000 distorted digits from the first 8,000 shipped), made once.
 
-A configuration is comma-separated key=value (defaults: the "worker" rule's for W):
-  W (1)  rule ("worker"; "short": "worker+short", its wm and rate; "dana": Downpour's
-  default "dana", its wm and rate, and look=1)
-  wm (0.9 with W > 1)  sm (0.9 for W = 1, else 0)  rate (worker_rate(W) with wm, else 1;
-  give it with wm: wm alone keeps it)  stale (W - 1)  clip (2 with W > 1, 0: off)
+A configuration is comma-separated key=value (defaults: Downpour's rule "dana" for W; the
+rules "worker" and "worker+short" simulated here before were removed, their results are in
+docs/guides/downpour.md, "Staleness rule"):
+  W (1)  rule ("dana", the only one)
+  wm (0.9 with W > 1)  sm (0.9 for W = 1, else 0)  rate (dana_rate(W) with wm, else 1;
+  spark_dl.strategies.ps_rules.worker_rule)  stale (W - 1)  clip (2 with W > 1, 0: off)
   lr (0.02)  ramp (-1: ramp_length of the worker's fit; 0: none)
-  look (0; 1: the server's look-ahead of rule "dana", spark_dl.transport.ps.shard: a worker
-  takes its gradient at the values it fetched less lr x every worker's momentum step to come)
+  look (1: the server's look-ahead of rule "dana", spark_dl.transport.ps.shard: a worker
+  takes its gradient at the values it fetched less lr x every worker's momentum step to come;
+  0: none)
 
     .venv/bin/python benchmarks/async_turns.py --configs "W=1;W=2;W=2,stale=0" --seeds 6 \
         [--out benchmarks/results/async-turns.json]
@@ -43,26 +45,22 @@ LR, MOMENTUM, DECAY, BATCH, TARGET, EPOCHS, AVERAGE = 0.02, 0.9, 0.5, 16, 0.98, 
 
 def settings(config: str) -> dict:
     """A configuration's settings, Downpour's defaults for its W filled in."""
-    from spark_dl.strategies.downpour.driver import _worker_rule, worker_rate
+    from spark_dl.strategies.ps_rules import worker_rule
     given = dict(kv.split("=") for kv in config.split(",") if kv)
     unknown = set(given) - {"W", "rule", "wm", "sm", "rate", "stale", "clip", "lr", "ramp",
                             "look"}
-    if unknown or given.get("rule", "worker") not in ("worker", "short", "dana"):
-        raise SystemExit(f"unknown setting(s) {sorted(unknown)} or rule in {config!r}")
+    if unknown or given.get("rule", "dana") != "dana":
+        raise SystemExit(f"unknown setting(s) {sorted(unknown)} or rule in {config!r} (rule: "
+                         f"'dana' only; 'worker' and 'worker+short' were removed)")
     w = int(given.get("W", 1))
-    if given.get("rule") in ("short", "dana") and w > 1:
-        rule = "worker+short" if given["rule"] == "short" else "dana"
-        wm, rate = _worker_rule(MOMENTUM, w, False, rule)
-        given = {"wm": str(wm), "rate": str(rate), "look": str(int(rule == "dana")),
-                 **given}
-    s = {"W": w, "rule": given.get("rule", "worker"),
+    s = {"W": w, "rule": "dana",
          "wm": float(given.get("wm", MOMENTUM if w > 1 else 0.0)),
          "sm": float(given.get("sm", MOMENTUM if w == 1 else 0.0)),
          "stale": int(given.get("stale", w - 1)), "clip": float(given.get("clip", 2 if w > 1
                                                                           else 0)),
          "lr": float(given.get("lr", LR)), "ramp": int(given.get("ramp", -1)),
-         "look": bool(int(given.get("look", 0)))}
-    s["rate"] = float(given.get("rate", worker_rate(w) if s["wm"] else 1.0))
+         "look": bool(int(given.get("look", 1)))}
+    s["rate"] = float(given.get("rate", worker_rule(s["wm"], w, False, "dana")[1]))
     return s
 
 

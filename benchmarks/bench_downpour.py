@@ -8,30 +8,20 @@ of --repeats runs:
   plain-1t            single-process loop, 1 thread (the calibration)
   allreduce           spark_dl.fit(strategy="allreduce")
   downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.9 as the
-                      others, the defaults: staleness rule "worker+short" since
-                      2026-11-29 ("worker", the momentum at the workers, ramped, the
-                      server at half the rate, from the night of 2026-11-28 until then;
-                      runs from 2026-11-28 until that night had "halfway", the
-                      server at 0.6, the mean of the "step" rule's 0.8 and the "momentum"
-                      rule's 0.4; runs before then had "momentum" here) and
+                      others, the defaults: staleness rule "dana" (fit's momentum at the
+                      workers, the server's look-ahead; earlier runs had the rules of
+                      their day here: docs/guides/downpour.md, "Staleness rule") and
                       average=0.1 (the model returned and validated is the server's
                       moving average over a tenth of an epoch), and clip=2 (a push's step at
                       most twice the running gradient norm; since 2026-11-27)
-  downpour-1-1-step   the same with staleness="step" (the server runs 1 - 2 x (1 - 0.9) = 0.8,
-                      half the single process's effective step, as a push lands a version
-                      late; the default for a few hours on 2026-11-28, when
-                      results/downpour_step.json recorded it as downpour-1-1 and the default
-                      as downpour-1-1-mom)
   downpour-1-1-noclip the same with clip=0 (the defaults before 2026-11-27)
   downpour-1-1-last   the same with average=0: the server's last values
   downpour-1-1-plain  the plain rule (staleness="none", average=0) with server momentum 0.8,
                       the best plain setting before the rule (at 0.9 it diverges)
-  downpour-1-1-lrmom  staleness="lr+momentum": also lr / tau for pushes tau >= 2 versions old
   downpour-1-1-ovl    as downpour-1-1 with overlap=True: the push of step t travels while step
                       t+1 computes (one more step of staleness, no waiting)
-  downpour-4-4        async, n_fetch = n_push = 4, lr / 4 (with the default rule since the
-                      night of 2026-11-28, "worker", and its shorter memory since
-                      2026-11-29: a buffer decays once a push of 4; not run since)
+  downpour-4-4        async, n_fetch = n_push = 4, lr / 4 (with the default rule, "dana": a
+                      worker's buffer decays once a push of 4)
   downpour-sync       the synchronous parameter server
   elephas-epoch       Elephas 7.3, asynchronous mode, frequency "epoch" (its default)
   elephas-batch       Elephas 7.3, asynchronous mode, frequency "batch" (Downpour-like)
@@ -180,14 +170,10 @@ def main(argv=None):
         "plain-1t": lambda: (plain(R, E), {}),
         "allreduce": lambda: engine(spark, R, E, runs),
         "downpour-1-1": lambda: engine(spark, R, E, runs, strategy=Downpour()),
-        "downpour-1-1-step": lambda: engine(spark, R, E, runs,
-                                            strategy=Downpour(staleness="step")),
         "downpour-1-1-last": lambda: engine(spark, R, E, runs, strategy=Downpour(average=0)),
         "downpour-1-1-noclip": lambda: engine(spark, R, E, runs, strategy=Downpour(clip=0)),
         "downpour-1-1-plain": lambda: engine(spark, R, E, runs, momentum=0.8,
                                              strategy=Downpour(staleness="none", average=0)),
-        "downpour-1-1-lrmom": lambda: engine(spark, R, E, runs,
-                                             strategy=Downpour(staleness="lr+momentum")),
         "downpour-1-1-ovl": lambda: engine(spark, R, E, runs, strategy=Downpour(overlap=True)),
         # a push of 4 accumulated steps is 4 steps' worth of gradient: lr / 4 keeps the step
         # size of one 64-sample batch (at lr 0.05 it diverges)

@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spark_dl.transport.ps import ParameterServer, PSClient  # noqa: E402
+from spark_dl.transport.ps import ParameterServer, PSClient, StepRule  # noqa: E402
 
 SECRET = os.urandom(32)
 
@@ -89,8 +89,8 @@ def main(argv=None):
     servers, clients = {}, {}
     for name, shards, wire in (("ps-1shard", 1, torch.float32), ("ps-4shards", 4, torch.float32),
                                ("ps-bf16", 1, torch.bfloat16)):
-        servers[name] = ParameterServer(torch.zeros(n), SECRET, shards=shards, optimizer="sgd",
-                                        lr=0.01)
+        servers[name] = ParameterServer(torch.zeros(n), SECRET, shards=shards,
+                                        rule=StepRule(optimizer="sgd", lr=0.01))
         c = PSClient(servers[name].address, SECRET, 0, dtype=wire)
         c.hello(rows=1, batch_size=1)
         clients[name] = (c, torch.empty(n, dtype=wire))

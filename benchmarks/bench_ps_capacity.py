@@ -52,10 +52,15 @@ k = int(sys.argv[2])
 # it the server picks, and a --baseline checkout older than that switch runs this as well
 serving = {"loop": True} if sys.argv[4:] == ["loop"] else \
     {"loop": False} if sys.argv[4:] == ["threads"] else {}
+step = dict(optimizer="momentum", lr=0.001, momentum=max(0.0, 0.9 - (1 - 1 / k)),
+            average=0.1, clip=2.0)
+try:                                  # the server's step as one rule (rule.py: StepRule)
+    from spark_dl.transport.ps import StepRule
+    step = {"rule": StepRule(**step)}
+except ImportError:                   # a --baseline from before it: the same as keywords
+    pass
 ps = ParameterServer(torch.zeros(int(sys.argv[3])), bytes.fromhex(os.environ["PS_SECRET"]),
-                     "127.0.0.1", shards=1, optimizer="momentum", lr=0.001,
-                     momentum=max(0.0, 0.9 - (1 - 1 / k)), mode="async", workers=k,
-                     average=0.1, clip=2.0, **serving)
+                     "127.0.0.1", shards=1, mode="async", workers=k, **step, **serving)
 print(ps.address[1], flush=True)
 sys.stdin.read()                                   # until the benchmark closes it
 print(ps.pushes, flush=True)

@@ -13,27 +13,14 @@ over real run-to-run variation, not over one trajectory timed again:
   plain-1t          single-process PyTorch, 1 thread, the same rows, lr and evaluation marks
                     (the calibration: the limit of R replicas is R x its samples/s)
   <strategy>-<R>    spark_dl.fit(strategy=..., replicas=R) on local[max R], 1 thread a replica
-                    ("downpour+lr": Downpour(staleness="lr"), a push tau >= 2 versions old
-                    steps lr / tau and the server keeps fit's momentum; "downpour+step":
-                    Downpour(staleness="step"), the server's effective step the single
-                    process's divided by R (the default for a few hours on 2026-11-28, when
-                    "downpour" meant it and "downpour+momentum" the default rule);
-                    "downpour+momentum": the rule that was the default before and after
-                    that, until "halfway" (the mean of the two) became it on 2026-11-28, so
-                    "downpour" in runs before then is "downpour+momentum" now;
-                    "downpour+worker" / "boosting+worker": staleness="worker", the
-                    momentum kept at the workers (2026-11-28 night); their
-                    one-replica reference is Downpour's (Boosting's); "worker" became
-                    Downpour's default later that night (with its ramp, at half the
-                    rate), and "worker+short" on 2026-11-29 (the same step with a
-                    shorter memory at the workers: 0.8 at 2 workers at fit's rate),
-                    so "downpour" since is "downpour+worker+short", and the defaults
-                    before, "downpour+worker" and "downpour+halfway"; "dana" became
-                    Downpour's default on 2026-11-29 morning (its look-ahead), so
-                    "downpour" in runs before then is "downpour+worker+short" now,
-                    and "boosting+dana" runs Boosting with it; Boosting's
-                    default became "worker+short" later on 2026-11-29, so "boosting"
-                    in runs before then is "boosting+momentum" now;
+                    ("downpour+RULE" / "boosting+RULE": staleness=RULE, one of the kept
+                    rules "dana" (the default of both, so "downpour" is "downpour+dana"),
+                    "halfway", "lr" (a push tau >= 2 versions old steps lr / tau and the
+                    server keeps fit's momentum) and "none"; their one-replica reference
+                    is Downpour's (Boosting's); the rules "step", "momentum",
+                    "lr+momentum", "worker" and "worker+short" were removed (a
+                    ConfigError), their runs and which one "downpour" and "boosting"
+                    meant when: docs/guides/downpour.md, "Staleness rule");
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;

@@ -76,7 +76,7 @@ from spark_dl.models.unet import FocalDiceLoss, UNet  # noqa: E402
 from spark_dl.optim.schedule import LRSchedule  # noqa: E402
 from spark_dl.recipes.ships import TEST_START, mask_scores  # noqa: E402
 from spark_dl.strategies.downpour.exchange import ramped  # noqa: E402
-from spark_dl.transport.ps.server import _push_factor  # noqa: E402
+from spark_dl.transport.ps.rule import push_factor  # noqa: E402
 from spark_dl.transport.ps.shard import Shard  # noqa: E402
 
 # name -> (k, R, server momentum, scaling, order, cyclic lr)
@@ -217,18 +217,18 @@ def run(name: str, seed: int, x, m, vx, vm, epochs: int, batch: int, lr: float,
                 fetched[w] = shard.version
                 continue
             if dc:                          # g + lambda g*g*(x_now - x_worker), on the mean
-                g = grad * (_push_factor(scaling, steps) / samples)
+                g = grad * (push_factor(scaling, steps) / samples)
                 meansq.mul_(0.95).add_(g * g, alpha=0.05)
                 lam = 2.0 / (meansq.sqrt() + 1e-7)
                 g.add_(lam * g * g * (shard.param.detach() - held[w]))
-                grad = g * (samples / _push_factor(scaling, steps))
+                grad = g * (samples / push_factor(scaling, steps))
             tau = shard.version - fetched[w]
             if slr and tau > 1:
                 grad = grad / tau
             if cyc:
                 shard.schedule = LRSchedule(cyclic(shard.steps / steps_per_epoch), 1, "none",
                                             0, 1.0, epochs)
-            shard.apply(grad, _push_factor(scaling, steps) / samples, steps, steps_per_epoch,
+            shard.apply(grad, push_factor(scaling, steps) / samples, steps, steps_per_epoch,
                         summed=steps)
             held[w] = shard.param.detach().clone()          # the worker fetches after its push
             if look:                        # where the server will be when this push lands:
@@ -296,7 +296,7 @@ def _concurrent(net, params, shard, loss_fn, keys, x, m, R, batch, seed, epochs,
                 if not todo[w]:                        # the key's push, then a fetch
                     n = counts[w]
                     steps = -(-n // batch)
-                    shard.apply(gsum[w], _push_factor(scaling, steps) / n, steps,
+                    shard.apply(gsum[w], push_factor(scaling, steps) / n, steps,
                                 steps_per_epoch, summed=steps)
                     gsum[w].zero_()
                     moved[w].zero_()

@@ -30,18 +30,12 @@
 # Or the same as a second call while the machine is warm (it goes back after 30 s idle):
 #   STEP_COST_ONLY=1 bash benchmarks/gpu_session.sh "$OUT"
 # Every benchmark writes its results file after each repeat: one cut short keeps what it did.
-# Downpour's momentum at the workers against its default rule at 1, 4, 8 and 16 replicas
-# (2026-11-28 night, scaling-16-2026-11-28-worker.json; SCALING_REPLICAS sets the counts):
-#   TOTAL=560 SCALING_REPLICAS=1,4,8,16 SCALING_STRATEGIES=downpour,downpour+worker \
+# Downpour's staleness rules against each other at 1, 4, 8 and 16 replicas (SCALING_REPLICAS
+# sets the counts; the rules kept: "dana", the default, "halfway", "lr", "none"), e.g.
+#   TOTAL=560 SCALING_REPLICAS=1,4,8,16 SCALING_STRATEGIES=downpour,downpour+halfway \
 #     SCALING_REPEATS=3 SCALING_EPOCHS=3 SCALING_S=530 bash benchmarks/gpu_session.sh "$OUT"
-# (then "downpour" was "halfway"; later that night "worker", ramped, at half the rate, became
-# the default, and on 2026-11-29 "worker+short": the same step at the full rate with a shorter
-# memory, 2 of 3 seeds to 98% on local[16] on 2 cores where "worker" got 1, and ahead after an
-# epoch at 8 and 16 workers in benchmarks/async_turns.py; and on 2026-11-29 09:00 "dana", the
-# look-ahead: 1.25-1.75 epochs to 98% on local[16] on 2 cores where "worker+short" took
-# 1.5-2.0.) Next on 16 cores, after the defaults of step 1: Downpour's default against
-# "worker+short" at 1, 4, 8 and 16 replicas,
-# SCALING_STRATEGIES=downpour,downpour+worker+short
+# (scaling-16-2026-11-28-worker.json ran it with "downpour+worker", a rule since removed:
+# docs/guides/downpour.md, "Staleness rule").
 # At the scaling issue's own rate (lr 0.01, where two replicas met the 2-core target pooled
 # over 24 seeds in every strategy on 2026-11-30, and the simulated 16 replicas needed 1.5
 # epochs to one replica's 0.75):

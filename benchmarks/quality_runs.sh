@@ -11,14 +11,12 @@
 # ships-seeds (the ships group's systems at train.seed 1..4), ships-clip (Downpour with and
 # without clipped pushes, interleaved, then over seeds),
 # ships-fresh (Boosting with fresh values mid-key and the cap against without, interleaved,
-# then over seeds), ships-step (Downpour's and Boosting's staleness rules "step" and
-# "momentum", interleaved), ships-halfway (Downpour's "halfway" and "momentum", interleaved),
-# ships-worker (Downpour's "worker" and "halfway", interleaved), ships-worker-seeds (one
-# process, Downpour's "worker" and "halfway" at seeds 1..3), ships-boosting-worker
-# (Boosting's "worker" and its default "momentum", interleaved), cnn-bn-worker (Downpour's
-# "worker" and "halfway" on the cnn-bn job, interleaved),
+# then over seeds),
 # split (the split runs of hybrid and model-parallel again, their one-process references
 # not: they do not depend on the parameter server; to refresh them after a server change).
+# The groups that compared staleness rules since removed (ships-step, ships-halfway,
+# ships-worker, ships-worker-seeds, ships-boosting-worker, cnn-bn-worker) went with them;
+# their results stay in benchmarks/results/quality/ (docs/guides/downpour.md, "Staleness rule").
 #   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -229,66 +227,6 @@ if [ "$group" = ships-fresh ]; then
     run_named "ships-boosting-fresh-seed$s" "${SHIPS[@]}" --set train.seed=$s
   done
   run_named ships-bn-boosting-fresh "${SHIPS[@]}" --set train.norm=batch
-fi
-ships_rules() {                   # STRATEGY RULE...: 2 workers, the rules interleaved, RUNS runs
-  local st="$1"; shift
-  local i rule
-  for i in $(seq 1 "${RUNS:-3}"); do
-    for rule in "$@"; do
-      run_named "ships-$st-$rule-$i" jobs/segment_ships.py --config conf/jobs/ships.toml \
-          --set train.replicas=2 --set "train.strategy={'name': '$st', 'staleness': '$rule'}"
-    done
-  done
-}
-if [ "$group" = ships-halfway ]; then
-  # Downpour on the ships job with staleness="halfway" (the default from 2026-11-28 until
-  # "worker" that night) against "momentum", seed 0 each. The runs of 2026-11-28 (results/downpour-halfway/)
-  # forced the same server momenta by a scratch switch (0.6 and 0.4 at 2 workers).
-  ships_rules downpour halfway momentum
-fi
-if [ "$group" = ships-worker ]; then
-  # Downpour on the ships job with staleness="worker" (the momentum kept at the workers)
-  # against "halfway", seed 0 each (results/quality/ships-downpour-worker/, 2026-11-28).
-  ships_rules downpour worker halfway
-fi
-if [ "$group" = ships-worker-seeds ]; then
-  # One process, Downpour's "worker" (the default since 2026-11-28 night: the ramped momentum
-  # at the workers, half the rate) and "halfway", interleaved, at train.seed 1..3
-  # (results/quality/ships-downpour-worker-ramp/, 2026-11-28 night).
-  for s in 1 2 3; do
-    run_named "ships-single-seed$s" jobs/segment_ships.py --config conf/jobs/ships.toml \
-        --set train.strategy=allreduce --set train.replicas=1 --set train.seed=$s
-    for rule in worker halfway; do
-      run_named "ships-downpour-$rule-seed$s" jobs/segment_ships.py \
-          --config conf/jobs/ships.toml --set train.replicas=2 --set train.seed=$s \
-          --set "train.strategy={'name': 'downpour', 'staleness': '$rule'}"
-    done
-  done
-fi
-if [ "$group" = ships-boosting-worker ]; then
-  # Boosting on its ships job with staleness="worker" against its default ("momentum"),
-  # seed 0 each (results/quality/ships-boosting-worker/, 2026-11-28).
-  ships_rules boosting worker momentum
-fi
-if [ "$group" = ships-step ]; then
-  # Downpour (async), then Boosting, on the ships job with staleness="step" against
-  # "momentum" (the default of both then), seed 0 each (results/quality/ships-downpour-step/
-  # and ships-boosting-step/, 2026-11-28).
-  ships_rules downpour step momentum
-  ships_rules boosting step momentum
-fi
-if [ "$group" = cnn-bn-worker ]; then
-  # Downpour on the cnn-bn job below with staleness="worker" against "halfway", 2 runs
-  # each, interleaved (results/quality/cnn-bn-worker/, 2026-11-28 night); RULES="worker+short
-  # worker": the rules compared (results/quality/cnn-bn-worker-short/, 2026-11-29).
-  CNN=(jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.model=cnn_bn
-       --set data.extended_samples=50000 --set train.epochs=4 --set train.replicas=2)
-  for i in 1 2; do
-    for rule in ${RULES:-worker halfway}; do
-      run_named "cnn-bn-downpour-$rule-$i" "${CNN[@]}" \
-        --set "train.strategy={'name': 'downpour', 'staleness': '$rule'}"
-    done
-  done
 fi
 if [ "$group" = cnn-bn ]; then
   # The thesis CNN with BatchNorm (train.model=cnn_bn) on a quarter of the digits (50,000
