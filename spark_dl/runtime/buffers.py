@@ -65,23 +65,24 @@ def sync_buffers(model, world: int, device, weight: float | None = None) -> None
                 named[name].copy_(b)
 
 
-def statistics_batches(cfg, model, world: int) -> int:
+def statistics_batches(cfg, model, world: int, average: float) -> int:
     """How many of its first mini-batches each replica recomputes an averaged model's
     BatchNorm statistics on (spark_dl.optim.average): 0 without an average or BatchNorm."""
     from ..optim.average import STATISTICS_ROWS, batch_norms
     layers = batch_norms(model)
-    if not getattr(cfg, "average", 0) or not layers or \
+    if not average or not layers or \
             any(isinstance(m, torch.nn.SyncBatchNorm) for m in layers):
         return 0       # (SyncBatchNorm would all-reduce each pass's batch: the replicas'
     return max(1, -(-STATISTICS_ROWS // (world * cfg.batch_size)))    # counts may differ)
 
 
-def own_statistics(cfg, model, shard, rank: int, world: int, device,
-                   dtype) -> OwnStatistics | None:
+def own_statistics(cfg, model, shard, rank: int, world: int, device, dtype,
+                   average: float, amp: str | None = None) -> OwnStatistics | None:
     """The pass that gives a replica's averaged models BatchNorm statistics of their own
     (OwnStatistics), or None where none is needed (statistics_batches)."""
-    batches = statistics_batches(cfg, model, world)
-    return OwnStatistics(cfg, shard, batches, rank, world, device, dtype) if batches else None
+    batches = statistics_batches(cfg, model, world, average)
+    return OwnStatistics(cfg, shard, batches, rank, world, device, dtype, amp) \
+        if batches else None
 
 
 HELD_BYTES = 64 << 20       # the most an averaged model's BatchNorm rows keep of host memory
@@ -98,8 +99,8 @@ class OwnStatistics:
     Calling it is a collective: every rank calls it."""
 
     def __init__(self, cfg, shard, batches: int, rank: int, world: int, device,
-                 dtype):
-        self.cfg, self.shard, self.batches = cfg, shard, batches
+                 dtype, amp: str | None = None):
+        self.cfg, self.shard, self.batches, self.amp = cfg, shard, batches, amp
         self.rank, self.world, self.device, self.dtype = rank, world, device, dtype
         self.held: list[torch.Tensor] | None = None
 
@@ -112,7 +113,7 @@ class OwnStatistics:
         from .amp import autocast
         kept = np.random.get_state(), random.getstate()     # torch's: fork_rng keeps them
         cuda = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda), autocast(self.device, self.cfg.amp):
+        with torch.random.fork_rng(devices=cuda), autocast(self.device, self.amp):
             rows = recompute_statistics(net, (x.to(device=self.device, dtype=self.dtype)
                                               for x in self._inputs()))
         np.random.set_state(kept[0])

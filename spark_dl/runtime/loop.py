@@ -10,8 +10,8 @@ model (``Hooks.agree``: AllReduce) replica 0's model is checkpointed, validated 
 returned; where each holds its own (Gossip, LocalSGD) every replica's model goes into the
 checkpoint and their mean is validated and returned.
 
-    def make_task(cfg, parts, secret, channel):
-        return replica_task(cfg, MyHooks, parts, secret, channel)
+    def make_task(cfg, options, parts, secret, channel):   # options: the strategy object
+        return replica_task(cfg, options, MyHooks, parts, secret, channel)
 """
 
 from __future__ import annotations
@@ -57,7 +57,10 @@ class FitParts:
 
 class Hooks:
     """What a strategy adds to the loop; each hook gets the loop (``loop.model``,
-    ``loop.opt``, ``loop.precision``, ``loop.rank`` ...). Only ``step`` must be written."""
+    ``loop.opt``, ``loop.precision``, ``loop.rank`` ...). Only ``step`` must be written.
+    ``cfg``: fit's stage and optimizer settings (LocalStepConfig); ``options``: the strategy
+    object itself, with the values its driver resolved (its ``amp`` and ``average``, when it
+    has them, are the loop's)."""
 
     name = ""             # the checkpoint's strategy (a resume checks it)
     agree = True          # the replicas hold one model; False: each its own, whose trainable
@@ -65,8 +68,10 @@ class Hooks:
     totals_global = False  # step() adds the global (loss sum, samples), not this replica's
     accumulate = 1        # micro-batches a step takes
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, cfg, options):
+        self.cfg, self.options = cfg, options
+        self.amp = getattr(options, "amp", None)
+        self.average = float(getattr(options, "average", 0.0) or 0.0)
 
     def updates(self, world: int) -> int:
         """Mini-batches an update averages (the rate schedule's ``k``)."""
@@ -111,15 +116,15 @@ class Hooks:
         """Release the transports."""
 
 
-def replica_task(cfg, make_hooks: Callable[[object], Hooks], parts: FitParts, secret: str,
+def replica_task(cfg, options, make_hooks: Callable[..., Hooks], parts: FitParts, secret: str,
                  channel: tuple[str, int] | None):
     """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task:
-    the replica loop with ``make_hooks(cfg)``'s hooks."""
+    the replica loop with ``make_hooks(cfg, options)``'s hooks."""
 
     def train(shard, device, rank, world, statuses, client, ctx) -> dict:
         place = dict(shard=shard, device=device, rank=rank, world=world, statuses=statuses,
                      client=client, ctx=ctx)
-        return ReplicaLoop(cfg, make_hooks(cfg), parts, **place).run()
+        return ReplicaLoop(cfg, make_hooks(cfg, options), parts, **place).run()
 
     return barrier_task(cfg, train, secret, channel, parts.run_dir)
 
@@ -209,7 +214,7 @@ class ReplicaLoop:
         self.schedule = cfg.schedule(hooks.updates(self.world))
         self.closure_opt = needs_closure(self.opt)
         self.clip = cfg.clip(self.schedule, self.device, line_search=self.closure_opt)
-        self.precision = MixedPrecision(getattr(cfg, "amp", None), self.device)
+        self.precision = MixedPrecision(hooks.amp, self.device)
         hooks.build(self)
 
     def _resume(self) -> tuple[int, dict | None]:
@@ -243,16 +248,16 @@ class ReplicaLoop:
             hooks.restore(self, mine)
         self.val = Validation(cfg, self.parts.validation, self.rank, self.dtype, self.device,
                               self.client, self.steps, self.loss_fn, self.world, shared=True)
-        if getattr(cfg, "average", 0) > 0:
+        if hooks.average > 0:
             from spark_dl.optim.average import AveragedModel, WeightAverage
-            span, steps = cfg.average, max(self.steps, 1)
+            span, steps = hooks.average, max(self.steps, 1)
             self.avg = AveragedModel(self.model, span, steps, start * self.steps,
                                      make=self.model_fn) if hooks.agree else \
                 WeightAverage([self.flat], span, steps, start * self.steps)
             if mine is not None:
                 self.avg.load_state_dict(mine.get("average"))
         self.restat = own_statistics(cfg, self.model, self.shard, self.rank, self.world,
-                                     self.device, self.dtype)
+                                     self.device, self.dtype, hooks.average, hooks.amp)
         if not hooks.agree and (self.val.on or self.val.shared or self.restat is not None):
             from spark_dl.optim.average import remake
             self.probe = remake(self.model, self.model_fn)   # holds the replicas' mean
@@ -385,7 +390,7 @@ class ReplicaLoop:
         return {**stage_info(self.statuses), "steps_per_epoch": self.steps,
                 "resumed_from_epoch": resumed, **extra,
                 "lr_schedule": self.schedule.describe(), "grad_clip": self.clip.describe(),
-                "average": getattr(self.cfg, "average", 0.0), "evals": self.val.evals,
+                "average": self.hooks.average, "evals": self.val.evals,
                 "validated_by": self.val.by if self.parts.validation is not None else None,
                 "train_seconds": train_s, "threads_per_task": torch.get_num_threads(),
                 "attempt": self.ctx.attemptNumber(), "timings": timings}

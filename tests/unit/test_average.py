@@ -258,7 +258,7 @@ def test_the_statistics_rows_are_read_once_and_kept_while_they_are_small(tmp_pat
     from spark_dl.data import arrays_to_arrow
     from spark_dl.data.stream import open_shard
     from spark_dl.runtime import buffers
-    from spark_dl.strategies.allreduce.task import AllReduceConfig
+    from spark_dl.runtime.stage import LocalStepConfig
     g = np.random.default_rng(0)
     x, y = g.normal(3.0, 2.0, size=(200, 5)).astype(np.float32), np.arange(200) % 3
     stream = open_shard([arrays_to_arrow(x[a:a + 40], y[a:a + 40]) for a in range(0, 200, 40)],
@@ -266,7 +266,7 @@ def test_the_statistics_rows_are_read_once_and_kept_while_they_are_small(tmp_pat
     if not held:
         monkeypatch.setattr(buffers, "HELD_BYTES", 1000)   # 3 batches of 16 x 5 floats: 960
     shard = CountingShard(stream)
-    restat = buffers.OwnStatistics(AllReduceConfig(batch_size=16, seed=4), shard, 4, rank=0,
+    restat = buffers.OwnStatistics(LocalStepConfig(batch_size=16, seed=4), shard, 4, rank=0,
                                  world=1, device=torch.device("cpu"), dtype=torch.float32)
     net = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.BatchNorm1d(5)).train()
     state = torch.get_rng_state()

@@ -227,7 +227,7 @@ def test_partitioning_refuses_what_it_cannot_split():
 
 
 def test_flat_views_keep_tied_weights_tied():
-    from spark_dl.strategies.downpour.exchange import flat_parameters as _flatten
+    from spark_dl.strategies.ps_worker import flat_parameters as _flatten
     a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
     b.weight = a.weight                                  # tied
     net = torch.nn.Sequential(a, b)
@@ -249,8 +249,8 @@ def test_a_partition_lives_on_the_requested_device(F):
     # real) lands, parameters, gradients and buffers, on the task's device ("meta" stands in
     # for a GPU here: nothing may stay behind on the CPU)
     from spark_dl.model_parallel import Comm
-    from spark_dl.strategies.downpour.exchange import flat_parameters as _flatten
     from spark_dl.strategies.downpour.task import _partitioned_model
+    from spark_dl.strategies.ps_worker import flat_parameters as _flatten
 
     def bn_fc():
         return torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.BatchNorm1d(8),

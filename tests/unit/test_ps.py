@@ -686,7 +686,7 @@ def test_a_workers_carried_momentum_on_a_plain_server_is_torchs_momentum_sgd():
     """Staleness rule "dana": one worker carrying the momentum over its pushes (sums of
     uneven numbers of samples) and a server stepping them without momentum move the values
     as torch's momentum SGD on the mean gradients does."""
-    from spark_dl.strategies.downpour.exchange import carry_momentum
+    from spark_dl.strategies.ps_worker import carry_momentum
     from spark_dl.transport.ps.shard import Shard
     start = torch.randn(300, generator=torch.Generator().manual_seed(3))
     shard = Shard(start, "momentum", lr=0.05, momentum=0.0)
@@ -744,7 +744,7 @@ def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():
     """Staleness rule "dana": the momentum a worker carries grows linearly from 0 over its
     first MOMENTUM_RAMP mini-batches (its first push a plain gradient), then stays fit's;
     carried through carry_momentum, the buffer is torch's SGD buffer under that schedule."""
-    from spark_dl.strategies.downpour.exchange import MOMENTUM_RAMP, carry_momentum, ramped
+    from spark_dl.strategies.ps_worker import MOMENTUM_RAMP, carry_momentum, ramped
     assert ramped(0.9, 0) == 0.0
     assert ramped(0.9, MOMENTUM_RAMP // 2) == pytest.approx(0.45)
     assert ramped(0.9, MOMENTUM_RAMP) == ramped(0.9, 10 * MOMENTUM_RAMP) == 0.9
@@ -765,7 +765,7 @@ def test_a_workers_momentum_ramps_up_over_its_first_mini_batches():
 def test_a_short_fits_ramp_is_a_tenth_of_it():
     """The ramp takes MOMENTUM_RAMP mini-batches, or a tenth of a worker's fit where that is
     shorter (a fit of 24 mini-batches ramps over 2), at least 1; ramped follows its length."""
-    from spark_dl.strategies.downpour.exchange import MOMENTUM_RAMP, ramp_length, ramped
+    from spark_dl.strategies.ps_worker import MOMENTUM_RAMP, ramp_length, ramped
     assert ramp_length(3000) == ramp_length(10 * MOMENTUM_RAMP) == MOMENTUM_RAMP
     assert ramp_length(24) == 2 and ramp_length(5) == ramp_length(0) == 1
     assert ramp_length(123.9) == 12

@@ -3,12 +3,14 @@ model; the checkpoints are the tasks')."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ...balance import BALANCE_MODES, ROW_MODES, check_balance
 from ...errors import ConfigError
 from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...runtime.amp import check_amp
 from ...runtime.loop import FitParts
-from ...runtime.stage import RESULT_SCHEMA
+from ...runtime.stage import RESULT_SCHEMA, LocalStepConfig
 from ..base import (
     FitResult,
     Job,
@@ -86,15 +88,12 @@ class AllReduce(Strategy):
                               f"(batch_size={job.stage['batch_size']} x {job.replicas} "
                               f"replicas): raise max_batch or lower batch_size")
         balance = self.balance if self.balance in BALANCE_MODES else tuple(self.balance)
-        cfg = _task.AllReduceConfig(**job.stage, **job.train, accumulate=self.accumulate,
-                                    amp=self.amp, transport=self.transport,
-                                    bucket_mb=float(self.bucket_mb), balance=balance,
-                                    max_batch=self.max_batch, profile_steps=self.profile_steps,
-                                    balance_rows=self.balance_rows,
-                                    average=float(self._average(job)))
+        options = dataclasses.replace(self, bucket_mb=float(self.bucket_mb), balance=balance,
+                                      average=float(self._average(job)))
         run = Run(job, self, {**job.stage, **job.train})
         parts = FitParts(job.model_fn, job.loss_fn, str(run.path), job.validation)
-        task = _task.make_task(cfg, parts, run.secret, run.serve().address)
+        task = _task.make_task(LocalStepConfig(**job.stage, **job.train), options, parts,
+                               run.secret, run.serve().address)
         job.say(f"allreduce: {job.replicas} replica(s), run directory {run.path}")
         return run_barrier(job, run, task, RESULT_SCHEMA,
                            f"allreduce, {job.replicas} replica(s)")

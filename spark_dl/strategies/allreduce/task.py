@@ -13,7 +13,6 @@ stage resumes from the last one.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
@@ -25,24 +24,7 @@ from spark_dl.runtime.loop import FitParts, Hooks, ReplicaLoop, replica_task
 from spark_dl.runtime.seeds import replica_seed
 from spark_dl.runtime.stage import LocalStepConfig, shared_memory_name
 
-__all__ = ["AllReduceConfig", "AllReduceHooks", "GradientSync", "make_task"]
-
-
-@dataclasses.dataclass(frozen=True)
-class AllReduceConfig(LocalStepConfig):
-    """Plain values shipped to the tasks (see ``spark_dl.fit`` for their meaning)."""
-
-    accumulate: int = 1
-    amp: str | None = None
-    bucket_mb: float = 25.0
-    transport: str = "auto"       # "auto": shared memory when all replicas share a host, else
-                                  # the process group (gloo/NCCL); "process_group": always that
-    balance: str | tuple | None = None   # None, "speed", "adaptive" or fixed shares
-    max_batch: int | None = None  # a replica's rows per micro-batch at most (balance)
-    profile_steps: int = 3        # timed steps per batch size when balance profiles
-    balance_rows: str = "move"    # "move": shards made ∝ the split; "wrap": rows stay put
-    average: float = 0.0          # > 0: validate and return the weights' moving average over
-                                  # that fraction of an epoch (spark_dl.optim.average)
+__all__ = ["AllReduceHooks", "GradientSync", "make_task"]
 
 
 class GradientSync:
@@ -130,10 +112,11 @@ class GradientSync:
             flat.zero_()
 
 
-def make_task(cfg: AllReduceConfig, parts: FitParts, secret: str,
+def make_task(cfg: LocalStepConfig, options, parts: FitParts, secret: str,
               channel: tuple[str, int] | None):
-    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
-    return replica_task(cfg, AllReduceHooks, parts, secret, channel)
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task;
+    ``options``: the ``AllReduce`` with its resolved ``average`` and ``balance``."""
+    return replica_task(cfg, options, AllReduceHooks, parts, secret, channel)
 
 
 class AllReduceHooks(Hooks):
@@ -145,34 +128,34 @@ class AllReduceHooks(Hooks):
     agree = True
     totals_global = True
 
-    def __init__(self, cfg: AllReduceConfig):
-        super().__init__(cfg)
-        self.accumulate = cfg.accumulate
+    def __init__(self, cfg: LocalStepConfig, options):
+        super().__init__(cfg, options)
+        self.accumulate = options.accumulate
         self.sync = self.balancer = None
 
     def build(self, loop: ReplicaLoop) -> None:
-        cfg = self.cfg
+        opts = self.options
         # One replica without a balancer has nothing to reduce: its step is the plain loop's
         # (gradients set to None and made afresh by backward, no buckets, no copies)
-        self.local = loop.world == 1 and cfg.balance is None
+        self.local = loop.world == 1 and opts.balance is None
         if not self.local:
             shm_name = shared_memory_name(loop.statuses, loop.rank, loop.world, loop.device) \
-                if cfg.transport == "auto" else None
-            self.sync = GradientSync(list(loop.model.parameters()), cfg.bucket_mb, shm_name,
-                                     cfg.timeout_s)
+                if opts.transport == "auto" else None
+            self.sync = GradientSync(list(loop.model.parameters()), opts.bucket_mb, shm_name,
+                                     self.cfg.timeout_s)
 
     def steps(self, loop: ReplicaLoop) -> int:
-        cfg = self.cfg
-        if cfg.balance is None:
+        cfg, opts = self.cfg, self.options
+        if opts.balance is None:
             return super().steps(loop)
         from spark_dl.balance import Balancer
         self.balancer = Balancer(
-            cfg.balance, model=loop.model, loss_fn=loop.loss_fn, shard=loop.shard,
-            batch_size=cfg.batch_size, accumulate=cfg.accumulate, device=loop.device,
-            dtype=loop.dtype, rank=loop.rank, world=loop.world, max_batch=cfg.max_batch,
-            profile_steps=cfg.profile_steps, transform=cfg.transform,
-            autocast=(lambda: autocast(loop.device, cfg.amp)) if cfg.amp else None,
-            rows=cfg.balance_rows)
+            opts.balance, model=loop.model, loss_fn=loop.loss_fn, shard=loop.shard,
+            batch_size=cfg.batch_size, accumulate=opts.accumulate, device=loop.device,
+            dtype=loop.dtype, rank=loop.rank, world=loop.world, max_batch=opts.max_batch,
+            profile_steps=opts.profile_steps, transform=cfg.transform,
+            autocast=(lambda: autocast(loop.device, opts.amp)) if opts.amp else None,
+            rows=opts.balance_rows)
         return self.balancer.steps
 
     def restore(self, loop: ReplicaLoop, state: dict) -> None:
@@ -184,7 +167,7 @@ class AllReduceHooks(Hooks):
             return None
         return self.balancer.epoch(loop.shard, shuffle=self.cfg.shuffle,
                                    seed=replica_seed(self.cfg.seed, loop.rank), epoch=epoch,
-                                   accumulate=self.cfg.accumulate,
+                                   accumulate=self.options.accumulate,
                                    transform=self.cfg.transform)
 
     def step(self, loop: ReplicaLoop, micro: list, totals: torch.Tensor) -> None:

@@ -34,7 +34,6 @@ from ..base import (
     check_server_optimizer,
     options,
 )
-from ..downpour.exchange import ramp_length
 from ..ps_rules import (
     StalenessPlan,
     check_clip,
@@ -46,6 +45,7 @@ from ..ps_rules import (
     server_optimizer_for,
 )
 from ..ps_snapshots import ServerSnapshots
+from ..ps_worker import ramp_length
 from . import task as _task
 from .data import cut_keys, parquet_files
 from .epochs import KeyEpochs

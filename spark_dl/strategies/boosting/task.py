@@ -24,23 +24,20 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from spark_dl.runtime.amp import MixedPrecision, autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
 from spark_dl.runtime.seeds import replica_seed
 from spark_dl.runtime.stage import (
     LossSum,
     StageConfig,
-    peak_memory_mb,
     read_shard,
     write_task_info,
 )
-from spark_dl.strategies.downpour.exchange import MOMENTUM_RAMP
+from spark_dl.strategies.ps_worker import MOMENTUM_RAMP, PSWorker
 
 __all__ = ["RESULT_SCHEMA", "BoostingConfig", "make_task", "read_key", "rebase"]
 
 RESULT_SCHEMA = "worker int, report string"
-_TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,57 +189,34 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
 
 
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
+    """One worker: it leases a data key from the server, trains on the key's rows (from the
+    parameters it pulled, or stepping a local copy), pushes their gradient sum and asks for
+    the next key, until the server says the fit is finished."""
     from spark_dl.data.memory import memory_headroom
-    from spark_dl.strategies.downpour.exchange import (
-        CarriedMomentum,
-        carried_report,
-        flat_parameters,
-        reported_momentum,
-    )
     from spark_dl.transport.channel import MessageClient
-    from spark_dl.transport.ps import PSClient
     from spark_dl.transport.ps.board import BoardReader
-    from spark_dl.transport.ps.buffers import read_buffers, spec_numel
-    from spark_dl.transport.rendezvous import task_device
 
-    t_start = time.perf_counter()
     rank = ctx.partitionId()
-    gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
-    device, note = task_device(cfg.device, gpus, rank)
-    torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
+    worker = PSWorker(cfg, ctx, rank)
     if run_dir is not None:
-        write_task_info(run_dir, f"worker-{rank}", {"worker": rank, "device": str(device),
+        write_task_info(run_dir, f"worker-{rank}", {"worker": rank,
+                                                    "device": str(worker.device),
                                                     "attempt": ctx.attemptNumber()})
-    dtype = _TORCH[cfg.dtype]
     torch.manual_seed(cfg.seed)
-    model = model_fn().to(device=device, dtype=dtype)
-    client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
+    model = model_fn().to(device=worker.device, dtype=worker.dtype)
+    client = worker.connect(ps_address, secret)
     progress = MessageClient(channel, secret)
     client.hello(0, cfg.batch_size)
     if cfg.fresh:
         client.watch(BoardReader.open(cfg.board, len(client.versions)))
-    flat, grad = flat_parameters(model, client.numel, device, dtype)
-    direct = flat.dtype == client.dtype and flat.device.type == "cpu"
-    wire = flat if direct else torch.empty(flat.numel(), dtype=client.dtype)
-    client.pull(wire)
-    if not direct:
-        flat.copy_(wire)
-    scaler = MixedPrecision(cfg.amp, device)
-    local = seen = moved = None
-    if cfg.local is not None:
-        local, seen = torch.empty_like(grad), torch.empty_like(grad)
-        if cfg.fresh:
-            moved = torch.empty_like(grad)      # the key's local steps so far, summed
-    # staleness "dana": this worker's momentum buffer over its pushes' mean gradients
-    carrier = CarriedMomentum(grad, cfg.worker_momentum, cfg.momentum_ramp) \
-        if cfg.worker_momentum else None
-    buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
-                          if dtype == torch.float64 else torch.float32) if cfg.buffers else None
+    worker.hold(model, client.numel, cfg.momentum_ramp)
+    worker.pull()
     mine = dataclasses.replace(cfg, data="memory")
     files = _Files(memory_headroom() // 4,       # decoded row groups kept in a quarter of it
                    lambda batches, where: read_shard(mine, iter(batches), where))
     columns = [c for c in (cfg.features, cfg.label) if c]
-    trained, rows, waited, pushes, done, rebased = [], 0, 0.0, 0, 0, 0
+    local = _LocalSteps(worker, cfg) if cfg.local is not None else None
+    trained, rows, waited, done, rebased = [], 0, 0.0, 0, 0
     try:
         while True:
             what, key, epoch = client.next_key()
@@ -254,65 +228,67 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 continue
             at(epoch, key)
             shard = read_key(files, keys[key], columns)
-            loss_sum, samples = LossSum(), 0.0
-            steps = 0
+            loss_sum, samples, steps, moved = LossSum(), 0, 0, None
             if local is not None:
-                seen.zero_()
-                rate = cfg.local.at(epoch)       # the server's rate in this epoch
-                if moved is not None:
-                    moved.zero_()
+                moved = local.start(epoch)
             for x, y in shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
                                       seed=replica_seed(cfg.seed, key), epoch=epoch):
                 if cfg.fresh:
-                    rebased += rebase(client, wire, flat, moved)
-                x = x.to(device=device, dtype=dtype)
-                y = y.to(device=device)
-                if y.is_floating_point():
-                    y = y.to(dtype)
-                with autocast(device, cfg.amp):
-                    loss = loss_fn(model(x), y)
-                scaler.scale_loss(loss * len(x)).backward()     # grad += the per-sample gradient sum
-                loss_sum.add(loss, len(x))                # read once a report goes
-                samples += len(x)
+                    rebased += rebase(client, worker.wire, worker.flat, moved)
+                loss, n = worker.backward(x, y, loss_fn)
+                loss_sum.add(loss, n)                   # read once a report goes
+                samples += n
                 steps += 1
-                if local is not None:            # step the copy by this mini-batch's mean
-                    with torch.no_grad():        # gradient (grad holds the key's sum so far)
-                        torch.sub(grad, seen, out=local)
-                        flat.sub_(local, alpha=rate / len(x))
-                        seen.copy_(grad)
-                        if moved is not None:
-                            moved.add_(local, alpha=rate / len(x))
+                if local is not None:
+                    local.step(n)
             shard.close()
-            if not scaler.unscale(grad):             # fp16 overflow: an empty push
-                grad.zero_()
-            elif carrier is not None and samples:
-                carrier.carry(grad, int(samples), steps)
-            out = grad if grad.device.type == "cpu" else grad.cpu()
-            client.push(out, int(samples), max(steps, 1), pull_into=wire,
-                        buffers=None if buffers is None else
-                        read_buffers(model, cfg.buffers, buffers),
-                        momentum=reported_momentum(carrier, cfg.look_ahead), ask_key=True)
-            if not direct:
-                flat.copy_(wire)
-            grad.zero_()
-            pushes += 1
+            if worker.unscaled():                       # fp16 overflow: an empty push
+                worker.carry(samples, steps)
+            client.push(worker.outgoing(), samples, max(steps, 1), pull_into=worker.wire,
+                        buffers=worker.reported_buffers(), momentum=worker.momentum(),
+                        ask_key=True)
+            worker.landed()
+            worker.grad.zero_()
             done += 1
-            rows += int(samples)
+            rows += samples
             trained.append([epoch, key])
             progress.send({"type": "key", "worker": rank, "epoch": epoch + 1, "key": key,
                            "done": done, "loss": loss_sum.value() / max(samples, 1),
-                           "samples": int(samples)})
+                           "samples": samples})
     finally:
         files.close()
     client.close()
     progress.close()
-    return {"worker": rank, "device": str(device), "note": note, "keys": trained,
-            **carried_report(carrier),
-            "rows": rows, "pushes": pushes, "rebased": rebased,
-            "fresh_asks": client.newer_asks, "waited_s": waited, "board": client.board is not None,
+    return {"worker": rank, "keys": trained, "rows": rows, "pushes": done,
+            "rebased": rebased, "fresh_asks": client.newer_asks, "waited_s": waited,
+            "board": client.board is not None,
             "asks_sent": client.newer_asks - client.board_skips,
-            "amp_skipped_pushes": scaler.skipped, "row_groups_decoded": files.decoded,
-            "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
-            "bytes_sent": client.conn.bytes_sent, "bytes_received": client.conn.bytes_received,
-            "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber(),
-            **peak_memory_mb()}
+            "row_groups_decoded": files.decoded, **worker.report()}
+
+
+class _LocalSteps:
+    """``local``: the worker steps its copy by every mini-batch's mean gradient at the
+    server's rate of the epoch (``grad`` holds the key's sum so far); with ``fresh`` the
+    key's local steps so far, summed (``moved``), for ``rebase``."""
+
+    def __init__(self, worker: PSWorker, cfg):
+        self.worker, self.cfg = worker, cfg
+        self.local, self.seen = torch.empty_like(worker.grad), torch.empty_like(worker.grad)
+        self.moved = torch.empty_like(worker.grad) if cfg.fresh else None
+
+    def start(self, epoch: int) -> torch.Tensor | None:
+        """A new key in ``epoch``; returns ``moved``."""
+        self.seen.zero_()
+        self.rate = self.cfg.local.at(epoch)     # the server's rate in this epoch
+        if self.moved is not None:
+            self.moved.zero_()
+        return self.moved
+
+    @torch.no_grad()
+    def step(self, rows: int) -> None:
+        grad, flat = self.worker.grad, self.worker.flat
+        torch.sub(grad, self.seen, out=self.local)
+        flat.sub_(self.local, alpha=self.rate / rows)
+        self.seen.copy_(grad)
+        if self.moved is not None:
+            self.moved.add_(self.local, alpha=self.rate / rows)

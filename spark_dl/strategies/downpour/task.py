@@ -22,26 +22,14 @@ import numpy as np
 import torch
 
 from spark_dl.balance import balanced_batches
-from spark_dl.runtime.amp import MixedPrecision, autocast
+from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
 from spark_dl.runtime.seeds import replica_seed
-from spark_dl.runtime.stage import (
-    LossSum,
-    StageConfig,
-    peak_memory_mb,
-    read_shard,
-    write_task_info,
-)
+from spark_dl.runtime.stage import LossSum, StageConfig, read_shard, write_task_info
+from spark_dl.strategies.ps_worker import PSWorker, ramp_length
 
-from .exchange import (
-    CarriedMomentum,
-    Exchange,
-    carried_report,
-    flat_parameters,
-    ramp_length,
-    reported_momentum,
-)
+from .exchange import Exchange
 
 __all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
 
@@ -63,9 +51,6 @@ class DownpourConfig(StageConfig):
     buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
     worker_momentum: float = 0.0       # async, staleness "dana": SGD's momentum kept here
     look_ahead: bool = False           # staleness "dana": its momentum reported to the server
-
-
-_TORCH = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
@@ -210,12 +195,6 @@ def _profile(cfg, model, loss_fn, shard, device, dtype, worker: int):
     return (a, c, int(cap)) if len(shard) else (0.0, 1.0, 1)
 
 
-def _buffers(model, spec, out: torch.Tensor | None) -> torch.Tensor | None:
-    """The model's buffers of ``spec`` in ``out`` for the server (None: none reported)."""
-    from spark_dl.transport.ps.buffers import read_buffers
-    return None if out is None else read_buffers(model, spec, out)
-
-
 def _gather_batch(comm, x: torch.Tensor, y: torch.Tensor | None):
     """The replica's mini-batch: every task's micro-batch, on every task (uneven sizes)."""
     n = torch.tensor([len(x)], dtype=torch.int64)
@@ -235,223 +214,229 @@ def _gather_batch(comm, x: torch.Tensor, y: torch.Tensor | None):
 def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard, partitioned,
           t_start: float) -> dict:
     """One worker's training loop; ``partitioned``: None, or (replica Comm, steps per epoch)."""
-    from spark_dl.transport.channel import MessageClient
-    from spark_dl.transport.ps import PSClient
-    from spark_dl.transport.ps.buffers import spec_numel
-    from spark_dl.transport.rendezvous import task_device
+    return DownpourWorker(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
+                          shard, partitioned, t_start).run()
 
-    rank = ctx.partitionId()
-    comm, replica_steps = partitioned if partitioned is not None else (None, 0)
-    part = comm.rank if comm is not None else 0
-    worker = rank // comm.size if comm is not None else rank        # the replica
-    gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
-    device, note = task_device(cfg.device, gpus, rank)
-    torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
-    if comm is None:                      # on a GPU: the rows go there once, batched there
-        from spark_dl.data.device import on_device
-        shard = on_device(shard, device, cfg.transform)
-    if run_dir is not None:
-        write_task_info(run_dir, f"worker-{rank}",
-                        {"worker": rank, "device": str(device), "attempt": ctx.attemptNumber(),
-                         "rows": len(shard), "data": shard.kind, "replica": worker,
-                         "partition": part})
-    dtype = _TORCH[cfg.dtype]
-    torch.manual_seed(cfg.seed)
-    try:
+
+class DownpourWorker(PSWorker):
+    """A Downpour worker: every ``n_fetch`` steps it pulls the parameters, every ``n_push``
+    (and at its epoch's end) it pushes the summed gradient of the steps since; a push may
+    travel while the next step computes (``overlap``). Its replica's partition 0 reports
+    progress; a retried task goes on where the server is."""
+
+    def __init__(self, cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard,
+                 partitioned, t_start: float):
+        rank = ctx.partitionId()
+        super().__init__(cfg, ctx, rank)
+        self.t_start, self.loss_fn = t_start, loss_fn
+        comm, self.replica_steps = partitioned if partitioned is not None else (None, 0)
+        self.comm = comm
+        self.part = comm.rank if comm is not None else 0
+        self.worker = rank // comm.size if comm is not None else rank      # the replica
+        if comm is None:                  # on a GPU: the rows go there once, batched there
+            from spark_dl.data.device import on_device
+            shard = on_device(shard, self.device, cfg.transform)
+        self.shard = shard
+        if run_dir is not None:
+            write_task_info(run_dir, f"worker-{rank}",
+                            {"worker": rank, "device": str(self.device),
+                             "attempt": ctx.attemptNumber(), "rows": len(shard),
+                             "data": shard.kind, "replica": self.worker, "partition": self.part})
+        torch.manual_seed(cfg.seed)
+        model = self._model(model_fn)
+        # profiled before connecting: the server gives a connection 30 s to say its hello
+        prof = _profile(cfg, model, loss_fn, shard, self.device, self.dtype, self.worker) \
+            if comm is None else None
+        self.connect(ps_address, secret)
+        # progress and epoch reports come from one task per replica
+        from spark_dl.transport.channel import MessageClient
+        self.progress = MessageClient(channel if self.part == 0 else None, secret)
+        self._hello(prof)
+        self._hold(model)
+
+    def _model(self, model_fn) -> torch.nn.Module:
+        try:
+            if self.comm is None:
+                return model_fn().to(device=self.device, dtype=self.dtype)
+            return _partitioned_model(model_fn, self.comm, self.dtype, self.cfg.model_parallel)
+        except (MemoryError, RuntimeError) as e:
+            if not _is_out_of_memory(e):
+                raise
+            _out_of_memory(self.comm)
+
+    def _hello(self, prof) -> None:
+        """Register with the server: the steps of an epoch, this worker's share of a balanced
+        sync round, where a retried task or a resumed fit goes on."""
+        cfg, client, comm = self.cfg, self.client, self.comm
+        self.resume_epoch = self.resume_step = 0
+        self.batch_size, self.shards = cfg.batch_size, None
         if comm is None:
-            model = model_fn().to(device=device, dtype=dtype)
-        else:
-            model = _partitioned_model(model_fn, comm, dtype, cfg.model_parallel)
-    except (MemoryError, RuntimeError) as e:
-        if not _is_out_of_memory(e):
-            raise
-        _out_of_memory(comm)
-    # profiled before connecting: the server gives a connection 30 s to say its hello
-    prof = _profile(cfg, model, loss_fn, shard, device, dtype, worker) if comm is None else None
-    client = PSClient(ps_address, secret, rank, _TORCH[cfg.wire_dtype], cfg.timeout_s)
-    # progress and epoch reports come from one task per replica
-    progress = MessageClient(channel if part == 0 else None, secret)
-    resume_epoch = resume_step = 0
-    batch_size = cfg.batch_size
-    if comm is None:
-        steps = client.hello(len(shard), cfg.batch_size, profile=prof)
-        if prof is not None:                      # balanced sync rounds: this worker's share
-            batch_size = client.batch
-        shards = None
-        if client.done_steps and steps:   # a retried task: go on where the server is
-            resume_epoch, resume_step = divmod(client.done_steps, steps)
-    else:             # the server counts an epoch's steps once per replica (lr_decay)
-        client.hello(replica_steps * cfg.batch_size if part == 0 else 0, cfg.batch_size,
-                     shards=[part])
-        steps, shards = replica_steps, [part]
+            self.steps = client.hello(len(self.shard), cfg.batch_size, profile=prof)
+            if prof is not None:                  # balanced sync rounds: this worker's share
+                self.batch_size = client.batch
+            if client.done_steps and self.steps:  # a retried task: go on where the server is
+                self.resume_epoch, self.resume_step = divmod(client.done_steps, self.steps)
+            return
+        # the server counts an epoch's steps once per replica (lr_decay)
+        client.hello(self.replica_steps * cfg.batch_size if self.part == 0 else 0,
+                     cfg.batch_size, shards=[self.part])
+        self.steps, self.shards = self.replica_steps, [self.part]
         # a retried stage or a resumed fit: the replica goes on at the first epoch its
         # partition 0 has not finished (shard 0 counts that task's steps); its tasks agree
-        done = torch.tensor([client.done_steps // max(steps, 1) if part == 0 else 0])
+        done = torch.tensor([client.done_steps // max(self.steps, 1) if self.part == 0 else 0])
         comm.broadcast(done, 0, "resume")
-        resume_epoch = int(done)
-    expected = client.numel if shards is None else \
-        client.bounds[part + 1] - client.bounds[part]
-    # parameters and gradients live in two flat vectors (p and p.grad are views): a pull
-    # lands in the model, backward accumulates the pushed sum in place, nothing is copied
-    # when the wire carries the model's dtype on the CPU
-    try:
-        flat, grad = flat_parameters(model, expected, device, dtype)
-    except (MemoryError, RuntimeError) as e:
-        if not _is_out_of_memory(e):
-            raise
-        _out_of_memory(comm, expected * torch.empty((), dtype=dtype).element_size())
-    numel = flat.numel()
-    direct = flat.dtype == client.dtype and flat.device.type == "cpu"
-    wire = flat if direct else torch.empty(numel, dtype=client.dtype)
+        self.resume_epoch = int(done)
 
-    def landed():                                 # the pulled values into the model
-        if not direct:
-            flat.copy_(wire)
+    def _hold(self, model) -> None:
+        """The flat parameters (pulled), the overlapped exchange, the counters."""
+        cfg, client, part = self.cfg, self.client, self.part
+        expected = client.numel if self.shards is None else \
+            client.bounds[part + 1] - client.bounds[part]
+        ramp = ramp_length(self.steps * (cfg.epochs - self.resume_epoch) - self.resume_step)
+        try:              # the running statistics the server averages: partition 0 reports
+            self.hold(model, expected, ramp, reports_buffers=part == 0)
+        except (MemoryError, RuntimeError) as e:
+            if not _is_out_of_memory(e):
+                raise
+            _out_of_memory(self.comm, expected * torch.empty((), dtype=self.dtype).element_size())
+        self.pull(self.shards)
+        self.overlap = cfg.overlap if cfg.overlap is not None else self.device.type == "cuda"
+        self.exchange = Exchange(client, self.flat.numel(), client.dtype, self.shards,
+                                 self.device) if self.overlap else None
+        self.held = list(client.versions)         # versions of the parameters in the model
+        self.acc_samples = self.acc_steps = self.pushes = 0
+        self.staleness: Counter = Counter()
+        self.n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
+        self.master_backprop = self.comm is not None and cfg.model_parallel == "master"
 
-    client.pull(wire, shards)
-    landed()
-    overlap = cfg.overlap if cfg.overlap is not None else device.type == "cuda"
-    exchange = Exchange(client, numel, client.dtype, shards, device) if overlap else None
-    # the running statistics the server averages: partition 0 of a replica reports them
-    # (a split model's normalisation layers are kept whole: partition 0's are the trained)
-    buffers = None
-    if cfg.buffers and part == 0:
-        buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
-                              if dtype == torch.float64 else torch.float32)
-    held = list(client.versions)                  # versions of the parameters in the model
-    acc_samples = acc_steps = 0
-    scaler = MixedPrecision(cfg.amp, device)
-    staleness: Counter = Counter()
-    history, pushes = [], 0
-    n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
-    # staleness "dana": this worker's momentum buffer over its pushes' mean gradients
-    carrier = CarriedMomentum(grad, cfg.worker_momentum,     # ramped over what is left
-                              ramp_length(steps * (cfg.epochs - resume_epoch) - resume_step)) \
-        if cfg.worker_momentum else None
+    def run(self) -> dict:
+        history = []
+        for epoch in range(self.resume_epoch, self.cfg.epochs):
+            history.append(self._epoch(epoch))
+            self.progress.send({"type": "epoch", **history[-1]})
+        if self.exchange is not None:
+            for s in self.exchange.close():
+                self.staleness[s] += 1
+        self.client.close()
+        self.progress.close()
+        return self._report(history)
 
-    def reported():               # staleness "dana": the next push's momentum, to the server
-        return reported_momentum(carrier, cfg.look_ahead)
-
-    thesis = comm is not None and cfg.model_parallel == "master"
-    master = part == 0                            # the thesis algorithm's master
-    rows_total = len(shard) if comm is None else None
-    for epoch in range(resume_epoch, cfg.epochs):
-        first = resume_step if epoch == resume_epoch else 0
+    def _batches(self, epoch: int, first: int) -> Iterator:
+        cfg, seed = self.cfg, replica_seed(self.cfg.seed, self.rank)
         if cfg.balance is None:
-            it = iter(shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
-                                    transform=cfg.transform, seed=replica_seed(cfg.seed, rank),
-                                    epoch=epoch, skip=first))
-        else:
-            it = itertools.islice(balanced_batches(
-                shard, batch_size, steps, shuffle=cfg.shuffle, seed=replica_seed(cfg.seed, rank),
-                epoch=epoch, transform=cfg.transform), first, None)
+            return iter(self.shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
+                                           transform=cfg.transform, seed=seed, epoch=epoch,
+                                           skip=first))
+        return itertools.islice(balanced_batches(
+            self.shard, self.batch_size, self.steps, shuffle=cfg.shuffle, seed=seed,
+            epoch=epoch, transform=cfg.transform), first, None)
+
+    def _epoch(self, epoch: int) -> dict:
+        cfg, comm, steps = self.cfg, self.comm, self.steps
+        first = self.resume_step if epoch == self.resume_epoch else 0
+        it = self._batches(epoch, first)
         t0 = last = time.perf_counter()
         loss_sum, samples = LossSum(), 0.0
+        rows_total = len(self.shard) if comm is None else None
         for step in range(first, steps):
             at(epoch, step)
             batch = next(it, None)
             if comm is not None:                  # every task of the replica, every step
                 if batch is None:
-                    batch = shard.empty_batch()
+                    batch = self.shard.empty_batch()
                 batch = _gather_batch(comm, *batch)
                 if len(batch[0]) == 0:
                     batch = None
             elif batch is None and cfg.mode != "sync":
                 break                             # only sync rounds need everyone
             if batch is not None:
-                x, y = batch
-                x = x.to(device=device, dtype=dtype)
-                y = y.to(device=device)
-                if y.is_floating_point():
-                    y = y.to(dtype)
-                if thesis:                        # the master holds the batch (§3.2)
-                    loss = model.step(x if master else None, y if master else None, len(x),
-                                      grad_scale=len(x))
-                    loss = torch.tensor(loss if master else 0.0)
-                else:
-                    with autocast(device, cfg.amp):
-                        loss = loss_fn(model(x), y)
-                    scaler.scale_loss(loss * len(x)).backward()  # grad += the per-sample gradient sum
-                acc_samples += len(x)
-                loss_sum.add(loss, len(x))                # read once a report goes
-                samples += len(x)
-            acc_steps += 1
+                loss, n = self._backward(*batch)
+                self.acc_samples += n
+                loss_sum.add(loss, n)             # read once a report goes
+                samples += n
+            self.acc_steps += 1
             last_step = step == steps - 1 or (rows_total is not None and cfg.mode != "sync"
                                               and samples >= rows_total)
-            fetch = (step + 1) % n_fetch == 0 or cfg.mode == "sync"
-            due = acc_steps >= cfg.n_push or last_step
-            if due and not scaler.unscale(grad):  # fp16 overflow: this gradient is dropped
-                grad.zero_()
-                acc_samples = 0                   # (a sync round still gets its empty push)
-                if cfg.mode != "sync":
-                    acc_steps, due = 0, False
-            if due and carrier is not None and acc_samples:
-                carrier.carry(grad, acc_samples, acc_steps)
-            if exchange is not None and due:
-                for s in exchange.wait():         # the previous push's reply: the
-                    staleness[s] += 1             # parameters after it, into the model
-                computed_on = held
-                if exchange.pushed:
-                    exchange.land(flat)
-                    held = list(client.versions)
-                exchange.start(grad, acc_samples, acc_steps, computed_on,
-                               _buffers(model, cfg.buffers, buffers), reported())
-                pushes += 1
-                grad.zero_()
-                acc_samples = acc_steps = 0
-            elif due:
-                out = grad if grad.device.type == "cpu" else grad.cpu()
-                for s in client.push(out, acc_samples, acc_steps,
-                                     pull_into=wire if fetch else None, shards=shards,
-                                     buffers=_buffers(model, cfg.buffers, buffers),
-                                     momentum=reported()):
-                    staleness[s] += 1
-                pushes += 1
-                grad.zero_()
-                acc_samples = acc_steps = 0
-                if fetch:
-                    landed()
-            elif fetch and exchange is None:      # with overlap every push also fetches
-                client.pull(wire, shards)
-                landed()
+            self._exchange((step + 1) % self.n_fetch == 0 or cfg.mode == "sync",
+                           self.acc_steps >= cfg.n_push or last_step)
             now = time.perf_counter()
             if now - last >= cfg.progress_every_s:
                 last = now
-                n_stale = sum(staleness.values())
-                progress.send({"type": "step", "worker": worker, "epoch": epoch + 1,
-                               "epochs": cfg.epochs, "step": step + 1, "steps": steps,
-                               "loss": loss_sum.value() / max(samples, 1),
-                               "samples_per_s": samples / (now - t0),
-                               "staleness": sum(k * v for k, v in staleness.items())
-                               / max(n_stale, 1)})
+                self._progress(epoch, step, loss_sum.value() / max(samples, 1),
+                               samples / (now - t0))
         seconds = time.perf_counter() - t0
-        row = {"epoch": epoch + 1, "worker": worker, "loss": loss_sum.value() / max(samples, 1),
-               "samples": int(samples), "seconds": seconds,
-               "samples_per_s": samples / max(seconds, 1e-9)}
+        row = {"epoch": epoch + 1, "worker": self.worker,
+               "loss": loss_sum.value() / max(samples, 1), "samples": int(samples),
+               "seconds": seconds, "samples_per_s": samples / max(seconds, 1e-9)}
         if first:                                 # a retry's part of the epoch only
             row["resumed_at_step"] = first + 1
-        history.append(row)
-        progress.send({"type": "epoch", **row})
-    if exchange is not None:
-        for s in exchange.close():
-            staleness[s] += 1
-    client.close()
-    progress.close()
-    report = {"worker": worker, "task": rank, "partition": part, "rows": len(shard),
-              "amp_skipped_pushes": scaler.skipped,
-              "data": shard.kind, "spill_dir": getattr(shard, "directory", None),
-              "device": str(device), "note": note, "history": history, "pushes": pushes,
-              "overlap": overlap,
-              **carried_report(carrier),        # staleness "dana": the buffer it carried
-              "resumed_at": {"epoch": resume_epoch + 1, "step": resume_step + 1}
-              if resume_epoch or resume_step else None,
-              "staleness": {str(k): v for k, v in sorted(staleness.items())},
-              "push_seconds": client.push_seconds, "pull_seconds": client.pull_seconds,
-              "bytes_sent": client.conn.bytes_sent,
-              "bytes_received": client.conn.bytes_received,
-              "task_seconds": time.perf_counter() - t_start, "attempt": ctx.attemptNumber(),
-              **peak_memory_mb()}
-    if comm is not None:
-        report["model_parallel"] = {"partitions": comm.size, "parameter_bytes": numel *
-                                    flat.element_size(), "communication": comm.counts()}
-    return report
+        return row
+
+    def _backward(self, x, y) -> tuple[torch.Tensor, int]:
+        if not self.master_backprop:
+            return self.backward(x, y, self.loss_fn)
+        x = x.to(device=self.device, dtype=self.dtype)
+        y = y.to(device=self.device)
+        if y.is_floating_point():
+            y = y.to(self.dtype)
+        master = self.part == 0                   # the master holds the batch (§3.2)
+        loss = self.model.step(x if master else None, y if master else None, len(x),
+                               grad_scale=len(x))
+        return torch.tensor(loss if master else 0.0), len(x)
+
+    def _exchange(self, fetch: bool, due: bool) -> None:
+        """Push the summed gradient when ``due``, pull the parameters when ``fetch``."""
+        cfg, client, staleness = self.cfg, self.client, self.staleness
+        if due and not self.unscaled():           # fp16 overflow: this gradient is dropped
+            self.acc_samples = 0                  # (a sync round still gets its empty push)
+            if cfg.mode != "sync":
+                self.acc_steps, due = 0, False
+        if due:
+            self.carry(self.acc_samples, self.acc_steps)
+        if self.exchange is not None and due:
+            for s in self.exchange.wait():        # the previous push's reply: the
+                staleness[s] += 1                 # parameters after it, into the model
+            computed_on = self.held
+            if self.exchange.pushed:
+                self.exchange.land(self.flat)
+                self.held = list(client.versions)
+            self.exchange.start(self.grad, self.acc_samples, self.acc_steps, computed_on,
+                                self.reported_buffers(), self.momentum())
+        elif due:
+            for s in client.push(self.outgoing(), self.acc_samples, self.acc_steps,
+                                 pull_into=self.wire if fetch else None, shards=self.shards,
+                                 buffers=self.reported_buffers(), momentum=self.momentum()):
+                staleness[s] += 1
+            if fetch:
+                self.landed()
+        elif fetch and self.exchange is None:     # with overlap every push also fetches
+            self.pull(self.shards)
+        if due:
+            self.pushes += 1
+            self.grad.zero_()
+            self.acc_samples = self.acc_steps = 0
+
+    def _progress(self, epoch: int, step: int, loss: float, samples_per_s: float) -> None:
+        n_stale = sum(self.staleness.values())
+        self.progress.send({"type": "step", "worker": self.worker, "epoch": epoch + 1,
+                            "epochs": self.cfg.epochs, "step": step + 1, "steps": self.steps,
+                            "loss": loss, "samples_per_s": samples_per_s,
+                            "staleness": sum(k * v for k, v in self.staleness.items())
+                            / max(n_stale, 1)})
+
+    def _report(self, history: list[dict]) -> dict:
+        shard, comm = self.shard, self.comm
+        resumed = self.resume_epoch or self.resume_step
+        report = {"worker": self.worker, "task": self.rank, "partition": self.part,
+                  "rows": len(shard), "data": shard.kind,
+                  "spill_dir": getattr(shard, "directory", None), "history": history,
+                  "pushes": self.pushes, "overlap": self.overlap,
+                  "resumed_at": {"epoch": self.resume_epoch + 1, "step": self.resume_step + 1}
+                  if resumed else None,
+                  "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
+                  **self.report()}
+        if comm is not None:
+            report["model_parallel"] = {"partitions": comm.size, "parameter_bytes":
+                                        self.flat.numel() * self.flat.element_size(),
+                                        "communication": comm.counts()}
+        return report

@@ -3,13 +3,14 @@ replicas' average; the checkpoints, every replica's model, are the tasks')."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 from ...errors import ConfigError
 from ...optim.average import DEFAULT_AVERAGE, check_average
 from ...runtime.amp import check_amp
 from ...runtime.loop import FitParts
-from ...runtime.stage import RESULT_SCHEMA
+from ...runtime.stage import RESULT_SCHEMA, LocalStepConfig
 from ..base import (
     FitResult,
     Job,
@@ -105,14 +106,12 @@ class Gossip(Strategy):
         train = {**job.train, "lr_scaling": auto_rule(
             job.train["lr_scaling"], job.plan.get("lr_scaling_auto", False), job.replicas,
             self.topology, float(self.alpha))}
-        cfg = _task.GossipConfig(**job.stage, **train, alpha=float(self.alpha),
-                                 sync_every=self.sync_every, amp=self.amp,
-                                 topology=self.topology,
-                                 average=float(DEFAULT_AVERAGE if self.average is None
-                                               else self.average))
+        options = dataclasses.replace(self, alpha=float(self.alpha), average=float(
+            DEFAULT_AVERAGE if self.average is None else self.average))
         run = Run(job, self, {**job.stage, **train})
         parts = FitParts(job.model_fn, job.loss_fn, str(run.path), job.validation)
-        task = _task.make_task(cfg, parts, run.secret, run.serve().address)
+        task = _task.make_task(LocalStepConfig(**job.stage, **train), options, parts,
+                               run.secret, run.serve().address)
         job.say(f"gossip (alpha={self.alpha}, {self.topology}, every {self.sync_every} "
                 f"step(s)): {job.replicas} replica(s), run directory {run.path}")
         return run_barrier(job, run, task, RESULT_SCHEMA,

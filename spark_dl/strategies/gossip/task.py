@@ -11,7 +11,6 @@ checkpoints and returns the replicas' average, as for every strategy whose repli
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
@@ -21,26 +20,14 @@ from spark_dl.runtime.stage import LocalStepConfig, shared_memory_name
 
 from .rounds import Rounds, average_and_distance
 
-__all__ = ["GossipConfig", "GossipHooks", "make_task"]
+__all__ = ["GossipHooks", "make_task"]
 
 
-@dataclasses.dataclass(frozen=True)
-class GossipConfig(LocalStepConfig):
-    """Plain values shipped to the tasks (see ``spark_dl.strategies.Gossip``)."""
-
-    alpha: float = 1.0
-    sync_every: int = 1
-    amp: str | None = None
-    topology: str = "exponential"
-    average: float = 0.0          # > 0: each replica also keeps its weights' moving average
-                                  # over that fraction of an epoch (spark_dl.optim.average);
-                                  # the replicas' mean of it is validated and returned
-
-
-def make_task(cfg: GossipConfig, parts: FitParts, secret: str,
+def make_task(cfg: LocalStepConfig, options, parts: FitParts, secret: str,
               channel: tuple[str, int] | None):
-    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
-    return replica_task(cfg, GossipHooks, parts, secret, channel)
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task;
+    ``options``: the ``Gossip`` with its resolved ``average``."""
+    return replica_task(cfg, options, GossipHooks, parts, secret, channel)
 
 
 class GossipHooks(Hooks):
@@ -54,15 +41,15 @@ class GossipHooks(Hooks):
         return world                     # the replicas' average moves by their mean gradient
 
     def build(self, loop: ReplicaLoop) -> None:
-        cfg = self.cfg
+        cfg, opts = self.cfg, self.options
         self.flat = flat = loop.flat      # the replica's parameters, one buffer
         self.shm, name = None, shared_memory_name(loop.statuses, loop.rank, loop.world,
                                                   loop.device)
         if name is not None:              # one host: the rounds go through shared memory
             from spark_dl.transport.shm import ShmAllReduce
             self.shm = ShmAllReduce(flat.numel(), flat.dtype, name, cfg.timeout_s)
-        self.rounds = Rounds(flat, cfg.alpha, cfg.seed, loop.rank, loop.world, shm=self.shm,
-                             topology=cfg.topology)
+        self.rounds = Rounds(flat, opts.alpha, cfg.seed, loop.rank, loop.world, shm=self.shm,
+                             topology=opts.topology)
         self.round_s, self.k = 0.0, 0
 
     def restore(self, loop: ReplicaLoop, state: dict) -> None:
@@ -76,10 +63,11 @@ class GossipHooks(Hooks):
             precision.scale_loss(loss).backward()
             totals[0] += loss.detach().to(torch.float64) * len(x)
             totals[1] += len(x)
-        if (k + 1) % self.cfg.sync_every == 0:       # x_k+1/2: the masked average
+        every = self.options.sync_every
+        if (k + 1) % every == 0:                     # x_k+1/2: the masked average
             t_round = time.perf_counter()
             with torch.no_grad():
-                self.rounds.round(k // self.cfg.sync_every)
+                self.rounds.round(k // every)
             self.round_s += time.perf_counter() - t_round
         grads = [p.grad for p in loop.model.parameters() if p.grad is not None]
         if micro and precision.unscale(grads):       # (skipped when fp16 overflowed)
@@ -103,17 +91,17 @@ class GossipHooks(Hooks):
         import torch.distributed as dist
 
         from spark_dl.runtime.buffers import collective_device
-        cfg, rounds, flat = self.cfg, self.rounds, self.flat
+        opts, rounds, flat = self.options, self.rounds, self.flat
         where = collective_device(loop.device)
         sent = [torch.zeros(1, dtype=torch.float64, device=where) for _ in range(loop.world)]
         dist.all_gather(sent, torch.tensor([float(rounds.bytes_sent)], dtype=torch.float64,
                                            device=where))
         numel, item = flat.numel(), flat.element_size()
-        return {"alpha": cfg.alpha, "sync_every": cfg.sync_every, "rounds": rounds.rounds,
-                "topology": cfg.topology, "transport": rounds.transport,
+        return {"alpha": opts.alpha, "sync_every": opts.sync_every, "rounds": rounds.rounds,
+                "topology": opts.topology, "transport": rounds.transport,
                 "neighbours": rounds.neighbours, "parameters": numel,
                 "bytes_sent": [int(s) for s in sent],
-                "bytes_per_round_expected": cfg.alpha * numel * item * rounds.neighbours,
+                "bytes_per_round_expected": opts.alpha * numel * item * rounds.neighbours,
                 "final_consensus_distance": self.distance,
                 "timings": {"gossip_s": self.round_s}}
 

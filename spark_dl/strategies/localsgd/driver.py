@@ -9,7 +9,7 @@ from ...errors import ConfigError
 from ...optim.average import check_average
 from ...runtime.amp import check_amp
 from ...runtime.loop import FitParts
-from ...runtime.stage import RESULT_SCHEMA
+from ...runtime.stage import RESULT_SCHEMA, LocalStepConfig
 from ..base import FitResult, Job, Run, Strategy, check_int, options, run_barrier
 from . import task as _task
 
@@ -62,13 +62,10 @@ class LocalSGD(Strategy):
                               f"fit; use sgd, adam, adagrad or rmsprop")
 
     def run(self, job: Job) -> FitResult:
-        cfg = _task.LocalSGDConfig(**job.stage, **job.train, every=self.every,
-                                   outer_lr=float(self.outer_lr),
-                                   outer_momentum=float(self.outer_momentum), amp=self.amp,
-                                   average=float(self.average or 0.0))
         run = Run(job, self, {**job.stage, **job.train})
         parts = FitParts(job.model_fn, job.loss_fn, str(run.path), job.validation)
-        task = _task.make_task(cfg, parts, run.secret, run.serve().address)
+        task = _task.make_task(LocalStepConfig(**job.stage, **job.train), self, parts,
+                               run.secret, run.serve().address)
         job.say(f"localsgd (every {self.every} step(s), outer lr {self.outer_lr}, momentum "
                 f"{self.outer_momentum}): {job.replicas} replica(s), run directory {run.path}")
         return run_barrier(job, run, task, RESULT_SCHEMA,

@@ -11,7 +11,6 @@ With ``outer_lr=1`` and no momentum that is the plain average, x_i ← x̄.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
@@ -27,24 +26,14 @@ from spark_dl.runtime.loop import (
 )
 from spark_dl.runtime.stage import LocalStepConfig
 
-__all__ = ["LocalSGDConfig", "LocalSGDHooks", "make_task"]
+__all__ = ["LocalSGDHooks", "make_task"]
 
 
-@dataclasses.dataclass(frozen=True)
-class LocalSGDConfig(LocalStepConfig):
-    """Plain values shipped to the tasks (see ``spark_dl.strategies.LocalSGD``)."""
-
-    every: int = 8
-    outer_lr: float = 1.0
-    outer_momentum: float = 0.0
-    amp: str | None = None
-    average: float = 0.0
-
-
-def make_task(cfg: LocalSGDConfig, parts: FitParts, secret: str,
+def make_task(cfg: LocalStepConfig, options, parts: FitParts, secret: str,
               channel: tuple[str, int] | None):
-    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task."""
-    return replica_task(cfg, LocalSGDHooks, parts, secret, channel)
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task;
+    ``options``: the ``LocalSGD``."""
+    return replica_task(cfg, options, LocalSGDHooks, parts, secret, channel)
 
 
 class LocalSGDHooks(Hooks):
@@ -57,7 +46,7 @@ class LocalSGDHooks(Hooks):
         return world                     # the replicas' average moves by their mean gradient
 
     def build(self, loop: ReplicaLoop) -> None:
-        cfg = self.cfg
+        cfg = self.options
         self.flat = loop.flat             # the replica's parameters, one buffer
         self.outer = None
         if cfg.outer_lr != 1.0 or cfg.outer_momentum != 0.0:
@@ -83,7 +72,7 @@ class LocalSGDHooks(Hooks):
                 loop.clip(grads)
             opt.step()
         self.since += 1
-        if (loop.step_index + 1) % self.cfg.every == 0:
+        if (loop.step_index + 1) % self.options.every == 0:
             self.synchronize(loop)
 
     @torch.no_grad()
@@ -130,7 +119,7 @@ class LocalSGDHooks(Hooks):
             self.outer.load_state_dict(state["outer"])
 
     def info(self, loop: ReplicaLoop) -> dict:
-        cfg = self.cfg
+        cfg = self.options
         return {"every": cfg.every, "outer_lr": cfg.outer_lr,
                 "outer_momentum": cfg.outer_momentum, "averages": self.averages,
                 "bytes_sent": self.bytes_sent, "timings": {"average_s": self.average_s}}
