@@ -122,8 +122,8 @@ def _torch_view(arr: np.ndarray) -> torch.Tensor:
 def _join(chunks: list[np.ndarray]) -> np.ndarray:
     """The one copy: Arrow chunks -> one writable array.
 
-    np.concatenate, not torch.cat: a fresh 188 MB torch tensor costs 3x more here (56 vs 18 ms
-    for 60,000 MNIST rows), its pages being faulted in one by one.
+    np.concatenate, not torch.cat: a fresh large torch tensor costs several times more, its
+    pages being faulted in one by one.
     """
     if len(chunks) == 1 and chunks[0].flags.writeable:
         return chunks[0]

@@ -12,19 +12,15 @@ the steep first steps; after the first epoch, the last a E steps. Training reads
 the average changes no step, only what is validated, checkpointed alongside and returned.
 
 Why: SGD's iterates wander around the descent by the noise of their mini-batches; their
-average over a short window sits closer to its middle (Polyak and Juditsky, 1992). On the
-thesis CNN at batch 16 a tenth of an epoch brought one replica to 98% at 0.59 epochs instead
-of 1.0 (docs/benchmarks.md, "Averaged weights"). The buffers (BatchNorm's running
+average over a short window sits closer to its middle (Polyak and Juditsky, 1992; the
+measurements are in docs/benchmarks.md, "Averaged weights"). The buffers (BatchNorm's running
 statistics) are not averaged: they belong to the live weights. ``recompute_statistics``
 gives the averaged weights their own, from forward passes over training rows (SWA's
 ``update_bn``); AllReduce does so whenever its averaged model is read (validated, returned),
-on ``STATISTICS_ROWS`` rows. On the thesis CNN with BatchNorm, recomputed on 512 to 6,400 rows
-the held-out accuracy of the model returned after one epoch rose in 3 seeds of 3 (98.2% to
-99.1% in one; docs/benchmarks.md, "Averaged weights and BatchNorm").
+on ``STATISTICS_ROWS`` rows (docs/benchmarks.md, "Averaged weights and BatchNorm").
 
-Sparse updates: a lerp is a pass over the weights' memory, which on a CPU costs as much as a
-tenth of a small-batch step of a fully connected net (5.8M parameters at batch 16: 1.4 of
-13.6 ms). So the average takes the live values every ``interval`` steps, k at once,
+Sparse updates: a lerp is a pass over the weights' memory, which on a CPU costs a sizeable
+part of a small-batch step of a fully connected net. So the average takes the live values every ``interval`` steps, k at once,
 k = a E_t / 32 (at least 1: the window keeps at least 32 updates), with the weight of k
 steps, k / (a E_t), and folds in the steps still pending whenever it is read. Over a window
 of W >= 32 steps this differs from the update of every step only in what the skipped

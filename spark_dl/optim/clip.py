@@ -1,9 +1,8 @@
 """Gradient clipping that keeps a scaled learning rate stable.
 
-The linear scaling rule (schedule.py) runs a fit near the edge of stability as k grows: the
-thesis CNN at k = 16 (batch 16 per replica, lr 0.02 x 16 = 0.32, momentum 0.9) fell to chance
-in 1 of 4 seeded runs of benchmarks/scaled_rate_clip.py, after a step whose gradient norm had
-jumped well above its recent level (docs/benchmarks.md, "A guard for the scaled rate").
+The linear scaling rule (schedule.py) runs a fit near the edge of stability as k grows: a
+step whose gradient norm jumps well above its recent level can throw the weights to chance
+(docs/benchmarks.md, "A guard for the scaled rate").
 ``grad_clip`` bounds such steps:
 
     None or 0   off
@@ -17,7 +16,7 @@ The running mean goes into the fit's checkpoints: a resumed fit cuts as the unin
 would.
 
 The relative rule needs no knowledge of the model's gradient scale: a healthy fit crosses
-twice its running mean on a few percent of its steps (2-9% in the runs above), a step that
+twice its running mean on a few percent of its steps, a step that
 would throw the weights out of their basin does. Downpour's and Boosting's servers cut their
 pushes by the same rule (their ``clip``, default 2; transport/ps/shard.py, which lets the mean
 build for 20 steps first). It acts on the update's gradient: AllReduce's global mean (the same

@@ -1,9 +1,9 @@
 """All-reduce through shared memory for replicas on one host (CPU tensors, or the GPU
 tensors of replicas that share one GPU: copied to the segment and back).
 
-Gloo over loopback TCP costs about 1.2 ms per all-reduce on our 2-core machines, as long as
-a thesis-CNN step itself: synchronous training of small models is latency-bound. When all
-replicas share a host, a shared-memory segment does the same in microseconds:
+Gloo over loopback TCP costs about as long per all-reduce as a small model's step:
+synchronous training of small models is latency-bound. When all replicas share a host, a
+shared-memory segment does the same in microseconds (docs/benchmarks.md has the timings):
 
     segment = [counters, one line of 64 bytes per rank: arrived, summed]
               [2 x world slots of n values] [2 results of n values]
@@ -16,9 +16,7 @@ they finished reading step k. From 3 ranks and SPLIT_MIN values on, the sum is s
 (reduce-scatter, then all-gather): rank r sums only its 1/world of the columns of every slot
 into result k % 2, publishes k in a second counter, waits for every rank's, and copies the
 whole result. Each rank then reads about 2n values a step instead of world x n, for one more
-barrier (one thread, the sums alone: 16 rows of 1M float32 values 4.7 ms one-phase, 0.34 ms
-split; of 65,536 values 0.16 and 0.04 ms; below that the second barrier costs more than it
-saves); every column is still summed once, in rank order, so the replicas stay bit-identical.
+barrier (below SPLIT_MIN values the second barrier costs more than it saves); every column is still summed once, in rank order, so the replicas stay bit-identical.
 The segment's name carries the fit's secret; rank 0 unlinks it once all ranks have attached,
 so nothing is left in /dev/shm even if a task is killed.
 """

@@ -49,9 +49,8 @@ class AllReduce(Strategy):
     ``average``: the model validated and returned is the weights' moving average over the
     last ``average`` of an epoch's steps (spark_dl.optim.average; Downpour's ``average``, on
     the replicas); training steps the last weights as before. Default 0.1; 0: the last
-    weights; with L-BFGS and CG the default is 0. On the thesis CNN one replica reached 98%
-    after a median 0.75 epochs instead of 1.0, two after 0.625 instead of 1.125
-    (docs/benchmarks.md, "Averaged weights")."""
+    weights; with L-BFGS and CG the default is 0 (the evidence: docs/benchmarks.md, "Averaged
+    weights")."""
 
     name = "allreduce"
     accumulate: int = 1

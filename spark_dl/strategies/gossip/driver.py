@@ -34,12 +34,8 @@ SQRT_FROM = 8                            # "auto" scales by sqrt(replicas) from 
 def auto_rule(rule: str, auto: bool, replicas: int, topology: str, alpha: float) -> str:
     """Gossip's rule for fit's lr_scaling: "auto" is the optimizer's rule, but square-root
     scaling for SGD from SQRT_FROM replicas on, where a ring mixes too slowly for the linearly
-    scaled rate (the thesis CNN, one seed each: 8 replicas, sqrt 98.0% after 2 epochs, linear
-    97.45%; 16, sqrt 97.15% after 3 epochs, linear 93.65% and at chance for its first epoch;
-    at 2 replicas linear is the better: docs/guides/gossip.md). The exponential graph with
-    ``alpha=1`` averages exactly every log2(replicas) rounds and keeps the linear rule (16
-    replicas, seeds 0 and 1: 98% after 2.25 and 2 epochs, with sqrt 3 and 2; with alpha 0.1 the
-    linear rate fails there too, 88.45% after 3 epochs)."""
+    scaled rate. The exponential graph with ``alpha=1`` averages exactly every log2(replicas)
+    rounds and keeps the linear rule (the measurements: docs/guides/gossip.md)."""
     fast_mixing = topology == "exponential" and alpha == 1
     return "sqrt" if auto and rule == "linear" and replicas >= SQRT_FROM and not fast_mixing \
         else rule
@@ -55,11 +51,8 @@ class Gossip(Strategy):
     peer a round), then takes its local step (fit's
     optimizer, momentum and weight decay). ``alpha=1`` is D-PSGD; the paper's 0.1 sends a
     tenth of the bytes. Defaults: the exponential graph with whole models (``alpha=1``),
-    which mixes fast enough for the linearly scaled rate (16 replicas of the thesis CNN, seeds
-    0-3: 98% after 2.25, 2.0 and 2.0 epochs and once not in 3, where the paper's ring with
-    alpha 0.1 got there twice, after 2.5 and 3.0; at 2 replicas they were within a quarter
-    epoch of each other: docs/guides/gossip.md); ``topology="ring", alpha=0.1`` is the
-    paper's setting, a fifth of the bytes a round. The result is the replicas' average; the
+    which mixes fast enough for the linearly scaled rate (docs/guides/gossip.md);
+    ``topology="ring", alpha=0.1`` is the paper's setting, a fifth of the bytes a round. The result is the replicas' average; the
     history reports the consensus distance (mean squared distance of the replicas to it) and
     the bytes each replica sent. ``amp``: None, "bf16" or "fp16" autocast of the local steps
     (float32 weights; the rounds mix float32 values). ``average``: each replica keeps its
