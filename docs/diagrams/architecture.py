@@ -51,9 +51,8 @@ def svg() -> str:
             ["fit.py, preflight.py, runs.py", "losses.py: losses, evaluation",
              "runtime/checkpoint.py", "history, info.json"]),
         box(320, 55, 270, 120, "Strategy: driver half",
-            ["strategies/<name>/driver.py", "AllReduce · Downpour · Gossip · Boosting",
-             "transport/: channel, parameter server",
-             "planning/ · strategies/boosting/keys.py"]),
+            ["strategies/<name>/driver.py", "AllReduce · Gossip · LocalSGD ·",
+             "Downpour · Boosting", "transport/: channel, parameter server"]),
         box(620, 55, 240, 120, "Spark DataFrame",
             ["data/: Parquet, images, text, MNIST", "partitions = data shards",
              "nothing collected here"]),
@@ -64,7 +63,7 @@ def svg() -> str:
         x = 40 + i * 285
         parts.append(box(x, 285, 255, 195, f"Task {i}" if i < 2 else "Task N-1",
                          ["data/: Arrow record batches ->", "torch mini-batches (memory or disk)",
-                          "runtime/: barrier stage, amp,", "errors to the driver",
+                          "runtime/: the replica loop, amp,", "errors to the driver",
                           "Strategy: task half (task.py)", "balance/ · model_parallel/",
                           "CPU, or the GPU Spark assigned"],
                          fill="#fdf3e7", stroke="#c07a1e"))
