@@ -74,7 +74,7 @@ def simulate(data: str, config: str, seed: int) -> dict:
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     from spark_dl.optim.schedule import LRSchedule
-    from spark_dl.strategies.downpour.exchange import CarriedMomentum, ramp_length
+    from spark_dl.strategies.ps_worker import CarriedMomentum, ramp_length
     from spark_dl.transport.ps.shard import Shard
     s = settings(config)
     w_count, stale = s["W"], s["stale"]

@@ -19,7 +19,7 @@ ingredient of the strategy can be switched on alone:
                buffer kept across its keys), the push is the worker's displacement over
                the key, and the server (momentum 0) adds it: momentum SGD on the workers
   "-ramp"      (a suffix, after -lmom) each worker's momentum grows from 0 over its first
-               MOMENTUM_RAMP mini-batches (spark_dl.strategies.downpour.exchange.ramped, the
+               MOMENTUM_RAMP mini-batches (spark_dl.strategies.ps_worker.ramped, the
                "worker" rule's since 2026-11-28)
   "-own"       (a suffix, before "-avg") each worker trains the keys of its own partition
                only (Downpour's shards: partition w = the w-th part of the rows), in its own
@@ -75,7 +75,7 @@ from spark_dl.data.ships import ship_batch  # noqa: E402
 from spark_dl.models.unet import FocalDiceLoss, UNet  # noqa: E402
 from spark_dl.optim.schedule import LRSchedule  # noqa: E402
 from spark_dl.recipes.ships import TEST_START, mask_scores  # noqa: E402
-from spark_dl.strategies.downpour.exchange import ramped  # noqa: E402
+from spark_dl.strategies.ps_worker import ramped  # noqa: E402
 from spark_dl.transport.ps.rule import push_factor  # noqa: E402
 from spark_dl.transport.ps.shard import Shard  # noqa: E402
 
