@@ -9,13 +9,29 @@ import torch.distributed as dist
 from .seeds import replica_seed
 
 __all__ = ["HELD_BYTES", "OwnStatistics", "collective_device", "mean_buffers",
-           "own_statistics", "statistics_batches", "sync_buffers"]
+           "own_statistics", "replica_mean", "statistics_batches", "sync_buffers"]
 
 
 def collective_device(device) -> torch.device:
     """Where small bookkeeping tensors of a collective go: the task's GPU under NCCL, the CPU
     under gloo (whose gather and all_gather take CPU tensors only)."""
     return device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def replica_mean(flat: torch.Tensor, weight: float | None = None, group=None) -> torch.Tensor:
+    """The replicas' mean of ``flat`` (one all-reduce), weighted by ``weight`` (each
+    replica's; all 0: this replica's own values). Collective: every rank of ``group`` calls
+    it."""
+    if weight is None:
+        out = flat.detach().clone()
+        dist.all_reduce(out, group=group)
+        return out.div_(dist.get_world_size(group))
+    packed = torch.cat([flat.detach() * weight,
+                        torch.tensor([float(weight)], dtype=flat.dtype, device=flat.device)])
+    dist.all_reduce(packed, group=group)
+    if packed[-1] <= 0:
+        return flat.detach().clone()
+    return packed[:-1].div_(packed[-1])
 
 
 def mean_buffers(model: torch.nn.Module, world: int, device,
@@ -31,19 +47,8 @@ def mean_buffers(model: torch.nn.Module, world: int, device,
     out = {k: b.detach().clone() for k, b in named.items()}
     if floats:
         where = collective_device(device)
-        packed = torch.cat([named[k].detach().reshape(-1).to(where, torch.float64)
-                            for k in floats])
-        if weight is None:
-            dist.all_reduce(packed)
-            packed /= world
-        else:
-            packed = torch.cat([packed * weight,
-                                torch.tensor([float(weight)], dtype=torch.float64,
-                                             device=where)])
-            dist.all_reduce(packed)
-            if packed[-1] <= 0:
-                return out
-            packed = packed[:-1] / packed[-1]
+        packed = replica_mean(torch.cat([named[k].detach().reshape(-1).to(where, torch.float64)
+                                         for k in floats]), weight)
         off = 0
         for k in floats:
             n = named[k].numel()

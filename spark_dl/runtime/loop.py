@@ -27,7 +27,13 @@ import torch.distributed as dist
 from torch import nn
 
 from .amp import MixedPrecision
-from .buffers import collective_device, mean_buffers, own_statistics, sync_buffers
+from .buffers import (
+    collective_device,
+    mean_buffers,
+    own_statistics,
+    replica_mean,
+    sync_buffers,
+)
 from .checkpoint import save_atomic
 from .stage import (
     StepReports,
@@ -41,7 +47,7 @@ from .stage import (
 from .validation import Validation
 
 __all__ = ["FitParts", "Hooks", "ReplicaLoop", "copy_into", "flatten_parameters",
-           "gather_bytes", "replica_mean", "replica_task", "trainable"]
+           "gather_bytes", "replica_task", "trainable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +78,6 @@ class Hooks:
         self.cfg, self.options = cfg, options
         self.amp = getattr(options, "amp", None)
         self.average = float(getattr(options, "average", 0.0) or 0.0)
-
-    def updates(self, world: int) -> int:
-        """Mini-batches an update averages (the rate schedule's ``k``)."""
-        return world * self.accumulate
 
     def build(self, loop: ReplicaLoop) -> None:
         """After the optimizer and the precision: the strategy's transports."""
@@ -127,22 +129,6 @@ def replica_task(cfg, options, make_hooks: Callable[..., Hooks], parts: FitParts
         return ReplicaLoop(cfg, make_hooks(cfg, options), parts, **place).run()
 
     return barrier_task(cfg, train, secret, channel, parts.run_dir)
-
-
-def replica_mean(flat: torch.Tensor, weight: float | None = None) -> torch.Tensor:
-    """The replicas' mean of ``flat`` (one all-reduce), weighted by ``weight`` (each
-    replica's; all 0: this replica's own values). Collective: every rank calls it."""
-    world = dist.get_world_size()
-    if weight is None:
-        out = flat.detach().clone()
-        dist.all_reduce(out)
-        return out.div_(world)
-    packed = torch.cat([flat.detach() * weight,
-                        torch.tensor([float(weight)], dtype=flat.dtype, device=flat.device)])
-    dist.all_reduce(packed)
-    if packed[-1] <= 0:
-        return flat.detach().clone()
-    return packed[:-1].div_(packed[-1])
 
 
 def gather_bytes(data: bytes, rank: int, world: int, device: torch.device) -> list[bytes]:
@@ -211,7 +197,7 @@ class ReplicaLoop:
         self.opt = make_optimizer(
             cfg.optimizer, self.model.parameters(), cfg.lr, cfg.momentum,
             weight_decay=cfg.weight_decay, max_iter=cfg.max_iter, nesterov=cfg.nesterov)
-        self.schedule = cfg.schedule(hooks.updates(self.world))
+        self.schedule = cfg.schedule(self.world * hooks.accumulate)  # k mini-batches an update
         self.closure_opt = needs_closure(self.opt)
         self.clip = cfg.clip(self.schedule, self.device, line_search=self.closure_opt)
         self.precision = MixedPrecision(hooks.amp, self.device)

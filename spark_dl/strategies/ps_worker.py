@@ -77,13 +77,16 @@ class PSWorker:
         self.client.pull(self.wire, shards)
         self.landed()
 
+    def on_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mini-batch on the worker's device, in its dtype (integer labels stay so)."""
+        x = x.to(device=self.device, dtype=self.dtype)
+        y = y.to(device=self.device)
+        return x, y.to(self.dtype) if y.is_floating_point() else y
+
     def backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn) -> tuple[torch.Tensor, int]:
         """(the mean loss of the mini-batch, its rows); ``grad`` += its per-sample gradient
         sum (scaled under fp16)."""
-        x = x.to(device=self.device, dtype=self.dtype)
-        y = y.to(device=self.device)
-        if y.is_floating_point():
-            y = y.to(self.dtype)
+        x, y = self.on_device(x, y)
         with self.precision.autocast():
             loss = loss_fn(self.model(x), y)
         self.precision.scale_loss(loss * len(x)).backward()

@@ -375,10 +375,7 @@ class DownpourWorker(PSWorker):
     def _backward(self, x, y) -> tuple[torch.Tensor, int]:
         if not self.master_backprop:
             return self.backward(x, y, self.loss_fn)
-        x = x.to(device=self.device, dtype=self.dtype)
-        y = y.to(device=self.device)
-        if y.is_floating_point():
-            y = y.to(self.dtype)
+        x, y = self.on_device(x, y)
         master = self.part == 0                   # the master holds the batch (§3.2)
         loss = self.model.step(x if master else None, y if master else None, len(x),
                                grad_scale=len(x))

@@ -38,7 +38,9 @@ import math
 import torch
 import torch.distributed as dist
 
-__all__ = ["TOPOLOGIES", "Rounds", "average", "average_and_distance", "consensus_distance",
+from spark_dl.runtime.buffers import replica_mean
+
+__all__ = ["TOPOLOGIES", "Rounds", "average_and_distance", "consensus_distance",
            "exponential_peers", "mask_indices", "ring_peers"]
 
 _ROUND_STRIDE = 1_000_003            # seed, round -> one generator seed (a prime stride)
@@ -158,13 +160,6 @@ class Rounds:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
 
-def average(flat: torch.Tensor, group=None) -> torch.Tensor:
-    """The replicas' mean of ``flat`` (one all-reduce), returned on every replica."""
-    out = flat.detach().clone()
-    dist.all_reduce(out, group=group)
-    return out.div_(dist.get_world_size(group))
-
-
 def consensus_distance(flat: torch.Tensor, group=None) -> float:
     """Mean over the replicas of ‖x_i − x̄‖², the same value on every replica."""
     return average_and_distance(flat, group)[1]
@@ -173,7 +168,7 @@ def consensus_distance(flat: torch.Tensor, group=None) -> float:
 def average_and_distance(flat: torch.Tensor, group=None) -> tuple[torch.Tensor, float]:
     """(x̄, mean over the replicas of ‖x_i − x̄‖²), the same on every replica: two
     all-reduces."""
-    mean = average(flat, group)
+    mean = replica_mean(flat, group=group)
     d = ((flat.detach() - mean) ** 2).sum().to(torch.float64).reshape(1)
     dist.all_reduce(d, group=group)
     return mean, float(d) / dist.get_world_size(group)

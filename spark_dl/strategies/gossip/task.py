@@ -37,9 +37,6 @@ class GossipHooks(Hooks):
     name = "gossip"
     agree = False
 
-    def updates(self, world: int) -> int:
-        return world                     # the replicas' average moves by their mean gradient
-
     def build(self, loop: ReplicaLoop) -> None:
         cfg, opts = self.cfg, self.options
         self.flat = flat = loop.flat      # the replica's parameters, one buffer

@@ -1,5 +1,5 @@
 """LocalSGD's task half: the replica loop's hooks. Every replica steps on its own; every
-``every`` steps the replicas average (spark_dl.runtime.loop.replica_mean) and, with an outer
+``every`` steps the replicas average (spark_dl.runtime.buffers.replica_mean) and, with an outer
 optimizer, take an outer step from the values of the last average:
 
     x̄ = Σ_i n_i x_i / Σ_i n_i              (n_i: the rows replica i trained on since then)
@@ -16,14 +16,8 @@ import time
 import torch
 from torch import nn
 
-from spark_dl.runtime.buffers import sync_buffers
-from spark_dl.runtime.loop import (
-    FitParts,
-    Hooks,
-    ReplicaLoop,
-    replica_mean,
-    replica_task,
-)
+from spark_dl.runtime.buffers import replica_mean, sync_buffers
+from spark_dl.runtime.loop import FitParts, Hooks, ReplicaLoop, replica_task
 from spark_dl.runtime.stage import LocalStepConfig
 
 __all__ = ["LocalSGDHooks", "make_task"]
@@ -41,9 +35,6 @@ class LocalSGDHooks(Hooks):
 
     name = "localsgd"
     agree = False
-
-    def updates(self, world: int) -> int:
-        return world                     # the replicas' average moves by their mean gradient
 
     def build(self, loop: ReplicaLoop) -> None:
         cfg = self.options
