@@ -87,9 +87,11 @@ class TrainConfig(_FitKeys):
         _check(not self.nesterov or (self.optimizer == "sgd" and self.momentum > 0),
                "train.nesterov", self.nesterov, f"needs optimizer = 'sgd' and momentum > 0 "
                f"(optimizer = {self.optimizer!r}, momentum = {self.momentum!r})")
-        _check(not self.nesterov or self.strategy in ("single", "allreduce", "gossip"),
-               "train.nesterov", self.nesterov, f"runs with strategy 'single', 'allreduce' "
-               f"or 'gossip', not {self.strategy!r} (whose staleness rule places the momentum)")
+        from .strategies import STRATEGIES
+        takes = ["single", *(n for n, cls in STRATEGIES.items() if cls.nesterov)]
+        _check(not self.nesterov or self.strategy in takes, "train.nesterov", self.nesterov,
+               f"runs with strategy {', '.join(map(repr, takes[:-1]))} or {takes[-1]!r}, not "
+               f"{self.strategy!r} (whose staleness rule places the momentum)")
         from .optim.schedule import check_lr_scaling
         try:
             check_lr_scaling(self.lr_scaling, self.warmup_epochs, self.epochs)

@@ -154,8 +154,8 @@ OPTIONS: tuple[Option, ...] = (
            "spark_dl.optim.clip", verify=check_grad_clip, to="train", on=("toml", "param")),
     Option("momentum", float, 0.0, "SGD's momentum", lambda v: _number(v) and 0 <= v < 1,
            "in [0, 1)", to="train", on=("toml", "param")),
-    Option("nesterov", bool, False, "SGD's momentum in Nesterov's form (AllReduce and Gossip; "
-           "needs momentum > 0)", lambda v: v in (False, True), "True or False", to="train",
+    Option("nesterov", bool, False, "SGD's momentum in Nesterov's form (the barrier-stage "
+           "strategies; needs momentum > 0)", lambda v: v in (False, True), "True or False", to="train",
            on=("toml", "param")),
     Option("weight_decay", float, 0.0, "the optimizer's weight decay (L2 penalty)",
            to="train"),

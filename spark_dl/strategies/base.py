@@ -74,6 +74,8 @@ class Strategy:
 
     name: ClassVar[str] = ""
     hints: ClassVar[dict] = {}           # an option of another strategy -> where it belongs
+    nesterov: ClassVar[bool] = True      # takes fit's nesterov=True (the parameter-server
+                                         # strategies' staleness rule places the momentum)
 
     def check(self) -> None:
         """Raise ConfigError for a bad option (called on construction)."""
@@ -95,6 +97,13 @@ class Strategy:
 
     def describe(self) -> dict:
         return {"name": self.name, **dataclasses.asdict(self)}
+
+
+def nesterov_strategies() -> str:
+    """The strategies that take fit's nesterov=True, by class name ("A, B or C")."""
+    from . import STRATEGIES
+    names = [cls.__name__ for cls in STRATEGIES.values() if cls.nesterov]
+    return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def check_choice(name: str, value, choices) -> None:
@@ -120,8 +129,8 @@ def check_server_optimizer(job: Job, strategy: str, server_optimizer: str | None
         raise ConfigError(f"nesterov=True with {strategy}: its staleness rule decides where "
                           f"the momentum runs (the workers or the server), and its 'dana' "
                           f"rule already looks ahead by the momentum steps to come; use "
-                          f"nesterov=False with {strategy}, or AllReduce or Gossip for "
-                          f"Nesterov's momentum")
+                          f"nesterov=False with {strategy}, or "
+                          f"{nesterov_strategies()} for Nesterov's momentum")
 
 
 @dataclasses.dataclass

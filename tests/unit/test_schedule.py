@@ -67,14 +67,16 @@ def test_toml_keys_are_checked(tmp_path):
                                                            "warmup_epochs": 1.5,
                                                            "grad_clip": "auto",
                                                            "nesterov": False}
-    p.write_text("[train]\nepochs = 2\nnesterov = true\nstrategy = 'allreduce'\n")
-    assert load_toml(DemoConfig, p).train.fit_options["nesterov"] is True
+    for strategy in ("allreduce", "localsgd"):
+        p.write_text(f"[train]\nepochs = 2\nnesterov = true\nstrategy = '{strategy}'\n")
+        assert load_toml(DemoConfig, p).train.fit_options["nesterov"] is True
     for bad, match in (("nesterov = 'yes'", "'train.nesterov' in .* must be of type bool"),
                        ("nesterov = true\nmomentum = 0.0",
                         (r"'train.nesterov' needs optimizer = 'sgd' and momentum > 0 \(optimizer "
                          r"= 'sgd', momentum = 0.0\)")),
                        ("nesterov = true\nstrategy = 'downpour'",
-                        ("'train.nesterov' runs with strategy 'single', 'allreduce' or 'gossip', "
+                        ("'train.nesterov' runs with strategy 'single', 'allreduce', 'gossip' or "
+                         "'localsgd', "
                          "not 'downpour'"))):
         p.write_text(f"[train]\nepochs = 2\n{bad}\n")
         with pytest.raises(ConfigError, match=match):

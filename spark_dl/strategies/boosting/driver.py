@@ -80,6 +80,7 @@ class Boosting(Strategy):
     several workers, off with one; 0: off)."""
 
     name = "boosting"
+    nesterov = False
     n_push: int = 2
     server_optimizer: str | None = None
     lease_s: float = 300.0

@@ -78,6 +78,7 @@ class Downpour(Strategy):
     that all finish together (default None)."""
 
     name = "downpour"
+    nesterov = False
     n_fetch: int = 1
     n_push: int = 1
     mode: str = "async"
