@@ -26,6 +26,7 @@ class _Function(Strategy):
     """What config.json says of a run: the function, and the communication hook asked for."""
 
     name: ClassVar[str] = "run"
+    nesterov: ClassVar[bool] = False     # not a strategy of fit: its function picks
     function: str = ""
     comm_hook: str | None = None
 

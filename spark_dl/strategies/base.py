@@ -101,8 +101,7 @@ class Strategy:
 
 def nesterov_strategies() -> str:
     """The strategies that take fit's nesterov=True, by class name ("A, B or C")."""
-    from . import STRATEGIES
-    names = [cls.__name__ for cls in STRATEGIES.values() if cls.nesterov]
+    names = [cls.__name__ for cls in Strategy.__subclasses__() if cls.name and cls.nesterov]
     return f"{', '.join(names[:-1])} or {names[-1]}"
 
 

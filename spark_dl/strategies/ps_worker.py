@@ -7,6 +7,7 @@ push trains on) are their task.py; the rules they share on the driver are ps_rul
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -14,8 +15,9 @@ import torch
 from spark_dl.runtime.amp import MixedPrecision
 from spark_dl.runtime.stage import peak_memory_mb
 
-__all__ = ["MOMENTUM_RAMP", "TORCH_DTYPES", "CarriedMomentum", "PSWorker", "carried_report",
-           "carry_momentum", "flat_parameters", "ramp_length", "ramped", "reported_momentum"]
+__all__ = ["MOMENTUM_RAMP", "TORCH_DTYPES", "CarriedMomentum", "PSWorker", "WorkerPlan",
+           "carried_report", "carry_momentum", "flat_parameters", "ramp_length", "ramped",
+           "reported_momentum"]
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -26,27 +28,43 @@ TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": 
 MOMENTUM_RAMP = 50
 
 
-class PSWorker:
-    """One worker task's side of the parameter traffic (the module doc). ``cfg``: its
-    strategy's task config (device, threads, dtype, wire_dtype, amp, buffers,
-    worker_momentum, look_ahead, timeout_s); ``ctx``: its TaskContext."""
+@dataclasses.dataclass(frozen=True)
+class WorkerPlan:
+    """What the driver worked out for its parameter-server workers, whatever the strategy:
+    the wire's dtype, the autocast, the (name, shape) of the buffers they report
+    (transport/ps/buffers.py), and the staleness rule's worker half: the momentum a worker
+    carries ("dana"), ramped over ``momentum_ramp`` mini-batches (None: ramp_length of the
+    worker's own steps to go), and whether it reports it for the server's look-ahead."""
 
-    def __init__(self, cfg, ctx, rank: int):
+    wire_dtype: str = "float32"
+    amp: str | None = None
+    buffers: tuple = ()
+    worker_momentum: float = 0.0
+    look_ahead: bool = False
+    momentum_ramp: int | None = None
+
+
+class PSWorker:
+    """One worker task's side of the parameter traffic (the module doc). ``cfg``: fit's stage
+    settings (StageConfig: device, threads, dtype, timeout_s ...); ``plan``: its WorkerPlan;
+    ``ctx``: its TaskContext."""
+
+    def __init__(self, cfg, plan: WorkerPlan, ctx, rank: int):
         from spark_dl.transport.rendezvous import task_device
-        self.cfg, self.ctx, self.rank = cfg, ctx, rank
+        self.cfg, self.plan, self.ctx, self.rank = cfg, plan, ctx, rank
         self.t_start = time.perf_counter()
         gpus = list(ctx.resources()["gpu"].addresses) if "gpu" in ctx.resources() else []
         self.device, self.note = task_device(cfg.device, gpus, rank)
         torch.set_num_threads(cfg.threads or int(ctx.cpus() or 1))
         self.dtype = TORCH_DTYPES[cfg.dtype]
-        self.precision = MixedPrecision(cfg.amp, self.device)
+        self.precision = MixedPrecision(plan.amp, self.device)
         self.carrier = self.buffers = None
 
     def connect(self, ps_address, secret: bytes):
         """The client of the driver's parameter server (its hello is the caller's)."""
         from spark_dl.transport.ps import PSClient
         self.client = PSClient(ps_address, secret, self.rank,
-                               TORCH_DTYPES[self.cfg.wire_dtype], self.cfg.timeout_s)
+                               TORCH_DTYPES[self.plan.wire_dtype], self.cfg.timeout_s)
         return self.client
 
     def hold(self, model: torch.nn.Module, numel: int, ramp: int,
@@ -56,16 +74,16 @@ class PSWorker:
         when the wire carries the model's dtype on the CPU); the momentum carried, ramped
         over ``ramp`` mini-batches; the buffers reported."""
         from spark_dl.transport.ps.buffers import spec_numel
-        cfg = self.cfg
+        plan = self.plan
         self.model = model
         self.flat, self.grad = flat_parameters(model, numel, self.device, self.dtype)
         self.direct = self.flat.dtype == self.client.dtype and self.flat.device.type == "cpu"
         self.wire = self.flat if self.direct else \
             torch.empty(self.flat.numel(), dtype=self.client.dtype)
-        if cfg.worker_momentum:
-            self.carrier = CarriedMomentum(self.grad, cfg.worker_momentum, ramp)
-        if cfg.buffers and reports_buffers:
-            self.buffers = torch.empty(spec_numel(cfg.buffers), dtype=torch.float64
+        if plan.worker_momentum:
+            self.carrier = CarriedMomentum(self.grad, plan.worker_momentum, ramp)
+        if plan.buffers and reports_buffers:
+            self.buffers = torch.empty(spec_numel(plan.buffers), dtype=torch.float64
                                        if self.dtype == torch.float64 else torch.float32)
 
     def landed(self) -> None:
@@ -107,13 +125,13 @@ class PSWorker:
 
     def momentum(self) -> float | None:
         """The momentum the next push reports (staleness "dana" with the look-ahead)."""
-        return reported_momentum(self.carrier, self.cfg.look_ahead)
+        return reported_momentum(self.carrier, self.plan.look_ahead)
 
     def reported_buffers(self) -> torch.Tensor | None:
         """The model's buffers the server averages (None: none reported)."""
         from spark_dl.transport.ps.buffers import read_buffers
         return None if self.buffers is None else \
-            read_buffers(self.model, self.cfg.buffers, self.buffers)
+            read_buffers(self.model, self.plan.buffers, self.buffers)
 
     def outgoing(self) -> torch.Tensor:
         """The gradient as the client sends it (on the host)."""

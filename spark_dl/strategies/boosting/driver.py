@@ -14,6 +14,7 @@ on a cluster give a shared URI: hdfs://, s3a://, an NFS path).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from ...errors import ConfigError, DataError
 from ...optim.average import check_average
 from ...planning.partitions import Layout
 from ...runtime.amp import check_amp
+from ...runtime.loop import FitParts
+from ...runtime.stage import StageConfig
 from ...transport.ps import SERVER_OPTIMIZERS, KeyLeases, ParameterServer, StepRule
 from ..base import (
     FitResult,
@@ -45,7 +48,7 @@ from ..ps_rules import (
     server_optimizer_for,
 )
 from ..ps_snapshots import ServerSnapshots
-from ..ps_worker import ramp_length
+from ..ps_worker import WorkerPlan, ramp_length
 from . import task as _task
 from .data import cut_keys, parquet_files
 from .epochs import KeyEpochs
@@ -159,10 +162,12 @@ class Boosting(Strategy):
         # local steps: plain SGD on the worker, for the servers whose step is lr x gradient
         local = self.local and server_optimizer in ("sgd", "momentum") and \
             self.amp != "fp16" and job.train["lr_scaling"] == "linear"
-        cfg = self._task_config(job, layout, plan, schedule if local else None, fresh, ps,
-                                keys, start_epoch)
-        task = _task.make_task(cfg, job.model_fn, job.loss_fn, run.secret.encode(), ps.address,
-                               channel.address, str(run.path), keys)
+        task = _task.make_task(
+            StageConfig(**job.stage), dataclasses.replace(self, local=local, fresh=fresh),
+            self._worker_plan(job, layout, plan, keys, start_epoch),
+            FitParts(job.model_fn, job.loss_fn, str(run.path)), run.secret.encode(),
+            ps.address, channel.address, keys, rate=schedule if local else None,
+            board=None if ps.board is None else ps.board.ticket())
         job.say(f"boosting: {len(keys)} keys of {key_rows} rows ({self.n_push} mini-batches) "
                 f"from {len(files)} Parquet file(s), {workers} worker(s), parameter server "
                 f"{ps.address[0]}:{ps.address[1]} ({server_optimizer}), run directory "
@@ -208,19 +213,17 @@ class Boosting(Strategy):
                                buffers=layout.flatten_buffers(), keys=leases,
                                board=run.path / "ps-versions" if fresh else None)
 
-    def _task_config(self, job: Job, layout, plan: StalenessPlan, local, fresh: bool, ps,
-                     keys: list, start_epoch: int) -> _task.BoostingConfig:
+    def _worker_plan(self, job: Job, layout, plan: StalenessPlan, keys: list,
+                     start_epoch: int) -> WorkerPlan:
         stage, workers = job.stage, job.replicas
-        return _task.BoostingConfig(
-            **stage, n_push=self.n_push, amp=self.amp, buffers=layout.buffer_spec,
-            local=local, fresh=fresh, worker_momentum=plan.worker_momentum,
+        return WorkerPlan(
+            wire_dtype="float64" if stage["dtype"] == "float64" else
+            "bfloat16" if self.amp else "float32",
+            amp=self.amp, buffers=layout.buffer_spec, worker_momentum=plan.worker_momentum,
             look_ahead=plan.look_ahead,
-            board=None if ps.board is None else ps.board.ticket(),
             momentum_ramp=ramp_length(                 # the epochs to go
                 sum(hi - lo for _, lo, hi in keys) * (stage["epochs"] - start_epoch)
-                / stage["batch_size"] / workers),
-            wire_dtype="float64" if stage["dtype"] == "float64" else
-            "bfloat16" if self.amp else "float32")
+                / stage["batch_size"] / workers))
 
 
 def _resume(ps: ParameterServer, ckpt: dict, run: Run, start_epoch: int) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
+from spark_dl.runtime.loop import FitParts
 from spark_dl.runtime.seeds import replica_seed
 from spark_dl.runtime.stage import (
     LossSum,
@@ -33,34 +34,40 @@ from spark_dl.runtime.stage import (
     read_shard,
     write_task_info,
 )
-from spark_dl.strategies.ps_worker import MOMENTUM_RAMP, PSWorker
+from spark_dl.strategies.ps_worker import PSWorker, WorkerPlan
 
-__all__ = ["RESULT_SCHEMA", "BoostingConfig", "make_task", "read_key", "rebase"]
+__all__ = ["RESULT_SCHEMA", "make_task", "read_key", "rebase"]
 
 RESULT_SCHEMA = "worker int, report string"
 
 
 @dataclasses.dataclass(frozen=True)
-class BoostingConfig(StageConfig):
-    n_push: int = 2
-    amp: str | None = None
-    wire_dtype: str = "float32"
-    buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
-    local: object = None               # the server's LRSchedule: a key's mini-batches step
-    #                                    the worker's copy one after another (see _work)
-    fresh: bool = False                # before each mini-batch, the server's newer values
-    #                                    less the key's local steps so far (see _work)
-    worker_momentum: float = 0.0       # staleness "dana": SGD's momentum kept here
-    board: tuple | None = None         # fresh: where the server's versions are mapped from
-    #                                    on its machine (transport/ps/board.py: ticket)
-    momentum_ramp: int = MOMENTUM_RAMP  # ... ramped up over this many mini-batches
-    look_ahead: bool = False           # staleness "dana": its momentum reported to the server
+class _Task:
+    """What every Boosting task gets from the driver (make_task's arguments)."""
+
+    cfg: StageConfig
+    options: object
+    plan: WorkerPlan
+    parts: FitParts
+    secret: bytes
+    ps_address: tuple
+    channel: tuple | None
+    keys: list
+    rate: object
+    board: tuple | None
 
 
-def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
-              ps_address, channel, run_dir: str | None, keys: list[tuple[str, int, int]]):
+def make_task(cfg: StageConfig, options, plan: WorkerPlan, parts: FitParts, secret: bytes,
+              ps_address, channel, keys: list[tuple[str, int, int]], rate=None,
+              board: tuple | None = None):
     """The function ``spark.range(workers).mapInArrow(task, RESULT_SCHEMA)`` runs: worker id =
-    the task's partition; ``keys``: (Parquet file URI, first row, end row) per key."""
+    the task's partition. ``cfg``: fit's stage settings; ``options``: the Boosting object with
+    the values its driver resolved (local, fresh); ``plan``: the workers' WorkerPlan;
+    ``keys``: (Parquet file URI, first row, end row) per key; ``rate``: with ``local``, the
+    server's LRSchedule (a key's mini-batches step the worker's copy one after another at
+    its rate, see _work); ``board``: with ``fresh``, where the server's versions are mapped
+    from on its machine (transport/ps/board.py: ticket)."""
+    task_of = _Task(cfg, options, plan, parts, secret, ps_address, channel, keys, rate, board)
 
     def task(batches: Iterator) -> Iterator:
         import pyarrow as pa
@@ -72,8 +79,7 @@ def make_task(cfg: BoostingConfig, model_fn: Callable, loss_fn: Callable, secret
         rank = ctx.partitionId()
         at(None, None)
         try:
-            report = _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
-                           keys)
+            report = _work(task_of, ctx)
         except BaseException as e:          # the driver hears of it first, and cancels the fit
             report_error(channel, secret, rank, e)
             raise
@@ -188,7 +194,7 @@ def read_key(files: _Files, key: tuple[str, int, int], columns: list[str]):
                      None if parts[0][1] is None else np.concatenate([y for _, y in parts]))
 
 
-def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, keys) -> dict:
+def _work(task_of: _Task, ctx) -> dict:
     """One worker: it leases a data key from the server, trains on the key's rows (from the
     parameters it pulled, or stepping a local copy), pushes their gradient sum and asks for
     the next key, until the server says the fit is finished."""
@@ -196,26 +202,28 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
     from spark_dl.transport.channel import MessageClient
     from spark_dl.transport.ps.board import BoardReader
 
+    cfg, fresh, keys = task_of.cfg, task_of.options.fresh, task_of.keys
+    run_dir, loss_fn = task_of.parts.run_dir, task_of.parts.loss_fn
     rank = ctx.partitionId()
-    worker = PSWorker(cfg, ctx, rank)
+    worker = PSWorker(cfg, task_of.plan, ctx, rank)
     if run_dir is not None:
         write_task_info(run_dir, f"worker-{rank}", {"worker": rank,
                                                     "device": str(worker.device),
                                                     "attempt": ctx.attemptNumber()})
     torch.manual_seed(cfg.seed)
-    model = model_fn().to(device=worker.device, dtype=worker.dtype)
-    client = worker.connect(ps_address, secret)
-    progress = MessageClient(channel, secret)
+    model = task_of.parts.model_fn().to(device=worker.device, dtype=worker.dtype)
+    client = worker.connect(task_of.ps_address, task_of.secret)
+    progress = MessageClient(task_of.channel, task_of.secret)
     client.hello(0, cfg.batch_size)
-    if cfg.fresh:
-        client.watch(BoardReader.open(cfg.board, len(client.versions)))
-    worker.hold(model, client.numel, cfg.momentum_ramp)
+    if fresh:
+        client.watch(BoardReader.open(task_of.board, len(client.versions)))
+    worker.hold(model, client.numel, task_of.plan.momentum_ramp)
     worker.pull()
     mine = dataclasses.replace(cfg, data="memory")
     files = _Files(memory_headroom() // 4,       # decoded row groups kept in a quarter of it
                    lambda batches, where: read_shard(mine, iter(batches), where))
     columns = [c for c in (cfg.features, cfg.label) if c]
-    local = _LocalSteps(worker, cfg) if cfg.local is not None else None
+    local = _LocalSteps(worker, task_of.rate, fresh) if task_of.rate is not None else None
     trained, rows, waited, done, rebased = [], 0, 0.0, 0, 0
     try:
         while True:
@@ -233,7 +241,7 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
                 moved = local.start(epoch)
             for x, y in shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
                                       seed=replica_seed(cfg.seed, key), epoch=epoch):
-                if cfg.fresh:
+                if fresh:
                     rebased += rebase(client, worker.wire, worker.flat, moved)
                 loss, n = worker.backward(x, y, loss_fn)
                 loss_sum.add(loss, n)                   # read once a report goes
@@ -268,18 +276,19 @@ def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, key
 
 class _LocalSteps:
     """``local``: the worker steps its copy by every mini-batch's mean gradient at the
-    server's rate of the epoch (``grad`` holds the key's sum so far); with ``fresh`` the
+    server's rate of the epoch (``rate``, an LRSchedule; ``grad`` holds the key's sum so
+    far); with ``fresh`` the
     key's local steps so far, summed (``moved``), for ``rebase``."""
 
-    def __init__(self, worker: PSWorker, cfg):
-        self.worker, self.cfg = worker, cfg
+    def __init__(self, worker: PSWorker, rate, fresh: bool):
+        self.worker, self.rates = worker, rate
         self.local, self.seen = torch.empty_like(worker.grad), torch.empty_like(worker.grad)
-        self.moved = torch.empty_like(worker.grad) if cfg.fresh else None
+        self.moved = torch.empty_like(worker.grad) if fresh else None
 
     def start(self, epoch: int) -> torch.Tensor | None:
         """A new key in ``epoch``; returns ``moved``."""
         self.seen.zero_()
-        self.rate = self.cfg.local.at(epoch)     # the server's rate in this epoch
+        self.rate = self.rates.at(epoch)         # the server's rate in this epoch
         if self.moved is not None:
             self.moved.zero_()
         return self.moved

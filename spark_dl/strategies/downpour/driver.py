@@ -21,6 +21,8 @@ from ...planning.partitions import (
     plan_partitions,
 )
 from ...runtime.amp import check_amp
+from ...runtime.loop import FitParts
+from ...runtime.stage import StageConfig
 from ...transport.ps import MODES, SERVER_OPTIMIZERS
 from ..base import (
     FitResult,
@@ -36,7 +38,7 @@ from ..ps_rules import STALENESS_RULES, check_clip, check_staleness, server_opti
 from ..ps_snapshots import ServerSnapshots
 from . import task as _task
 from .epochs import ServerEpochs, resume_server
-from .settings import column_widths, make_server, settings, task_config
+from .settings import column_widths, make_server, settings, task_options, worker_plan
 
 __all__ = ["MODES", "STALENESS_RULES", "Downpour"]
 
@@ -230,7 +232,8 @@ class Downpour(Strategy):
         torch.manual_seed(job.stage["seed"])
         net = job.model_fn().to(job.dtype)
         layout = Layout(net, partitions, widths)
-        cfg = task_config(self, job, s, widths, layout.buffer_spec)   # running statistics
+        opts = task_options(self, s, widths)
+        plan = worker_plan(opts, s, layout.buffer_spec)       # running statistics reported
         secret = run.secret.encode()
         ps, ps_shards, schedule = make_server(self, job, s, layout, net, secret)
         val = None
@@ -242,34 +245,36 @@ class Downpour(Strategy):
         epochs = ServerEpochs(run, ps, layout, net, val, replicas, partitions,
                               resumed["history"] if resumed is not None else [])
         channel = run.serve(epochs.on_message)
-        task = _task.make_task(cfg, job.model_fn, job.loss_fn, secret, ps.address,
-                               channel.address, str(run.path), partitions)
+        task = _task.make_task(StageConfig(**job.stage), opts, plan,
+                               FitParts(job.model_fn, job.loss_fn, str(run.path)), secret,
+                               ps.address, channel.address, partitions)
         described = layout.describe() if partitions > 1 else None
         if job.log is not None and described and described["kept_whole"]:
             job.log(f"partitions={partitions}: layers {', '.join(described['kept_whole'])} "
                     f"are narrower than {partitions} units and kept whole (trained by "
                     f"partition 0)")
         if job.log is not None:
-            job.log(f"downpour ({cfg.mode}, n_fetch={cfg.n_fetch}, n_push={cfg.n_push}): "
+            job.log(f"downpour ({opts.mode}, n_fetch={opts.n_fetch}, n_push={opts.n_push}): "
                     f"{replicas} worker(s), parameter server {ps.address[0]}:{ps.address[1]} "
                     f"({ps_shards} shard(s), {s.server_optimizer}), run directory {run.path}")
         job.tracker.start(run.path, run.config)
         snapshots = ServerSnapshots(ps, job.stage["validate_every"]).start() \
             if val is not None else None
-        rows = _train(run, job, task, epochs, ps, snapshots, cfg.epochs)
+        rows = _train(run, job, task, epochs, ps, snapshots, job.stage["epochs"])
         tasks = sorted((json.loads(r.report) for r in rows),
                        key=lambda r: r.get("task", r["worker"]))
-        epochs.fill_lost([r for r in tasks if r.get("partition", 0) == 0], cfg.epochs)
+        epochs.fill_lost([r for r in tasks if r.get("partition", 0) == 0],
+                          job.stage["epochs"])
         evals = [] if snapshots is None else snapshots.evals(
             layout, net, val, job.loss_fn, job.loss_name == "cross_entropy")
         layout.load(ps.parameters().to(job.dtype), ps.buffers())
         info = _info(self, s, ps, tasks, schedule, job, evals)
         if partitions > 1:
-            info["model_parallel"] = {**described, "algorithm": cfg.model_parallel,
+            info["model_parallel"] = {**described, "algorithm": opts.model_parallel,
                                       "probed_speeds": measured}
         info["resumed_from_epoch"] = resumed["epoch"] if resumed is not None else None
         return run.finish(net, epochs.history, info,
-                          f"downpour {cfg.mode}, {job.replicas} worker(s)")
+                          f"downpour {opts.mode}, {job.replicas} worker(s)")
 
 
 def _train(run: Run, job: Job, task, epochs: ServerEpochs, ps, snapshots, n_epochs: int):

@@ -17,9 +17,10 @@ from ..ps_rules import (
     server_clip,
     server_optimizer_for,
 )
-from . import task as _task
+from ..ps_worker import WorkerPlan
 
-__all__ = ["Settings", "column_widths", "make_server", "settings", "task_config"]
+__all__ = ["Settings", "column_widths", "make_server", "settings", "task_options",
+           "worker_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,17 +74,21 @@ def column_widths(strategy, job: Job, run) -> tuple[list | tuple | None, list | 
     return widths, measured
 
 
-def task_config(strategy, job: Job, s: Settings, widths, buffers) -> _task.DownpourConfig:
-    """The tasks' frozen config (plain values for the closure)."""
-    mode = strategy.mode
-    return _task.DownpourConfig(
-        **job.stage, n_fetch=strategy.n_fetch, n_push=1 if mode == "sync" else strategy.n_push,
-        mode=mode, wire_dtype=strategy.wire_dtype or ("bfloat16" if strategy.amp else "float32"),
-        overlap=s.overlap, model_parallel=strategy.model_parallel, amp=strategy.amp,
-        worker_momentum=s.plan.worker_momentum, look_ahead=s.plan.look_ahead,
-        widths=None if widths is None else tuple(float(w) for w in widths),
+def task_options(strategy, s: Settings, widths):
+    """``strategy`` (a Downpour) with the values its driver resolved, as its tasks get it."""
+    return dataclasses.replace(
+        strategy, n_push=1 if strategy.mode == "sync" else strategy.n_push,
+        wire_dtype=strategy.wire_dtype or ("bfloat16" if strategy.amp else "float32"),
+        overlap=s.overlap, widths=None if widths is None else tuple(float(w) for w in widths),
         balance=strategy.balance if strategy.balance in (None, "speed") else
-        tuple(float(w) for w in strategy.balance), buffers=buffers)
+        tuple(float(w) for w in strategy.balance))
+
+
+def worker_plan(options, s: Settings, buffers: tuple) -> WorkerPlan:
+    """The workers' WorkerPlan: ``options`` as task_options resolved them, the staleness
+    rule's worker half, the (name, shape) of the running statistics they report."""
+    return WorkerPlan(wire_dtype=options.wire_dtype, amp=options.amp, buffers=buffers,
+                      worker_momentum=s.plan.worker_momentum, look_ahead=s.plan.look_ahead)
 
 
 def make_server(strategy, job: Job, s: Settings, layout, net, secret: bytes):

@@ -25,41 +25,29 @@ from spark_dl.balance import balanced_batches
 from spark_dl.runtime.amp import autocast
 from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
+from spark_dl.runtime.loop import FitParts
 from spark_dl.runtime.seeds import replica_seed
 from spark_dl.runtime.stage import LossSum, StageConfig, read_shard, write_task_info
-from spark_dl.strategies.ps_worker import PSWorker, ramp_length
+from spark_dl.strategies.ps_worker import PSWorker, WorkerPlan, ramp_length
 
 from .exchange import Exchange
 
-__all__ = ["RESULT_SCHEMA", "DownpourConfig", "make_task"]
+__all__ = ["RESULT_SCHEMA", "make_task"]
 
 RESULT_SCHEMA = "worker int, report string"
 
 
-@dataclasses.dataclass(frozen=True)
-class DownpourConfig(StageConfig):
-    n_fetch: int = 1
-    n_push: int = 1
-    mode: str = "async"
-    wire_dtype: str = "float32"        # float32, bfloat16 (half the bytes) or float64
-    overlap: bool | None = False       # async: a push travels while the next step computes
-                                       # (None: on when the worker is on a GPU)
-    model_parallel: str = "collective"  # partitions > 1: all-gather layers, or "master"
-    amp: str | None = None             # autocast: "bf16" or "fp16" (float32 master weights)
-    widths: tuple | None = None        # partitions' shares of every layer's columns
-    balance: str | tuple | None = None  # sync rounds: "speed" or fixed shares per worker
-    buffers: tuple = ()                # (name, shape) of the buffers reported (ps/buffers.py)
-    worker_momentum: float = 0.0       # async, staleness "dana": SGD's momentum kept here
-    look_ahead: bool = False           # staleness "dana": its momentum reported to the server
-
-
-def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret: bytes,
-              ps_address, channel, run_dir: str | None, partitions: int = 1):
-    """The function ``df.mapInArrow(task, RESULT_SCHEMA)`` runs on every task. With
+def make_task(cfg: StageConfig, options, plan: WorkerPlan, parts: FitParts, secret: bytes,
+              ps_address, channel, partitions: int = 1):
+    """The function ``df.mapInArrow(task, RESULT_SCHEMA)`` runs on every task: ``cfg``, fit's
+    stage settings; ``options``, the Downpour object with the values its driver resolved
+    (n_push, wire_dtype, overlap, widths, balance); ``plan``, the workers' WorkerPlan. With
     ``partitions`` F > 1 the stage is a barrier stage of R x F tasks: task r F + p holds
     partition p of replica r's model (column partitioning), the F tasks of a replica train
     together on the union of their micro-batches, and each pushes and fetches only its own
     slice (parameter-server shard p): Downpour SGD over model-parallel replicas."""
+
+    task_of = _Task(cfg, options, plan, parts, secret, ps_address, channel)
 
     def task(batches: Iterator) -> Iterator:
         import pyarrow as pa
@@ -74,12 +62,10 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
             if partitions == 1:
                 shard = read_shard(cfg, batches, f"partition {rank}")
                 opened.append(shard)
-                report = _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir,
-                               ctx, shard, None, t_start)
+                report = DownpourWorker(task_of, ctx, shard, None, t_start).run()
             else:
-                report = _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address,
-                                           channel, run_dir, ctx, batches, partitions,
-                                           t_start, opened)
+                report = _work_partitioned(task_of, ctx, batches, partitions, t_start,
+                                           opened)
         except BaseException as e:        # the driver hears of it first, and cancels the fit
             report_error(channel, secret, rank, e)
             raise
@@ -93,9 +79,23 @@ def make_task(cfg: DownpourConfig, model_fn: Callable, loss_fn: Callable, secret
     return task
 
 
-def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
-                      batches, F: int, t_start: float, opened: list) -> dict:
-    """A barrier task of a model-parallel replica: rendezvous, sub-groups, then _work."""
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    """What every Downpour task gets from the driver (make_task's arguments)."""
+
+    cfg: StageConfig
+    options: object
+    plan: WorkerPlan
+    parts: FitParts
+    secret: bytes
+    ps_address: tuple
+    channel: tuple | None
+
+
+def _work_partitioned(task_of: _Task, ctx, batches, F: int, t_start: float, opened: list
+                      ) -> dict:
+    """A barrier task of a model-parallel replica: rendezvous, sub-groups, then its
+    DownpourWorker."""
     import torch.distributed as dist
 
     from spark_dl import errors
@@ -103,6 +103,7 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
     from spark_dl.model_parallel import Comm
     from spark_dl.transport.rendezvous import process_group
 
+    cfg, secret, channel = task_of.cfg, task_of.secret, task_of.channel
     rank = ctx.partitionId()
     status: dict = {"error": None}
     shard = None
@@ -125,7 +126,7 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
         replicas = world // F
         groups = [dist.new_group(list(range(r * F, (r + 1) * F))) for r in range(replicas)]
         r = rank // F
-        comm = Comm(list(range(r * F, (r + 1) * F)), groups[r], cfg.widths)
+        comm = Comm(list(range(r * F, (r + 1) * F)), groups[r], task_of.options.widths)
         # the replica trains on the union of its tasks' shards: as many steps as its largest
         replica = [statuses[r * F + q] for q in range(F)]
         steps = max(-(-s["rows"] // cfg.batch_size) for s in replica)
@@ -134,8 +135,7 @@ def _work_partitioned(cfg, model_fn, loss_fn, secret, ps_address, channel, run_d
             feat, fdtype, lab = next(s["sample"] for s in replica if s["rows"])
             shard = ShardData.from_spec((tuple(feat), np.dtype(fdtype), None if lab is None
                                          else (tuple(lab[0]), np.dtype(lab[1]))))
-        return _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard,
-                     (comm, steps), t_start)
+        return DownpourWorker(task_of, ctx, shard, (comm, steps), t_start).run()
 
 
 def _is_out_of_memory(e: BaseException) -> bool:
@@ -179,19 +179,19 @@ def _partitioned_model(model_fn: Callable, comm, dtype, algorithm: str = "collec
     return model
 
 
-def _profile(cfg, model, loss_fn, shard, device, dtype, worker: int):
-    """Balanced sync rounds: this worker's (a, c, cap) for the server's split (step time
-    t(b) = a + c b, profiled; fixed shares as c = 1 / share), or None."""
-    if cfg.balance is None:
+def _profile(cfg, balance, amp, model, loss_fn, shard, device, dtype, worker: int):
+    """Balanced sync rounds (``balance``): this worker's (a, c, cap) for the server's split
+    (step time t(b) = a + c b, profiled; fixed shares as c = 1 / share), or None."""
+    if balance is None:
         return None
     from spark_dl.balance import measure
-    a, c, _, cap = measure(cfg.balance, model=model, loss_fn=loss_fn, shard=shard,
+    a, c, _, cap = measure(balance, model=model, loss_fn=loss_fn, shard=shard,
                            batch_size=cfg.batch_size, device=device, dtype=dtype,
                            transform=cfg.transform,
-                           autocast=(lambda: autocast(device, cfg.amp)) if cfg.amp else None)
+                           autocast=(lambda: autocast(device, amp)) if amp else None)
     model.zero_grad(set_to_none=True)
-    if cfg.balance != "speed":                       # fixed shares
-        a, c = 0.0, 1.0 / float(cfg.balance[worker])
+    if balance != "speed":                           # fixed shares
+        a, c = 0.0, 1.0 / float(balance[worker])
     return (a, c, int(cap)) if len(shard) else (0.0, 1.0, 1)
 
 
@@ -211,24 +211,18 @@ def _gather_batch(comm, x: torch.Tensor, y: torch.Tensor | None):
     return torch.cat(xs), ys
 
 
-def _work(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard, partitioned,
-          t_start: float) -> dict:
-    """One worker's training loop; ``partitioned``: None, or (replica Comm, steps per epoch)."""
-    return DownpourWorker(cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx,
-                          shard, partitioned, t_start).run()
-
-
 class DownpourWorker(PSWorker):
     """A Downpour worker: every ``n_fetch`` steps it pulls the parameters, every ``n_push``
     (and at its epoch's end) it pushes the summed gradient of the steps since; a push may
     travel while the next step computes (``overlap``). Its replica's partition 0 reports
     progress; a retried task goes on where the server is."""
 
-    def __init__(self, cfg, model_fn, loss_fn, secret, ps_address, channel, run_dir, ctx, shard,
-                 partitioned, t_start: float):
-        rank = ctx.partitionId()
-        super().__init__(cfg, ctx, rank)
-        self.t_start, self.loss_fn = t_start, loss_fn
+    def __init__(self, task_of: _Task, ctx, shard, partitioned, t_start: float):
+        """``partitioned``: None, or (the replica's Comm, steps an epoch)."""
+        cfg, run_dir, rank = task_of.cfg, task_of.parts.run_dir, ctx.partitionId()
+        super().__init__(cfg, task_of.plan, ctx, rank)
+        self.options = opts = task_of.options
+        self.t_start, self.loss_fn = t_start, task_of.parts.loss_fn
         comm, self.replica_steps = partitioned if partitioned is not None else (None, 0)
         self.comm = comm
         self.part = comm.rank if comm is not None else 0
@@ -243,14 +237,15 @@ class DownpourWorker(PSWorker):
                              "attempt": ctx.attemptNumber(), "rows": len(shard),
                              "data": shard.kind, "replica": self.worker, "partition": self.part})
         torch.manual_seed(cfg.seed)
-        model = self._model(model_fn)
+        model = self._model(task_of.parts.model_fn)
         # profiled before connecting: the server gives a connection 30 s to say its hello
-        prof = _profile(cfg, model, loss_fn, shard, self.device, self.dtype, self.worker) \
-            if comm is None else None
-        self.connect(ps_address, secret)
+        prof = _profile(cfg, opts.balance, self.plan.amp, model, self.loss_fn, shard,
+                        self.device, self.dtype, self.worker) if comm is None else None
+        self.connect(task_of.ps_address, task_of.secret)
         # progress and epoch reports come from one task per replica
         from spark_dl.transport.channel import MessageClient
-        self.progress = MessageClient(channel if self.part == 0 else None, secret)
+        self.progress = MessageClient(task_of.channel if self.part == 0 else None,
+                                      task_of.secret)
         self._hello(prof)
         self._hold(model)
 
@@ -258,7 +253,8 @@ class DownpourWorker(PSWorker):
         try:
             if self.comm is None:
                 return model_fn().to(device=self.device, dtype=self.dtype)
-            return _partitioned_model(model_fn, self.comm, self.dtype, self.cfg.model_parallel)
+            return _partitioned_model(model_fn, self.comm, self.dtype,
+                                      self.options.model_parallel)
         except (MemoryError, RuntimeError) as e:
             if not _is_out_of_memory(e):
                 raise
@@ -300,14 +296,15 @@ class DownpourWorker(PSWorker):
                 raise
             _out_of_memory(self.comm, expected * torch.empty((), dtype=self.dtype).element_size())
         self.pull(self.shards)
-        self.overlap = cfg.overlap if cfg.overlap is not None else self.device.type == "cuda"
+        opts = self.options
+        self.overlap = opts.overlap if opts.overlap is not None else self.device.type == "cuda"
         self.exchange = Exchange(client, self.flat.numel(), client.dtype, self.shards,
                                  self.device) if self.overlap else None
         self.held = list(client.versions)         # versions of the parameters in the model
         self.acc_samples = self.acc_steps = self.pushes = 0
         self.staleness: Counter = Counter()
-        self.n_fetch = cfg.n_push if cfg.mode == "sequential" else cfg.n_fetch
-        self.master_backprop = self.comm is not None and cfg.model_parallel == "master"
+        self.n_fetch = opts.n_push if opts.mode == "sequential" else opts.n_fetch
+        self.master_backprop = self.comm is not None and opts.model_parallel == "master"
 
     def run(self) -> dict:
         history = []
@@ -323,7 +320,7 @@ class DownpourWorker(PSWorker):
 
     def _batches(self, epoch: int, first: int) -> Iterator:
         cfg, seed = self.cfg, replica_seed(self.cfg.seed, self.rank)
-        if cfg.balance is None:
+        if self.options.balance is None:
             return iter(self.shard.batches(cfg.batch_size, shuffle=cfg.shuffle,
                                            transform=cfg.transform, seed=seed, epoch=epoch,
                                            skip=first))
@@ -332,7 +329,7 @@ class DownpourWorker(PSWorker):
             epoch=epoch, transform=cfg.transform), first, None)
 
     def _epoch(self, epoch: int) -> dict:
-        cfg, comm, steps = self.cfg, self.comm, self.steps
+        cfg, comm, steps, mode = self.cfg, self.comm, self.steps, self.options.mode
         first = self.resume_step if epoch == self.resume_epoch else 0
         it = self._batches(epoch, first)
         t0 = last = time.perf_counter()
@@ -347,7 +344,7 @@ class DownpourWorker(PSWorker):
                 batch = _gather_batch(comm, *batch)
                 if len(batch[0]) == 0:
                     batch = None
-            elif batch is None and cfg.mode != "sync":
+            elif batch is None and mode != "sync":
                 break                             # only sync rounds need everyone
             if batch is not None:
                 loss, n = self._backward(*batch)
@@ -355,10 +352,10 @@ class DownpourWorker(PSWorker):
                 loss_sum.add(loss, n)             # read once a report goes
                 samples += n
             self.acc_steps += 1
-            last_step = step == steps - 1 or (rows_total is not None and cfg.mode != "sync"
+            last_step = step == steps - 1 or (rows_total is not None and mode != "sync"
                                               and samples >= rows_total)
-            self._exchange((step + 1) % self.n_fetch == 0 or cfg.mode == "sync",
-                           self.acc_steps >= cfg.n_push or last_step)
+            self._exchange((step + 1) % self.n_fetch == 0 or mode == "sync",
+                           self.acc_steps >= self.options.n_push or last_step)
             now = time.perf_counter()
             if now - last >= cfg.progress_every_s:
                 last = now
@@ -383,10 +380,10 @@ class DownpourWorker(PSWorker):
 
     def _exchange(self, fetch: bool, due: bool) -> None:
         """Push the summed gradient when ``due``, pull the parameters when ``fetch``."""
-        cfg, client, staleness = self.cfg, self.client, self.staleness
+        client, staleness = self.client, self.staleness
         if due and not self.unscaled():           # fp16 overflow: this gradient is dropped
             self.acc_samples = 0                  # (a sync round still gets its empty push)
-            if cfg.mode != "sync":
+            if self.options.mode != "sync":
                 self.acc_steps, due = 0, False
         if due:
             self.carry(self.acc_samples, self.acc_steps)
