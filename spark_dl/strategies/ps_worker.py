@@ -15,7 +15,8 @@ import torch
 from spark_dl.runtime.amp import MixedPrecision
 from spark_dl.runtime.stage import peak_memory_mb
 
-__all__ = ["MOMENTUM_RAMP", "TORCH_DTYPES", "CarriedMomentum", "PSWorker", "WorkerPlan",
+__all__ = ["MOMENTUM_RAMP", "TORCH_DTYPES", "CarriedMomentum", "PSTask", "PSWorker",
+           "WorkerPlan",
            "carried_report", "carry_momentum", "flat_parameters", "ramp_length", "ramped",
            "reported_momentum"]
 
@@ -42,6 +43,21 @@ class WorkerPlan:
     worker_momentum: float = 0.0
     look_ahead: bool = False
     momentum_ramp: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PSTask:
+    """What every parameter-server worker task gets from the driver: fit's stage settings
+    (StageConfig), the strategy object with the values its driver resolved, the WorkerPlan,
+    the FitParts, the server's secret and address, the driver channel's address."""
+
+    cfg: object
+    options: object
+    plan: WorkerPlan
+    parts: object
+    secret: bytes
+    ps_address: tuple
+    channel: tuple | None
 
 
 class PSWorker:

@@ -34,7 +34,7 @@ from spark_dl.runtime.stage import (
     read_shard,
     write_task_info,
 )
-from spark_dl.strategies.ps_worker import PSWorker, WorkerPlan
+from spark_dl.strategies.ps_worker import PSTask, PSWorker, WorkerPlan
 
 __all__ = ["RESULT_SCHEMA", "make_task", "read_key", "rebase"]
 
@@ -42,19 +42,12 @@ RESULT_SCHEMA = "worker int, report string"
 
 
 @dataclasses.dataclass(frozen=True)
-class _Task:
-    """What every Boosting task gets from the driver (make_task's arguments)."""
+class _Task(PSTask):
+    """A Boosting task's PSTask, with the keys, the local steps' rate and the board."""
 
-    cfg: StageConfig
-    options: object
-    plan: WorkerPlan
-    parts: FitParts
-    secret: bytes
-    ps_address: tuple
-    channel: tuple | None
-    keys: list
-    rate: object
-    board: tuple | None
+    keys: list = ()
+    rate: object = None
+    board: tuple | None = None
 
 
 def make_task(cfg: StageConfig, options, plan: WorkerPlan, parts: FitParts, secret: bytes,

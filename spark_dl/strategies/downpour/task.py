@@ -10,7 +10,6 @@ retries a failed one, which registers again, fetches, and goes on.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import os
@@ -28,7 +27,7 @@ from spark_dl.runtime.failures import report as report_error
 from spark_dl.runtime.loop import FitParts
 from spark_dl.runtime.seeds import replica_seed
 from spark_dl.runtime.stage import LossSum, StageConfig, read_shard, write_task_info
-from spark_dl.strategies.ps_worker import PSWorker, WorkerPlan, ramp_length
+from spark_dl.strategies.ps_worker import PSTask, PSWorker, WorkerPlan, ramp_length
 
 from .exchange import Exchange
 
@@ -47,7 +46,7 @@ def make_task(cfg: StageConfig, options, plan: WorkerPlan, parts: FitParts, secr
     together on the union of their micro-batches, and each pushes and fetches only its own
     slice (parameter-server shard p): Downpour SGD over model-parallel replicas."""
 
-    task_of = _Task(cfg, options, plan, parts, secret, ps_address, channel)
+    task_of = PSTask(cfg, options, plan, parts, secret, ps_address, channel)
 
     def task(batches: Iterator) -> Iterator:
         import pyarrow as pa
@@ -79,20 +78,7 @@ def make_task(cfg: StageConfig, options, plan: WorkerPlan, parts: FitParts, secr
     return task
 
 
-@dataclasses.dataclass(frozen=True)
-class _Task:
-    """What every Downpour task gets from the driver (make_task's arguments)."""
-
-    cfg: StageConfig
-    options: object
-    plan: WorkerPlan
-    parts: FitParts
-    secret: bytes
-    ps_address: tuple
-    channel: tuple | None
-
-
-def _work_partitioned(task_of: _Task, ctx, batches, F: int, t_start: float, opened: list
+def _work_partitioned(task_of: PSTask, ctx, batches, F: int, t_start: float, opened: list
                       ) -> dict:
     """A barrier task of a model-parallel replica: rendezvous, sub-groups, then its
     DownpourWorker."""
@@ -217,7 +203,7 @@ class DownpourWorker(PSWorker):
     travel while the next step computes (``overlap``). Its replica's partition 0 reports
     progress; a retried task goes on where the server is."""
 
-    def __init__(self, task_of: _Task, ctx, shard, partitioned, t_start: float):
+    def __init__(self, task_of: PSTask, ctx, shard, partitioned, t_start: float):
         """``partitioned``: None, or (the replica's Comm, steps an epoch)."""
         cfg, run_dir, rank = task_of.cfg, task_of.parts.run_dir, ctx.partitionId()
         super().__init__(cfg, task_of.plan, ctx, rank)
