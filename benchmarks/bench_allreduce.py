@@ -30,44 +30,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
-LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
 EPOCHS, LR, MOMENTUM = 3, 0.01, 0.9
 
-
-def _load(rows):
-    import numpy as np
-
-    from spark_dl.data import load_mnist
-    x, y = load_mnist(IMAGES, LABELS)
-    return (x[:rows].reshape(rows, -1).astype(np.float32) / 255), y[:rows].astype(np.int64)
+from _common import IMAGES, LABELS, mnist_frame, plain_rate, run_torchdistributor  # noqa: E402
 
 
 def plain(model_name, rows, batch, threads):
     """Single-process reference: returns (steady samples/s, wall seconds)."""
-    import torch
-
-    from spark_dl.models import build_model
-    t_wall = time.perf_counter()
-    torch.set_num_threads(threads)
-    x, y = _load(rows)
-    x = torch.from_numpy(x).reshape(rows, 1, 28, 28) if model_name == "cnn" else \
-        torch.from_numpy(x)
-    y = torch.from_numpy(y)
-    torch.manual_seed(0)
-    model = build_model(model_name)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    secs = []
-    for e in range(EPOCHS):
-        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(e))
-        t0 = time.perf_counter()
-        for i in range(0, rows, batch):
-            idx = perm[i:i + batch]
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-        secs.append(time.perf_counter() - t0)
-    return rows / statistics.median(secs[1:]), time.perf_counter() - t_wall
+    return plain_rate(model_name, rows, batch, threads, epochs=EPOCHS, lr=LR,
+                      momentum=MOMENTUM)
 
 
 def td_train(images, labels, model_name, rows, batch, epochs, lr, momentum):
@@ -114,18 +85,12 @@ def torchdist(spark, model_name, rows, batch, timeout_s=120):
     """One TorchDistributor fit; a run that fails or hangs (its torchrun agents sometimes
     abort or wait out their 300 s exit barrier here) is cancelled after ``timeout_s``,
     recorded in TD_FAILURES and counted as missing (None)."""
-    from _torchdist import run_torchdistributor
     r, wall, error = run_torchdistributor(spark, td_train, IMAGES, LABELS, model_name, rows,
                                           batch, EPOCHS, LR, MOMENTUM, timeout_s=timeout_s)
     if r is None:
         TD_FAILURES.append(f"{model_name}:{batch}: " + error)
         return None, wall
     return rows / statistics.median(r["epoch_seconds"][1:]), wall
-
-
-def mnist_frame(spark, rows, shards=2):
-    from spark_dl.data import mnist_file_dataframe
-    return mnist_file_dataframe(spark, IMAGES, LABELS, 0, rows, shards)
 
 
 def spark_dl_fit(spark, model_name, rows, batch, runs_dir, profile):

@@ -23,13 +23,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 LR, MOMENTUM, BATCH = 0.05, 0.9, 32
 
 
 def engine(spark, path, epochs, runs, model, strategy, replicas, seed):
-    from bench_gossip import _validation
+    from _common import validation_digits
 
     from spark_dl import fit
     from spark_dl.data import read_shards
@@ -37,7 +36,7 @@ def engine(spark, path, epochs, runs, model, strategy, replicas, seed):
     t0 = time.perf_counter()
     res = fit(read_shards(spark, path), model, strategy=strategy, shape=shape, num_classes=10,
               optimizer="sgd", lr=LR, momentum=MOMENTUM, batch_size=BATCH, epochs=epochs,
-              replicas=replicas, validation=_validation(), seed=seed,
+              replicas=replicas, validation=validation_digits(), seed=seed,
               run_dir=runs / f"{time.time()}", log=None)
     server = res.info.get("server", {})
     return {"val_accuracy": [h["val_accuracy"] for h in res.history],
@@ -55,12 +54,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
-    from bench_gossip import make_data
+    from _common import extended_shards
 
     from spark_dl import AllReduce, Downpour, get_session
     spark = get_session("local", master="local[2]")
     runs = Path(tempfile.mkdtemp(prefix="bench-amp-"))
-    path, _ = make_data(spark, args.rows, 2, runs / "data")
+    path, _ = extended_shards(spark, args.rows, 2, runs / "data")
     E = args.epochs
     systems = {}
     for amp in (None, "bf16"):
@@ -96,7 +95,7 @@ def main(argv=None):
                                        3)
             if base["ps_bytes_median"]:
                 s["ps_bytes_vs_fp32"] = round(s["ps_bytes_median"] / base["ps_bytes_median"], 3)
-    from _results import write_results
+    from _common import write_results
     write_results(args.out, "bench_amp.py", argv, {"rows": args.rows, "epochs": E, "batch": BATCH, "lr": LR,
                    "momentum": MOMENTUM, "repeats": args.repeats}, summary, raw)
 

@@ -34,7 +34,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 LR, MOMENTUM = 0.05, 0.9
 
@@ -61,7 +60,7 @@ def busy(core: int, start_when: str = "") -> subprocess.Popen:
 
 def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, lr=LR,
            rows="move", lr_decay=1.0):
-    from bench_gossip import _validation
+    from _common import validation_digits
 
     from spark_dl import AllReduce, fit
     from spark_dl.data import read_shards
@@ -73,7 +72,7 @@ def engine(spark, path, epochs, batch, runs, balance, seed, late: bool | None, l
                   strategy=AllReduce(balance=balance, balance_rows=rows),
                   shape=(1, 28, 28), num_classes=10, optimizer="sgd", lr=lr, momentum=MOMENTUM,
                   lr_decay=lr_decay,
-                  batch_size=batch, epochs=epochs, replicas=2, validation=_validation(),
+                  batch_size=batch, epochs=epochs, replicas=2, validation=validation_digits(),
                   seed=seed, run_dir=run, log=None)
     finally:
         if hog is not None:
@@ -106,15 +105,15 @@ def main(argv=None):
         sys.exit("bench_balance needs 2 cores (one replica per core)")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
-    from bench_downpour import plain
-    from bench_gossip import make_data
+    from _common import extended_shards, plain_curve
 
     from spark_dl import get_session
     spark = get_session("local", master="local[2]")
     runs = Path(tempfile.mkdtemp(prefix="bench-balance-"))
     E, B = args.epochs, args.batch
-    path, local = make_data(spark, args.rows, 2, runs / "data")
-    systems = {"plain-1t": lambda seed: (plain(len(local[0]), E, local, seed, 2 * B), {}),
+    path, local = extended_shards(spark, args.rows, 2, runs / "data")
+    systems = {"plain-1t": lambda seed: (plain_curve(len(local[0]), E, local, seed, 2 * B,
+                                                        lr=LR, momentum=MOMENTUM), {}),
                "unslowed/unbalanced": lambda seed: engine(spark, path, E, B, runs, None, seed,
                                                           None, args.lr,
                                                           lr_decay=args.lr_decay)}
@@ -168,7 +167,7 @@ def main(argv=None):
     plain_s = summary["plain-1t"]["epoch_s_median"]
     for s in summary.values():
         s["epoch_time_vs_plain_1t"] = round(s["epoch_s_median"] / plain_s, 3)
-    from _results import write_results
+    from _common import write_results
     write_results(args.out, "bench_balance.py", argv, {"rows": args.rows, "epochs": E, "batch_per_replica": B,
                    "lr": args.lr, "lr_decay": args.lr_decay, "momentum": MOMENTUM, "repeats": args.repeats}, summary, raw)
 

@@ -28,7 +28,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _cpu() -> float:
@@ -78,7 +77,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
-    from _results import write_results
+    from _common import write_results
 
     from spark_dl import AllReduce, Downpour, get_session
     from spark_dl.data.counting import counting_scenes

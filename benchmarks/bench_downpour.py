@@ -52,49 +52,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_allreduce import IMAGES, LABELS, _load, mnist_frame  # noqa: E402
+from _common import mnist_arrays, mnist_frame, plain_curve, validation_digits  # noqa: E402
 
 LR, MOMENTUM, BATCH, TARGET = 0.05, 0.9, 16, 0.97
 
 
-def _validation():
-    import numpy as np
-
-    from spark_dl.data import load_mnist
-    x, y = load_mnist(IMAGES, LABELS)
-    return x[-2000:].reshape(2000, -1).astype(np.float32) / 255, y[-2000:].astype(np.int64)
-
-
 def plain(rows, epochs, data=None, seed=0, batch=BATCH):
     """Single-process PyTorch, 1 thread, on the first ``rows`` digits (or ``data``: (x, y))."""
-    import torch
-
-    from spark_dl.models import build_model
-    from spark_dl.train import evaluate
-    torch.set_num_threads(1)
-    x, y = data if data is not None else _load(rows)
-    x, y = torch.from_numpy(x).reshape(rows, 1, 28, 28), torch.from_numpy(y)
-    vx, vy = _validation()
-    vx = torch.from_numpy(vx).reshape(-1, 1, 28, 28)
-    torch.manual_seed(seed)
-    model = build_model("cnn")
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    hist = []
-    for e in range(epochs):
-        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(seed * 1000 + e))
-        t0 = time.perf_counter()
-        model.train()
-        for i in range(0, rows, batch):
-            idx = perm[i:i + batch]
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-        secs = time.perf_counter() - t0
-        hist.append({"epoch": e + 1, "seconds": secs, "samples_per_s": rows / secs,
-                     "val_accuracy": evaluate(model, vx, vy)["accuracy"]})
-    return hist
+    return plain_curve(rows, epochs, data, seed, batch, lr=LR, momentum=MOMENTUM)
 
 
 def engine(spark, rows, epochs, runs, lr=LR, momentum=MOMENTUM, strategy="allreduce"):
@@ -102,7 +68,7 @@ def engine(spark, rows, epochs, runs, lr=LR, momentum=MOMENTUM, strategy="allred
     t0 = time.perf_counter()
     res = fit(mnist_frame(spark, rows), "cnn", strategy=strategy, shape=(1, 28, 28),
               num_classes=10, optimizer="sgd", lr=lr, momentum=momentum, batch_size=BATCH,
-              epochs=epochs, replicas=2, validation=_validation(),
+              epochs=epochs, replicas=2, validation=validation_digits(),
               run_dir=runs / f"{time.time()}", log=None)
     wall = time.perf_counter() - t0
     hist = [{"epoch": h["epoch"], "seconds": h["seconds"], "samples_per_s": h["samples_per_s"],
@@ -190,7 +156,7 @@ def main(argv=None):
     if args.elephas:
         import numpy as np
         data = runs / "digits.npz"
-        (x, y), (vx, vy) = _load(R), _validation()
+        (x, y), (vx, vy) = mnist_arrays(R), validation_digits()
         np.savez(data, x=x, y=y, vx=vx, vy=vy)
         for freq in ("epoch", "batch"):
             systems[f"elephas-{freq}"] = (lambda f=freq: elephas(data, R, E, f))

@@ -35,42 +35,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-IMAGES = ROOT / "data/mnist/t10k-images-idx3-ubyte.gz"
-LABELS = ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz"
-LR, MOMENTUM, BATCH, SOURCES = 0.05, 0.9, 16, 8000
+from _common import extended_shards, plain_curve, validation_digits  # noqa: E402
+
+LR, MOMENTUM, BATCH = 0.05, 0.9, 16
 BANDWIDTHS = {"100Mbit": 100e6 / 8, "1Gbit": 1e9 / 8}      # bytes per second
 LATENCY_S = 100e-6
 
 
-def _validation():
-    import numpy as np
-
-    from spark_dl.data import load_mnist
-    x, y = load_mnist(str(IMAGES), str(LABELS))
-    return x[-2000:].reshape(2000, -1).astype(np.float32) / 255, y[-2000:].astype(np.int64)
-
-
-def make_data(spark, rows: int, shards: int, where: Path) -> tuple[str, tuple]:
-    """Extended MNIST: ``rows`` distorted digits of the first 8000 test digits, generated on the
-    executors once and written as Parquet shards; also the same rows on the driver (for the
-    calibration)."""
-    import numpy as np
-
-    from spark_dl.data import extended_mnist, load_mnist, write_shards
-    x, y = load_mnist(str(IMAGES), str(LABELS))
-    write_shards(extended_mnist(spark, x[:SOURCES], y[:SOURCES], rows, shards, seed=0),
-                 str(where), mode="overwrite")
-    local = spark.read.parquet(str(where)).toPandas()          # 8000 x 784 bytes: small
-    px = np.stack([np.frombuffer(b, np.uint8) for b in local["features"]]).astype(np.float32)
-    return str(where), (px / 255, local["label"].to_numpy().astype(np.int64))
-
-
 def plain(data, epochs, seed):
-    """Single-process PyTorch, 1 thread (bench_downpour's): per-epoch accuracy, seconds a step."""
-    from bench_downpour import plain as plain_1t
-    hist = plain_1t(len(data[0]), epochs, data, seed)
+    """Single-process PyTorch, 1 thread: per-epoch accuracy, seconds a step."""
+    hist = plain_curve(len(data[0]), epochs, data, seed, BATCH, lr=LR, momentum=MOMENTUM)
     steps = -(-len(data[0]) // BATCH)
     return [{**h, "step_s": h["seconds"] / steps} for h in hist], {}
 
@@ -81,7 +56,7 @@ def engine(spark, path, epochs, replicas, runs, strategy, seed=0):
     t0 = time.perf_counter()
     res = fit(read_shards(spark, path), "cnn", strategy=strategy, shape=(1, 28, 28),
               num_classes=10, optimizer="sgd", lr=LR, momentum=MOMENTUM, batch_size=BATCH,
-              epochs=epochs, replicas=replicas, validation=_validation(), seed=seed,
+              epochs=epochs, replicas=replicas, validation=validation_digits(), seed=seed,
               run_dir=runs / f"{time.time()}", log=None)
     wall = time.perf_counter() - t0
     steps = res.info["steps_per_epoch"] * epochs
@@ -117,7 +92,7 @@ def main(argv=None):
     spark = get_session("local", master=args.master)
     runs = Path(tempfile.mkdtemp(prefix="bench-gossip-"))
     R, E = args.replicas, args.epochs
-    path, local = make_data(spark, args.rows, R, runs / "data")
+    path, local = extended_shards(spark, args.rows, R, runs / "data")
     systems = {"plain-1t": lambda seed: plain(local, E, seed),
                "allreduce": lambda seed: engine(spark, path, E, R, runs, "allreduce", seed),
                "dpsgd": lambda seed: engine(spark, path, E, R, runs, Gossip(alpha=1.0), seed)}

@@ -27,10 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _results import write_results  # noqa: E402
-from bench_scaling import make_data  # noqa: E402
+from _common import scaling_data, write_results  # noqa: E402
 
 
 def strategy(name: str):
@@ -72,7 +70,7 @@ def main(argv=None):
     from spark_dl.session import get_session
     spark = get_session("local", master=f"local[{args.replicas}]")
     work = Path(tempfile.mkdtemp(prefix="bench-localsgd-"))
-    val = make_data(spark, args.samples, work / "data")
+    val = scaling_data(spark, args.samples, work / "data")
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         for name in args.systems.split(","):

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path.insert(0, str(ROOT))
 NUMEL, BATCH = 4414, 16
 
 SERVER = """
@@ -166,7 +166,7 @@ def main(argv=None):
                     help="a commit whose server runs side by side with this checkout's")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/ps-capacity.json"))
     args = ap.parse_args(argv)
-    from _results import write_results
+    from _common import write_results
     ks = [int(k) for k in args.clients.split(",")]
     roots = {"HEAD": ROOT}
     tree = None

@@ -1,4 +1,4 @@
-"""Bring your own loop: the same DDP function (benchmarks/_ddp_fn.py: the thesis CNN, SGD with
+"""Bring your own loop: the same DDP function (benchmarks/_common.py's ddp_train: the thesis CNN, SGD with
 momentum, batch B per replica, --epochs epochs, 1 thread per process) under three launchers on
 this machine's Spark (local[N], N = --replicas replicas, 2 by default), interleaved, medians of
 --repeats runs:
@@ -32,9 +32,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
-LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
+sys.path.insert(0, str(ROOT))
+
+import _common  # noqa: E402
+from _common import IMAGES, LABELS, ddp_train, plain_rate, run_torchdistributor  # noqa: E402
+
 LR, MOMENTUM = 0.01, 0.9
 EPOCHS, REPLICAS = 3, 2                   # --epochs, --replicas
 
@@ -46,8 +48,6 @@ def _steady(rows: int, out: dict) -> float:
 def torchdist(spark, rows, batch, timeout_s=180):
     """One TorchDistributor run: (steady samples/s, wall s), or (None, wall) when it failed
     or hung (cancelled after ``timeout_s``)."""
-    from _ddp_fn import ddp_train
-    from _torchdist import run_torchdistributor
     r, wall, error = run_torchdistributor(spark, ddp_train, IMAGES, LABELS, rows, EPOCHS, batch,
                                           LR, MOMENTUM, timeout_s=timeout_s,
                                           processes=REPLICAS)
@@ -58,20 +58,17 @@ def torchdist(spark, rows, batch, timeout_s=180):
 
 
 def plain(rows, batch):
-    """The loop of _ddp_fn without DDP, one thread, in this process (bench_allreduce's
-    calibration: the same rows, lr, momentum and epochs): (steady samples/s, wall)."""
+    """ddp_train's loop without DDP, one thread, in this process (the same rows, lr,
+    momentum and epochs): (steady samples/s, wall)."""
     import torch
-    from bench_allreduce import plain as plain_loop
     threads = torch.get_num_threads()
     try:
-        return plain_loop("cnn", rows, batch, 1)
+        return plain_rate("cnn", rows, batch, 1, epochs=EPOCHS, lr=LR, momentum=MOMENTUM)
     finally:
         torch.set_num_threads(threads)
 
 
 def spark_dl_run(spark, rows, batch, hook, runs: Path):
-    from _ddp_fn import ddp_train
-
     import spark_dl
     from spark_dl.data import mnist_file_dataframe
     t0 = time.perf_counter()
@@ -140,13 +137,11 @@ def main(argv=None):
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)])
     import tempfile
 
-    import _ddp_fn
     import torch
-    from _results import write_results
     from pyspark import cloudpickle
 
     from spark_dl import get_session
-    cloudpickle.register_pickle_by_value(_ddp_fn)      # the executors get it with the call
+    cloudpickle.register_pickle_by_value(_common)     # the executors get it with the call
     runs = Path(tempfile.mkdtemp(prefix="bench-run-"))
     t0 = time.perf_counter()
     spark = get_session("local", master=f"local[{REPLICAS}]")
@@ -202,7 +197,7 @@ def main(argv=None):
             summary["hook_vs_ray_steady"] = ratio("spark_dl+hook", "ray", rate)
             summary["hook_vs_ray_wall"] = ratio("spark_dl+hook", "ray", wall)
         summary["failures"] = FAILURES
-        write_results(args.out, "bench_run.py", argv,
+        _common.write_results(args.out, "bench_run.py", argv,
                       {"torch": torch.__version__, "pyspark": spark.version, "rows": rows,
                        "batch_per_replica": batch, "epochs": EPOCHS, "replicas": REPLICAS,
                        "repeats": args.repeats, "repeats_done": done,

@@ -71,25 +71,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _results import write_results  # noqa: E402
+from _common import scaling_data, write_results  # noqa: E402
 
-IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
-LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
 MOMENTUM, EVERY = 0.9, 0.25
-
-
-def make_data(spark, samples: int, out: Path):
-    """The extended set as Parquet (uint8 pixels) and the held-out digits as floats."""
-    import numpy as np
-
-    from spark_dl.data import extended_mnist
-    from spark_dl.data.mnist import mnist_split
-    (src_x, src_y), (test_x, test_y) = mnist_split(IMAGES, LABELS, 8000, 2000)
-    extended_mnist(spark, src_x, src_y, samples, 4, seed=0).write.mode("overwrite") \
-        .parquet(out.as_uri())
-    return test_x.reshape(len(test_x), -1).astype(np.float32) / 255, test_y.astype(np.int64)
 
 
 def first_at(evals: list[dict], target: float) -> float | None:
@@ -249,7 +234,7 @@ def main(argv=None):
     spark = get_session("local", master=f"local[{max(counts)}]")
     tmp = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
     data = tmp / "extended"
-    val = make_data(spark, args.samples, data)
+    val = scaling_data(spark, args.samples, data)
 
     systems = {} if args.accuracy_only else {
         "plain-1t": lambda seed: plain(data, val, args, seed)}

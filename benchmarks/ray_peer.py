@@ -2,7 +2,7 @@
 spark_dl.run. Runs inside .venv-ray (benchmarks/setup_ray.sh) as a long-lived process with
 its own Spark session (local[2]) and a Ray cluster on it (ray.util.spark.setup_ray_cluster:
 two worker nodes of 1 CPU, Spark's local mode having no stage scheduling), started once and timed apart; then, for every line read on stdin,
-one TorchTrainer fit of _ddp_fn.ddp_train on 2 workers, printed as one JSON line
+one TorchTrainer fit of _common.ddp_train on 2 workers, printed as one JSON line
 ({"steady_samples_per_s", "wall_s"} or {"error"}).
 
     .venv-ray/bin/python benchmarks/ray_peer.py ROWS EPOCHS BATCH LR MOMENTUM
@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
-LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
+sys.path.insert(0, str(ROOT))
+
+from _common import IMAGES, LABELS  # noqa: E402
 
 
 def main(argv):
@@ -30,12 +30,12 @@ def main(argv):
     # Ray-on-Spark starts its nodes with the `ray` script found on PATH: this venv's
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])
     # Ray's worker processes start under Spark's, which start under this one: they import
-    # _ddp_fn (and spark_dl) from here
+    # _common (and spark_dl) from here
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)])
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     t0 = time.perf_counter()
     import ray
-    from _ddp_fn import ddp_train
+    from _common import ddp_train
     from pyspark.sql import SparkSession
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
