@@ -9,15 +9,14 @@ of --repeats runs:
   allreduce           spark_dl.fit(strategy="allreduce")
   downpour-1-1        strategy="downpour", async, n_fetch = n_push = 1, momentum 0.9 as the
                       others, the defaults: staleness rule "dana" (fit's momentum at the
-                      workers, the server's look-ahead; earlier runs had the rules of
-                      their day here: docs/guides/downpour.md, "Staleness rule") and
-                      average=0.1 (the model returned and validated is the server's
-                      moving average over a tenth of an epoch), and clip=2 (a push's step at
-                      most twice the running gradient norm; since 2026-11-27)
-  downpour-1-1-noclip the same with clip=0 (the defaults before 2026-11-27)
+                      workers, the server's look-ahead; a results file records the rule
+                      its runs had), average=0.1 (the model returned and validated is the
+                      server's moving average over a tenth of an epoch) and clip=2 (a
+                      push's step at most twice the running gradient norm)
+  downpour-1-1-noclip the same with clip=0 (no cut)
   downpour-1-1-last   the same with average=0: the server's last values
   downpour-1-1-plain  the plain rule (staleness="none", average=0) with server momentum 0.8,
-                      the best plain setting before the rule (at 0.9 it diverges)
+                      the best plain setting (at 0.9 it diverges)
   downpour-1-1-ovl    as downpour-1-1 with overlap=True: the push of step t travels while step
                       t+1 computes (one more step of staleness, no waiting)
   downpour-4-4        async, n_fetch = n_push = 4, lr / 4 (with the default rule, "dana": a

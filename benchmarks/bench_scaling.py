@@ -17,22 +17,19 @@ over real run-to-run variation, not over one trajectory timed again:
                     rules "dana" (the default of both, so "downpour" is "downpour+dana"),
                     "halfway", "lr" (a push tau >= 2 versions old steps lr / tau and the
                     server keeps fit's momentum) and "none"; their one-replica reference
-                    is Downpour's (Boosting's); the rules "step", "momentum",
-                    "lr+momentum", "worker" and "worker+short" were removed (a
-                    ConfigError), their runs and which one "downpour" and "boosting"
-                    meant when: docs/guides/downpour.md, "Staleness rule");
+                    is Downpour's (Boosting's); a results file records the rule its
+                    runs had);
                     "allreduce~sqrt": fit's lr_scaling="sqrt"
                     instead of "auto"; "allreduce=noclip": grad_clip=None instead of
                     "auto", the relative cut of the scaled rate's gradient turned off;
                     "gossip+exp": Gossip(topology="exponential", alpha=1.0), whole models
-                    averaged on the one-peer exponential graph (Gossip's defaults since
-                    2026-11-28; "gossip" was the ring with alpha 0.1 before);
+                    averaged on the one-peer exponential graph (Gossip's defaults);
                     "gossip+ring": Gossip(topology="ring", alpha=0.1), the paper's setting;
                     "gossip+expN": the same every N steps, sync_every=N: with 2
                     replicas each round is their exact average, so that is local SGD;
                     a suffix ":avgA" on any of them: the strategy's average=A, e.g.
                     "allreduce:avg0" validates the last weights, not their moving
-                    average, the default before 2026-11-28; it has its own one-replica
+                    average; it has its own one-replica
                     reference, "allreduce:avg0-1"; then a suffix ":clipC" on Downpour
                     or Boosting: the server's clip=C, e.g. "downpour:clip0", no cut;
                     then ":npK" on Downpour or Boosting: n_push=K, e.g.

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# The GPU issue's checks on a GPU machine, into benchmarks/results/gpu.json (and the 16-core
-# scaling case into benchmarks/results/scaling-16.json). Run from the project root of a machine
-# with torch + CUDA and pyspark importable (a GPU machine without Java or pyspark: unpack
-# ../shared/tools/offline-bundle.sh's archive into /tmp first, and this script finds it).
+# The GPU checks, and the 16-core CPU cases, on a machine with a GPU and many cores.
 #
-#   bash benchmarks/gpu_check.sh [SECTIONS=one,amp,shared,lstm] [RESULTS=benchmarks/results]
-#   SCALING=1 bash benchmarks/gpu_check.sh ""     # only bench_scaling at 1 and 16 replicas
-#   RUN=1 bash benchmarks/gpu_check.sh ""         # only bench_run (your own loop) at 16
-#   STEP_COST=1 bash benchmarks/gpu_check.sh ""   # only ddp_step_cost at 16 processes
-#   PS_CAPACITY=1 bash benchmarks/gpu_check.sh "" # only bench_ps_capacity, 1 and 16 clients
-#   PS_SERVING=1 bash benchmarks/gpu_check.sh ""  # only bench_ps_serving (LOOP_FROM's evidence)
-# Settings from the environment: REPEATS, CORES, LSTM_SECONDS, LSTM_CONFIGS, AMP_NETS, APPEND;
-# SCALING_REPLICAS (1,CORES), SCALING_STRATEGIES, SCALING_EPOCHS, SCALING_REPEATS,
-# SCALING_FIRST_SEED, SCALING_LR (one replica's lr; bench_scaling's 0.02 unless set),
-# SCALING_OUT (a file name in RESULTS); RUN_REPEATS, RUN_ROWS, RUN_EPOCHS;
-# STEP_COST_MODES, STEP_COST_REPEATS, STEP_COST_STEPS; PS_CAPACITY_REPEATS, PS_CAPACITY_PUSHES;
-# PS_SERVING_WORKERS, PS_SERVING_REPEATS.
+# What it does: runs benchmarks/gpu_check.py's sections (one replica on the GPU against plain
+# PyTorch on the same GPU, mixed precision, two replicas sharing the GPU in every strategy,
+# the character LSTM) into RESULTS/gpu.json; and, when asked, the CPU benchmarks at as many
+# replicas as the machine has cores. Run it from the repository root. On a machine without
+# Java or pyspark, unpack ../shared/tools/offline-bundle.sh's archive into /tmp first: the
+# script then finds /tmp/bundle and runs this checkout's spark_dl with it.
+#
+#   bash benchmarks/gpu_check.sh [SECTIONS] [RESULTS]   # SECTIONS: one,amp,shared,lstm (all);
+#                                                       # RESULTS: benchmarks/results
+#   SCALING=1 bash benchmarks/gpu_check.sh ""           # only bench_scaling at 1 and CORES
+#                                                       # replicas (RESULTS/scaling-16.json)
+#   RUN=1 bash benchmarks/gpu_check.sh ""               # only bench_run at CORES processes
+#                                                       # (RESULTS/run-16.json)
+#   PS_CAPACITY=1 bash benchmarks/gpu_check.sh ""       # only bench_ps_capacity at 1 and
+#                                                       # CORES clients (RESULTS/ps-capacity-16.json)
+#
+# Settings from the environment (defaults in brackets): CORES [16], REPEATS [3],
+# LSTM_SECONDS [120], LSTM_CONFIGS [all of gpu_check.py's], AMP_NETS [fc,srcnn], APPEND
+# (add to an existing gpu.json); SCALING_REPLICAS [1,CORES], SCALING_STRATEGIES
+# [allreduce,gossip,downpour,boosting], SCALING_EPOCHS [2], SCALING_REPEATS [1],
+# SCALING_FIRST_SEED [0], SCALING_LR [bench_scaling's], SCALING_OUT [scaling-16.json];
+# RUN_REPEATS [3], RUN_ROWS [10000], RUN_EPOCHS [5]; PS_CAPACITY_REPEATS [3],
+# PS_CAPACITY_PUSHES [1500]. The exit status is the last failing step's (0 when all ran).
 set -uo pipefail
 SECTIONS=${1-one,amp,shared,lstm}
 RESULTS=${2:-benchmarks/results}
@@ -32,10 +40,10 @@ if [ -n "$SECTIONS" ]; then
     --amp-nets "${AMP_NETS:-fc,srcnn}" --lstm-configs "${LSTM_CONFIGS:-}" \
     --out "$RESULTS/gpu.json" ${APPEND:+--append} || rc=$?
 fi
-if [ -n "${SCALING:-}" ]; then
-  python3 benchmarks/bench_scaling.py --replicas "${SCALING_REPLICAS:-1,${CORES:-16}}" --repeats "${SCALING_REPEATS:-1}" \
-    --epochs "${SCALING_EPOCHS:-2}" \
-    --strategies "${SCALING_STRATEGIES:-allreduce,downpour+lr,gossip}" \
+if [ -n "${SCALING:-}" ]; then       # time to accuracy at 1 and CORES CPU replicas
+  python3 benchmarks/bench_scaling.py --replicas "${SCALING_REPLICAS:-1,${CORES:-16}}" \
+    --repeats "${SCALING_REPEATS:-1}" --epochs "${SCALING_EPOCHS:-2}" \
+    --strategies "${SCALING_STRATEGIES:-allreduce,gossip,downpour,boosting}" \
     --first-seed "${SCALING_FIRST_SEED:-0}" ${SCALING_LR:+--lr "$SCALING_LR"} \
     --out "$RESULTS/${SCALING_OUT:-scaling-16.json}" || rc=$?
 fi
@@ -44,19 +52,9 @@ if [ -n "${RUN:-}" ]; then           # TorchDistributor and spark_dl.run at CORE
     --repeats "${RUN_REPEATS:-3}" --rows "${RUN_ROWS:-10000}" --epochs "${RUN_EPOCHS:-5}" \
     --out "$RESULTS/run-16.json" || rc=$?
 fi
-if [ -n "${STEP_COST:-}" ]; then     # where a step's time goes at CORES processes
-  python3 benchmarks/ddp_step_cost.py --world "${CORES:-16}" \
-    --modes "${STEP_COST_MODES:-one,nocomm,flat-shm,ddp-shm,run-ctx}" \
-    --repeats "${STEP_COST_REPEATS:-2}" --steps "${STEP_COST_STEPS:-400}" \
-    --out "$RESULTS/ddp-step-cost-16.json" || rc=$?
-fi
 if [ -n "${PS_CAPACITY:-}" ]; then   # the parameter server's pushes a second (no Spark)
   python3 benchmarks/bench_ps_capacity.py --clients "1,${CORES:-16}" \
     --repeats "${PS_CAPACITY_REPEATS:-3}" --pushes "${PS_CAPACITY_PUSHES:-1500}" \
     --out "$RESULTS/ps-capacity-16.json" || rc=$?
-fi
-if [ -n "${PS_SERVING:-}" ]; then    # threads against the event loop, training workers (no Spark)
-  python3 benchmarks/bench_ps_serving.py --workers "${PS_SERVING_WORKERS:-4,8,16}" \
-    --repeats "${PS_SERVING_REPEATS:-2}" --steps 2000 --out "$RESULTS/ps-serving-16.json" || rc=$?
 fi
 exit $rc
