@@ -134,7 +134,7 @@ class Page:
         self.add(f"## {title}")
 
     def at_a_glance(self, what: str, against: str, result: str, where: str):
-        link = f"[{self.heading.split(':')[0].strip('`')}](#{slug(self.heading)})"
+        link = f"[{self.heading.replace('`', '').split(':')[0]}](#{slug(self.heading)})"
         self.glance.append([what, against, result, where, link])
 
     def figure(self, name: str, spec: dict, alt: str):
@@ -216,8 +216,8 @@ def step_cost(p: Page):
         if d["world"] >= 16:
             s = d["summary"]
             one = s["one"]["ms_per_step"]
-            result = (f"{r2(one / s['flat-shm']['ms_per_step'], '')} of the limit, where N "
-                      f"processes that never communicate get "
+            result = (f"{r2(one / s['flat-shm']['ms_per_step'], '')} of the limit, where "
+                      f"{d['world']} processes that never communicate get "
                       f"{r2(one / s['nocomm']['ms_per_step'], '')}")
             p.at_a_glance(f"fit's all-reduce step, {d['world']} processes",
                           f"{d['world']} processes that do not communicate", result,

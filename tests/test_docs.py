@@ -1,6 +1,7 @@
 """The documentation: the site builds strictly, the API reference has every public name with
-its docstring, the architecture picture is what its script draws, and the README's commands
-and examples run (tests/spark/test_readme.py runs its Python blocks)."""
+its docstring, the architecture picture is what its script draws, the performance page and its
+plots are what benchmarks/report.py makes of the results files, and the README's commands and
+examples run (tests/spark/test_readme.py runs its Python blocks)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,14 @@ def test_the_site_builds_strictly_with_every_public_name_and_its_docstring(site)
         if name not in api or (first and first[:60] not in api):
             missing.append(name)
     assert not missing, f"not in the API reference with their docstrings: {missing}"
-    for page in ("index.html", "guides/boosting/index.html", "benchmarks/index.html",
+    for page in ("index.html", "guides/boosting/index.html", "performance/index.html",
                  "quality/index.html", "img/architecture.svg"):
         assert (site / page).exists(), page
+    perf = (site / "performance/index.html").read_text()
+    plots = re.findall(r'<img[^>]+src="([^"]+\.png)"', perf)
+    assert len(plots) >= 4, plots
+    for src in plots:                                        # relative to performance/
+        assert (site / "performance" / src).resolve().exists(), src
     home = re.sub(r"\s+", " ", _text(site / "index.html"))       # the README (docs/hooks)
     assert "Large-scale distributed deep learning on Apache Spark with PyTorch" in home
     assert "scripts/test.sh" in home and "TorchEstimator" in home
@@ -65,6 +71,16 @@ def test_the_architecture_picture_is_what_its_script_draws():
                            "--check"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, ("docs/img/architecture.svg is stale: run "
                                   "python docs/diagrams/architecture.py")
+
+
+def test_the_performance_page_is_what_its_script_makes_of_the_results():
+    """docs/performance.md byte for byte, and each plot by the data it was drawn from (the
+    JSON its PNG carries), against what benchmarks/report.py builds from benchmarks/results/
+    now: a results file changed without the page regenerated fails here."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/report.py"), "--check"],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 0, ("docs/performance.md or its plots are stale: run "
+                                  "python benchmarks/report.py\n" + proc.stderr[-2000:])
 
 
 def test_the_readme_is_a_front_door_whose_commands_exist():

@@ -13,11 +13,11 @@ the average changes no step, only what is validated, checkpointed alongside and 
 
 Why: SGD's iterates wander around the descent by the noise of their mini-batches; their
 average over a short window sits closer to its middle (Polyak and Juditsky, 1992; the
-measurements are in docs/benchmarks.md, "Averaged weights"). The buffers (BatchNorm's running
+measurements: docs/design/0020-averaged-weights.md). The buffers (BatchNorm's running
 statistics) are not averaged: they belong to the live weights. ``recompute_statistics``
 gives the averaged weights their own, from forward passes over training rows (SWA's
 ``update_bn``); AllReduce does so whenever its averaged model is read (validated, returned),
-on ``STATISTICS_ROWS`` rows (docs/benchmarks.md, "Averaged weights and BatchNorm").
+on ``STATISTICS_ROWS`` rows (docs/design/0022-batchnorm-statistics-of-the-average.md).
 
 Sparse updates: a lerp is a pass over the weights' memory, which on a CPU costs a sizeable
 part of a small-batch step of a fully connected net. So the average takes the live values every ``interval`` steps, k at once,

@@ -3,7 +3,7 @@ tensors of replicas that share one GPU: copied to the segment and back).
 
 Gloo over loopback TCP costs about as long per all-reduce as a small model's step:
 synchronous training of small models is latency-bound. When all replicas share a host, a
-shared-memory segment does the same in microseconds (docs/benchmarks.md has the timings):
+shared-memory segment does the same in microseconds (docs/performance.md has the timings):
 
     segment = [counters, one line of 64 bytes per rank: arrived, summed]
               [2 x world slots of n values] [2 results of n values]
