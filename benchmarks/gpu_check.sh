@@ -16,6 +16,8 @@
 #                                                       # (RESULTS/run-16.json)
 #   PS_CAPACITY=1 bash benchmarks/gpu_check.sh ""       # only bench_ps_capacity at 1 and
 #                                                       # CORES clients (RESULTS/ps-capacity-16.json)
+#   STEP_COST=1 bash benchmarks/gpu_check.sh ""         # only ddp_step_cost at CORES
+#                                                       # processes (RESULTS/ddp-step-cost-16.json)
 #
 # Settings from the environment (defaults in brackets): CORES [16], REPEATS [3],
 # LSTM_SECONDS [120], LSTM_CONFIGS [all of gpu_check.py's], AMP_NETS [fc,srcnn], APPEND
@@ -23,7 +25,8 @@
 # [allreduce,gossip,downpour,boosting], SCALING_EPOCHS [2], SCALING_REPEATS [1],
 # SCALING_FIRST_SEED [0], SCALING_LR [bench_scaling's], SCALING_OUT [scaling-16.json];
 # RUN_REPEATS [3], RUN_ROWS [10000], RUN_EPOCHS [5]; PS_CAPACITY_REPEATS [3],
-# PS_CAPACITY_PUSHES [1500]. The exit status is the last failing step's (0 when all ran).
+# PS_CAPACITY_PUSHES [1500]; STEP_COST_MODES [one,nocomm,flat-shm,ddp-shm,run-ctx],
+# STEP_COST_REPEATS [2], STEP_COST_STEPS [400]. The exit status is the last failing step's (0 when all ran).
 set -uo pipefail
 SECTIONS=${1-one,amp,shared,lstm}
 RESULTS=${2:-benchmarks/results}
@@ -56,5 +59,11 @@ if [ -n "${PS_CAPACITY:-}" ]; then   # the parameter server's pushes a second (n
   python3 benchmarks/bench_ps_capacity.py --clients "1,${CORES:-16}" \
     --repeats "${PS_CAPACITY_REPEATS:-3}" --pushes "${PS_CAPACITY_PUSHES:-1500}" \
     --out "$RESULTS/ps-capacity-16.json" || rc=$?
+fi
+if [ -n "${STEP_COST:-}" ]; then     # a step's time at CORES processes against no communication
+  python3 benchmarks/ddp_step_cost.py --world "${CORES:-16}" \
+    --modes "${STEP_COST_MODES:-one,nocomm,flat-shm,ddp-shm,run-ctx}" \
+    --repeats "${STEP_COST_REPEATS:-2}" --steps "${STEP_COST_STEPS:-400}" \
+    --out "$RESULTS/ddp-step-cost-16.json" || rc=$?
 fi
 exit $rc
