@@ -13,7 +13,7 @@ the average changes no step, only what is validated, checkpointed alongside and 
 
 Why: SGD's iterates wander around the descent by the noise of their mini-batches; their
 average over a short window sits closer to its middle (Polyak and Juditsky, 1992; the
-measurements: docs/design/0020-averaged-weights.md). The buffers (BatchNorm's running
+measurements: docs/design/0004-averaged-weights.md). The buffers (BatchNorm's running
 statistics) are not averaged: they belong to the live weights. ``recompute_statistics``
 gives the averaged weights their own, from forward passes over training rows (SWA's
 ``update_bn``); AllReduce does so whenever its averaged model is read (validated, returned),

@@ -2,7 +2,7 @@
 
 The linear scaling rule (schedule.py) runs a fit near the edge of stability as k grows: a
 step whose gradient norm jumps well above its recent level can throw the weights to chance
-(docs/design/0023-relative-cut-of-the-scaled-rate.md).
+(docs/design/0010-scaled-rate-clip.md).
 ``grad_clip`` bounds such steps:
 
     None or 0   off

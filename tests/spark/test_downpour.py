@@ -233,7 +233,7 @@ def test_sequential_mode_applies_every_push_in_turn(spark, tmp_path):
 def test_a_fit_served_from_the_event_loop_applies_every_push(spark, tmp_path, monkeypatch,
                                                              mode):
     """From LOOP_FROM workers on (8) the server serves them from one event-loop thread
-    (docs/design/0027-parameter-server-serving.md); the shared session runs 2 tasks
+    (docs/design/0013-ps-event-loop.md); the shared session runs 2 tasks
     at once, so the threshold comes down to 2 here: every push of the tasks applied once."""
     from spark_dl.transport.ps import server as ps_server
     monkeypatch.setattr(ps_server, "LOOP_FROM", 2)

@@ -49,7 +49,7 @@ class AllReduce(Strategy):
     ``average``: the model validated and returned is the weights' moving average over the
     last ``average`` of an epoch's steps (spark_dl.optim.average; Downpour's ``average``, on
     the replicas); training steps the last weights as before. Default 0.1; 0: the last
-    weights; with L-BFGS and CG the default is 0 (docs/design/0020-averaged-weights.md)."""
+    weights; with L-BFGS and CG the default is 0 (docs/design/0004-averaged-weights.md)."""
 
     name = "allreduce"
     accumulate: int = 1
