@@ -4,7 +4,8 @@
         config.json      the fit's arguments
         metrics.jsonl    every progress and epoch message, as it arrived on the driver
         history.csv      one row per epoch
-        loss.png         loss (and validation accuracy) per epoch
+        loss.png         training loss per step and per epoch, validation per epoch
+                         (``loss_figure``; ``FitResult.plot()`` draws the same)
         checkpoint.pt    model, optimizer, epoch, RNG states, the weights' average (written
                          by the tasks every epoch)
         workers/         rank-R.json: host, pid, device of each task
@@ -19,9 +20,8 @@ import secrets
 import time
 from pathlib import Path
 
-from PIL import Image, ImageDraw
-
-__all__ = ["new_run_dir", "plot_convergence", "plot_history", "write_history", "write_json"]
+__all__ = ["loss_figure", "new_run_dir", "plot_history", "read_metrics", "save_figure",
+           "write_history", "write_json"]
 
 
 def new_run_dir(root: str | Path = "runs", prefix: str = "fit") -> Path:
@@ -45,76 +45,106 @@ def write_history(path: Path, history: list[dict]) -> None:
         w.writerows(history)
 
 
-def plot_history(path: Path, history: list[dict], title: str = "") -> None:
-    """A small line chart (Pillow only): training loss, validation loss and accuracy per epoch."""
-    series = {k: [(r["epoch"], r[k]) for r in history if k in r]
-              for k in ("loss", "val_loss", "val_accuracy")}
-    series = {k: v for k, v in series.items() if v}
-    W, H, pad = 640, 400, 50
-    img = Image.new("RGB", (W, H), "white")
-    d = ImageDraw.Draw(img)
-    d.text((pad, 10), title or "training history", fill="black")
-    d.rectangle([pad, pad, W - pad, H - pad], outline="black")
-    xs = [x for v in series.values() for x, _ in v] or [1]
-    x0, x1 = min(xs), max(max(xs), min(xs) + 1)
-    colors = {"loss": (31, 119, 180), "val_loss": (255, 127, 14), "val_accuracy": (44, 160, 44)}
-    for i, (name, pts) in enumerate(series.items()):
-        ys = [y for _, y in pts]
-        y0, y1 = min(ys), max(max(ys), min(ys) + 1e-12)
-        xy = [(pad + (x - x0) / (x1 - x0) * (W - 2 * pad),
-               H - pad - (y - y0) / (y1 - y0) * (H - 2 * pad)) for x, y in pts]
-        if len(xy) > 1:
-            d.line(xy, fill=colors[name], width=2)
-        for px, py in xy:
-            d.ellipse([px - 3, py - 3, px + 3, py + 3], fill=colors[name])
-        d.text((pad + 10, pad + 8 + 14 * i), f"{name}: {ys[0]:.4g} -> {ys[-1]:.4g} "
-               f"(range {y0:.4g}..{y1:.4g})", fill=colors[name])
-    d.text((pad, H - pad + 8), f"epoch {x0}", fill="black")
-    d.text((W - pad - 60, H - pad + 8), f"epoch {x1}", fill="black")
-    img.save(path)
-
-
-_COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189)]
-
-
-def plot_convergence(path: Path, runs: dict[str, list[dict]], title: str = "") -> None:
-    """The thesis's Fig. 4.3 for one or more fits (name -> history): (a) log10 of the training
-    error (the epoch's mean loss) and (b) the mean |gradient| per coordinate of the updates
-    (history key ``grad_mean_abs``, recorded by the Downpour server), per epoch."""
-    import math
-    panels = [("(a) log10 training loss", "loss", math.log10),
-              ("(b) mean |gradient|", "grad_mean_abs", float)]
-    W, H, pad = 480, 360, 50
-    img = Image.new("RGB", (2 * W, H + 20), "white")
-    d = ImageDraw.Draw(img)
-    d.text((pad, 4), title, fill="black")
-    for p, (label, key, f) in enumerate(panels):
-        left = p * W
-        series = {name: [(r["epoch"], f(r[key])) for r in h
-                         if r.get(key) is not None and (key != "loss" or r[key] > 0)]
-                  for name, h in runs.items()}
-        series = {k: v for k, v in series.items() if v}
-        box = [left + pad, pad, left + W - 20, H - 20]
-        d.rectangle(box, outline="black")
-        d.text((left + pad, pad - 16), label, fill="black")
-        if not series:
+def read_metrics(path: str | Path) -> list[dict]:
+    """The messages of a run's ``metrics.jsonl`` (none when it is missing); a line cut short
+    by a killed driver is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
             continue
-        xs = [x for v in series.values() for x, _ in v]
-        ys = [y for v in series.values() for _, y in v]
-        x0, x1 = min(xs), max(max(xs), min(xs) + 1)
-        y0, y1 = min(ys), max(max(ys), min(ys) + 1e-12)
-        for i, (name, pts) in enumerate(series.items()):
-            color = _COLORS[i % len(_COLORS)]
-            xy = [(box[0] + (x - x0) / (x1 - x0) * (box[2] - box[0]),
-                   box[3] - (y - y0) / (y1 - y0) * (box[3] - box[1])) for x, y in pts]
-            if len(xy) > 1:
-                d.line(xy, fill=color, width=2)
-            for px, py in xy:
-                d.ellipse([px - 3, py - 3, px + 3, py + 3], fill=color)
-            d.text((box[0] + 8, box[1] + 6 + 14 * i),
-                   f"{name}: {pts[0][1]:.4g} -> {pts[-1][1]:.4g}", fill=color)
-        d.text((box[0] - 45, box[1]), f"{y1:.3g}", fill="black")
-        d.text((box[0] - 45, box[3] - 10), f"{y0:.3g}", fill="black")
-        d.text((box[0], box[3] + 4), f"epoch {x0}", fill="black")
-        d.text((box[2] - 50, box[3] + 4), f"epoch {x1}", fill="black")
-    img.save(path)
+    return rows
+
+
+def _step_series(metrics: list[dict]) -> dict[str, tuple[list[float], list[float]]]:
+    """Per worker (one series without workers): (fractional epochs, loss of each step).
+    A step message carries ``losses``, the loss of each step since the previous message, or
+    (older runs) only ``loss``, the epoch's mean so far. A step reported twice (a retried
+    task) keeps its last value."""
+    points: dict[str, dict[tuple[int, int], float]] = {}
+    steps_of: dict[int, int] = {}
+    for m in metrics:
+        if m.get("type") != "step" or "step" not in m:
+            continue
+        name = f"worker {m['worker']}" if "worker" in m else "step"
+        losses = m.get("losses") or [m.get("loss")]
+        first = m["step"] - len(losses) + 1
+        steps_of[m["epoch"]] = m["steps"]
+        for i, loss in enumerate(losses):
+            if loss is not None:
+                points.setdefault(name, {})[(m["epoch"], first + i)] = loss
+    series = {}
+    for name, pts in points.items():
+        keys = sorted(pts)
+        series[name] = ([e - 1 + s / max(steps_of[e], 1) for e, s in keys],
+                        [pts[k] for k in keys])
+    return series
+
+
+def _validation(history: list[dict], metrics: list[dict]) -> list[dict]:
+    """The validations at fractional epochs (``eval`` messages), else the history's val_*."""
+    evals = {m["epoch"]: m for m in metrics if m.get("type") == "eval" and "epoch" in m}
+    if not evals:
+        evals = {r["epoch"]: r for r in history if any(k.startswith("val_") for k in r)}
+    return [evals[e] for e in sorted(evals)]
+
+
+def loss_figure(history: list[dict], metrics: list[dict] = (), title: str = ""):
+    """The fit's plot as a matplotlib Figure: training loss per step (``metrics``, the run's
+    ``metrics.jsonl``) and per epoch (``history``) above, the validation below (its loss on
+    the left axis, its other metrics, such as accuracy, on the right), against epochs."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+    vals = _validation(history, metrics)
+    fig = Figure(figsize=(8, 6 if vals else 3.6), dpi=100, layout="constrained")
+    axes = fig.subplots(2 if vals else 1, 1, sharex=True, squeeze=False)[:, 0]
+    ax = axes[0]
+    for name, (xs, ys) in _step_series(list(metrics)).items():
+        ax.plot(xs, ys, marker=".", markersize=3, linewidth=0.8, alpha=0.7,
+                label=f"{name} loss" if name != "step" else "loss per step")
+    epochs = [(r["epoch"], r["loss"]) for r in history if r.get("loss") is not None]
+    if epochs:
+        ax.plot(*zip(*epochs), marker="o", color="black", linewidth=1.5,
+                label="loss per epoch (mean)")
+    ax.set_ylabel("training loss")
+    ax.set_title(title or "training")
+    ax.grid(True, alpha=0.3)
+    if ax.has_data():
+        ax.legend(loc="upper right", fontsize="small")
+    if vals:
+        va = axes[1]
+        handles = []
+        keys = [k for k in dict.fromkeys(k for r in vals for k in r)
+                if k.startswith("val_") and isinstance(vals[0].get(k), (int, float))]
+        left = ["val_loss"] if "val_loss" in keys else keys[:1]
+        right = [k for k in keys if k not in left]
+        for axis, names, colors in ((va, left, ("tab:orange",)),
+                                    (va.twinx() if right else None, right,
+                                     ("tab:green", "tab:red", "tab:purple", "tab:brown"))):
+            for i, k in enumerate(names):
+                pts = [(r["epoch"], r[k]) for r in vals if isinstance(r.get(k), (int, float))]
+                handles += axis.plot(*zip(*pts), marker="o", color=colors[i % len(colors)],
+                                     label=k[4:])
+            if names:
+                axis.set_ylabel(", ".join(k[4:] for k in names))
+        va.set_title("validation")
+        va.grid(True, alpha=0.3)
+        va.legend(handles=handles, loc="best", fontsize="small")
+    axes[-1].set_xlabel("epoch")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
+def save_figure(fig, path: str | Path) -> None:
+    """A PNG whose bytes depend on the figure only (no software or date stamp)."""
+    fig.savefig(path, format="png", metadata={"Software": None})
+
+
+def plot_history(path: Path, history: list[dict], title: str = "",
+                 metrics: list[dict] = ()) -> None:
+    """Write ``loss_figure`` to ``path`` (a run's ``loss.png``)."""
+    save_figure(loss_figure(history, metrics, title), path)

@@ -21,9 +21,10 @@ import torch.distributed as dist
 from .failures import at, report
 from .seeds import replica_seed
 
-__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "barrier_task",
-           "broadcast_bytes", "most_batches", "peak_memory_mb", "read_checkpoint", "read_shard",
-           "set_lr", "shared_memory_name", "stage_info", "state_bytes", "write_task_info"]
+__all__ = ["RESULT_SCHEMA", "LocalStepConfig", "LossSum", "StageConfig", "StepLosses",
+           "barrier_task", "broadcast_bytes", "most_batches", "peak_memory_mb",
+           "read_checkpoint", "read_shard", "set_lr", "shared_memory_name", "stage_info",
+           "state_bytes", "write_task_info"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,17 +273,59 @@ def read_checkpoint(cfg: StageConfig, run_dir: str | None, rank: int, device):
     return path, torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
 
 
+class StepLosses:
+    """Each step's loss, from the epoch's running sums (loss x rows, rows) marked after every
+    step: device tensors are copied where they are and read at ``read`` (one host
+    synchronisation per report, not per step)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """A new epoch: its sums start from zero."""
+        self.marks: list = []
+        self.prev = (0.0, 0.0)
+
+    def mark(self, loss_sum, samples) -> None:
+        """The epoch's sums after a step: numbers, or 0-d tensors (copied, as they grow in
+        place)."""
+        self.marks.append(tuple(x.detach().to(torch.float64, copy=True) if torch.is_tensor(x)
+                                else float(x) for x in (loss_sum, samples)))
+
+    def read(self) -> tuple[list, float, float]:
+        """(the loss of each step marked since the last read, None for a step without rows;
+        the epoch's loss sum; its rows), and forgets the marks."""
+        flat = [x for m in self.marks for x in m]
+        by_device: dict = {}
+        for i, x in enumerate(flat):
+            if torch.is_tensor(x):
+                by_device.setdefault(x.device, []).append(i)
+        for idx in by_device.values():
+            for i, v in zip(idx, torch.stack([flat[i] for i in idx]).tolist()):
+                flat[i] = v
+        losses, (s0, n0) = [], self.prev
+        for s, n in zip(flat[::2], flat[1::2]):
+            losses.append(float(f"{(s - s0) / (n - n0):.6g}") if n > n0 else None)
+            s0, n0 = s, n
+        self.marks, self.prev = [], (s0, n0)
+        return losses, s0, n0
+
+
 class StepReports:
-    """Replica 0's step reports to the driver, at most every ``cfg.progress_every_s``."""
+    """Replica 0's step reports to the driver, at most every ``cfg.progress_every_s`` and at
+    the end of every epoch; each carries the loss of every step since the previous one
+    (``losses``: the run's plot draws them) and the epoch's mean so far (``loss``)."""
 
     def __init__(self, cfg: StageConfig, client, rank: int):
         self.cfg, self.client, self.rank, self.on = cfg, client, rank, rank == 0
         self.t0 = self.last = time.perf_counter()
+        self.losses = StepLosses()
 
     def epoch(self, shard, epoch: int, batches: Iterator | None = None) -> Iterator:
         """Start timing ``epoch``; returns its mini-batches: ``batches`` when the strategy
         draws them itself, else epoch_batches."""
         self.t0 = self.last = time.perf_counter()
+        self.losses.reset()
         at(epoch, 0)
         return batches if batches is not None else epoch_batches(self.cfg, shard, self.rank,
                                                                  epoch)
@@ -295,14 +338,18 @@ class StepReports:
         """``loss_sum`` and ``samples`` so far this epoch: numbers, or 0-d tensors read only
         when a report goes (no host synchronisation on the other steps)."""
         at(epoch, min(step + 1, steps - 1))          # what runs next (for an error report)
+        if not self.on:
+            return
+        self.losses.mark(loss_sum, samples)
         now = time.perf_counter()
-        if self.on and now - self.last >= self.cfg.progress_every_s:
+        if now - self.last >= self.cfg.progress_every_s or step == steps - 1:
             self.last = now
-            loss_sum, samples = float(loss_sum), float(samples)
+            losses, loss_sum, samples = self.losses.read()
             self.client.send({"type": "step", "epoch": epoch + 1, "epochs": self.cfg.epochs,
                               "step": step + 1, "steps": steps,
                               "loss": loss_sum / max(samples, 1),
-                              "samples_per_s": samples / (now - self.t0)})
+                              "samples_per_s": samples / max(now - self.t0, 1e-9),
+                              "losses": losses})
 
     def pause(self, seconds: float) -> None:
         """Leave ``seconds`` (a validation's) out of the epoch's clock."""

@@ -26,7 +26,7 @@ from torch import nn
 from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError
 from ..progress import ProgressLine
-from ..runs import new_run_dir, plot_history, write_history, write_json
+from ..runs import loss_figure, new_run_dir, plot_history, read_metrics, write_history, write_json
 from ..runtime.checkpoint import load_checkpoint
 from ..runtime.failures import TaskErrors
 
@@ -36,16 +36,24 @@ __all__ = ["FitResult", "Job", "Run", "Strategy", "barrier_row", "options", "run
 @dataclasses.dataclass
 class FitResult:
     """What ``fit`` returns: the trained model, one history row per epoch, the strategy's
-    facts (``info``, also in ``info.json``) and the run directory."""
+    facts (``info``, also in ``info.json``) and the run directory; ``plot()`` draws the
+    run's ``loss.png`` as a matplotlib Figure (in a notebook: ``result.plot()``)."""
 
     model: nn.Module
     history: list[dict]          # one dict per epoch: loss, samples, seconds, samples_per_s, val_*
     info: dict                   # replicas, devices, rows per replica, the strategy's counters
     run_dir: Path
+    title: str = ""              # the plot's title: the strategy and its replicas
 
     @property
     def final(self) -> dict:
         return self.history[-1] if self.history else {}
+
+    def plot(self):
+        """Training loss per step (the run's ``metrics.jsonl``) and per epoch, validation on
+        its own axes: the figure of ``loss.png`` (``spark_dl.runs.loss_figure``)."""
+        return loss_figure(self.history, read_metrics(Path(self.run_dir) / "metrics.jsonl"),
+                           self.title)
 
 
 def options(cls):
@@ -349,10 +357,11 @@ class Run:
                     {"channel": list(self.channel.address)} if self.channel else {})}}
         write_history(self.path / "history.csv", history)
         write_json(self.path / "info.json", info)
-        plot_history(self.path / "loss.png", history, title)
+        plot_history(self.path / "loss.png", history, title,
+                     read_metrics(self.path / "metrics.jsonl"))
         torch.save(net.state_dict(), self.path / "model.pt")
         self.job.tracker.close()
-        return FitResult(net, history, info, self.path)
+        return FitResult(net, history, info, self.path, title)
 
 
 def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:

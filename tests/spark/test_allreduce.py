@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import warnings
@@ -14,6 +15,7 @@ from spark_dl import AllReduce, fit
 from spark_dl.data import arrays_to_arrow
 from spark_dl.errors import ConfigError, DataError, ResourceError
 from spark_dl.models.fc import FCNet
+from spark_dl.runs import save_figure
 
 SCHEMA = "features array<float>, label long"
 
@@ -307,6 +309,25 @@ def test_cnn_trains_on_mnist_and_writes_the_run(spark, mnist, tmp_path):
               if json.loads(ln)["type"] == "epoch"]
     assert [e["epoch"] for e in epochs] == [1, 2, 3]
     assert any(line.startswith("epoch 3:") for line in lines)
+    # loss.png is res.plot(): a point per step and one per epoch, the validation on its axes
+    fig = res.plot()
+    png = io.BytesIO()
+    save_figure(fig, png)
+    assert png.getvalue() == (run / "loss.png").read_bytes()
+    train, val, val_right = fig.axes
+    drawn = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    steps = res.history[0]["steps"]
+    xs, ys = drawn["loss per step"].get_xdata(), drawn["loss per step"].get_ydata()
+    assert np.allclose(xs, np.arange(1, 3 * steps + 1) / steps)
+    assert np.all(np.isfinite(ys)) and ys[-steps:].mean() < ys[:steps].mean()
+    assert list(drawn["loss per epoch (mean)"].get_ydata()) == [h["loss"] for h in res.history]
+    assert list(drawn["loss"].get_ydata()) == [h["val_loss"] for h in res.history]
+    assert list(drawn["accuracy"].get_ydata()) == [h["val_accuracy"] for h in res.history]
+    assert drawn["accuracy"].axes is val_right and drawn["loss"].axes is val
+    assert {1, 2, 3} <= set(val.get_xticks()) and val.get_xlabel() == "epoch"
+    for ax in (train, val, val_right):
+        lo, hi = ax.get_ylim()
+        assert sum(lo <= t <= hi for t in ax.get_yticks()) >= 3 and ax.get_ylabel()
     # the driver-side model predicts like the replica's
     with torch.no_grad():
         acc = (res.model(torch.from_numpy(vx).reshape(-1, 1, 28, 28)).argmax(1).numpy()

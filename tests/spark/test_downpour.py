@@ -246,6 +246,9 @@ def test_a_fit_served_from_the_event_loop_applies_every_push(spark, tmp_path, mo
     assert pushes == 2 * 16 * 2 and server["versions"] == [pushes] == [server["pushes"]]
     assert sum(res.info["staleness_histogram"].values()) == pushes
     assert all(np.isfinite(h["loss"]) for h in res.history)
+    drawn = {line.get_label(): line for line in res.plot().axes[0].get_lines()}
+    for w in (0, 1):                    # the run's plot: every step of each worker
+        assert np.allclose(drawn[f"worker {w} loss"].get_xdata(), np.arange(1, 33) / 16)
 
 
 def test_master_algorithm_refuses_what_it_cannot_run(spark):

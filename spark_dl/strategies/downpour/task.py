@@ -26,7 +26,7 @@ from spark_dl.runtime.failures import at
 from spark_dl.runtime.failures import report as report_error
 from spark_dl.runtime.loop import FitParts
 from spark_dl.runtime.seeds import replica_seed
-from spark_dl.runtime.stage import LossSum, StageConfig, read_shard, write_task_info
+from spark_dl.runtime.stage import LossSum, StageConfig, StepLosses, read_shard, write_task_info
 from spark_dl.strategies.ps_worker import PSTask, PSWorker, WorkerPlan, ramp_length
 
 from .exchange import Exchange
@@ -319,7 +319,7 @@ class DownpourWorker(PSWorker):
         first = self.resume_step if epoch == self.resume_epoch else 0
         it = self._batches(epoch, first)
         t0 = last = time.perf_counter()
-        loss_sum, samples = LossSum(), 0.0
+        loss_sum, samples, curve = LossSum(), 0.0, StepLosses()
         rows_total = len(self.shard) if comm is None else None
         for step in range(first, steps):
             at(epoch, step)
@@ -342,11 +342,13 @@ class DownpourWorker(PSWorker):
                                               and samples >= rows_total)
             self._exchange((step + 1) % self.n_fetch == 0 or mode == "sync",
                            self.acc_steps >= self.options.n_push or last_step)
+            curve.mark(0.0 if loss_sum.total is None else loss_sum.total, samples)
             now = time.perf_counter()
-            if now - last >= cfg.progress_every_s:
+            if now - last >= cfg.progress_every_s or last_step:
                 last = now
-                self._progress(epoch, step, loss_sum.value() / max(samples, 1),
-                               samples / (now - t0))
+                losses, total, _ = curve.read()
+                self._progress(epoch, step, total / max(samples, 1),
+                               samples / max(now - t0, 1e-9), losses)
         seconds = time.perf_counter() - t0
         row = {"epoch": epoch + 1, "worker": self.worker,
                "loss": loss_sum.value() / max(samples, 1), "samples": int(samples),
@@ -396,11 +398,12 @@ class DownpourWorker(PSWorker):
             self.grad.zero_()
             self.acc_samples = self.acc_steps = 0
 
-    def _progress(self, epoch: int, step: int, loss: float, samples_per_s: float) -> None:
+    def _progress(self, epoch: int, step: int, loss: float, samples_per_s: float,
+                  losses: list) -> None:
         n_stale = sum(self.staleness.values())
         self.progress.send({"type": "step", "worker": self.worker, "epoch": epoch + 1,
                             "epochs": self.cfg.epochs, "step": step + 1, "steps": self.steps,
-                            "loss": loss, "samples_per_s": samples_per_s,
+                            "loss": loss, "losses": losses, "samples_per_s": samples_per_s,
                             "staleness": sum(k * v for k, v in self.staleness.items())
                             / max(n_stale, 1)})
 
