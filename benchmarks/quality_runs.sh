@@ -1,240 +1,139 @@
 #!/usr/bin/env bash
-# Quality runs of the model zoo (issue: models on real data), single process, written to
-# benchmarks/results/quality/ (or $OUT when set). Groups: mnist | text | sr | all, and
-# allreduce (the thesis CNN single-process vs the all-reduce engine, same global batch),
-# downpour (the thesis CNN with asynchronous Downpour SGD on local[*] and local-cluster),
-# hybrid (the widened FC net: one process vs 2 replicas x 2 column partitions),
-# text-2cores (the char LSTM for 20 minutes on 2 CPU cores),
-# model-parallel (2 replicas x 2 column partitions on local-cluster against one process: the
-# thesis CNN, the FC net with the thesis's algorithm, the char LSTM; the SSDA split in two;
-# the thesis's Fig. 4.3 drawn from the split runs),
-# ships-seeds (the ships group's systems at train.seed 1..4), ships-clip (Downpour with and
-# without clipped pushes, interleaved, then over seeds),
-# ships-fresh (Boosting with fresh values mid-key and the cap against without, interleaved,
-# then over seeds),
-# split (the split runs of hybrid and model-parallel again, their one-process references
-# not: they do not depend on the parameter server; to refresh them after a server change).
-# The groups that compared staleness rules since removed (ships-step, ships-halfway,
-# ships-worker, ships-worker-seeds, ships-boosting-worker, cnn-bn-worker) went with them;
-# their results stay in benchmarks/results/quality/ (docs/guides/downpour.md, "Staleness rule").
-#   PYTHON=.venv/bin/python benchmarks/quality_runs.sh mnist
+# The runs behind the tables of docs/quality.md, one group per table. Each run's results JSON
+# and log go to $OUT (default runs/quality/); the page reads the per-workload summaries in
+# benchmarks/results/quality/, and a new run replaces its row there with
+#   python benchmarks/quality_report.py --add WORKLOAD ROW runs/quality/NAME.json [...]
+# (then python benchmarks/quality_report.py redraws the page).
+#
+#   mnist        the optimizers on extended MNIST at full size (208,000 digits, 8 epochs):
+#                the thesis CNN with SGD and Adam, the FC net with CG and Adam (a GPU picks
+#                itself up; on CPUs these take hours)
+#   line-search  the FC net with L-BFGS and with CG at the reduced size (108,000 digits), on
+#                one core (CORE, default 1): about 7 minutes each when the core is free
+#   allreduce    the thesis CNN in one process (2 threads) against AllReduce, 2 replicas x 8
+#   model-parallel  2 replicas x 2 column partitions on local-cluster[2,2,1024] against one
+#                process: the thesis CNN, the FC net with the thesis's algorithm, the widened
+#                FC net (also on local[4]), the char LSTM (and Downpour 1 x 1 on the same
+#                windows), the SSDA (benchmarks/quality_ssda_partitions.py)
+#   text         the char RNN and LSTM, 2 x 200, 5,000 updates; the LSTM with dropout 0.25 and
+#                a decaying rate for 12,000
+#   text-2cores  that LSTM for 20 minutes on 2 CPU cores
+#   sr           the SRCNN x2 alone (T91 -> Set5)
+#   superres     the super-resolution job at the quality configuration (sigma 20, about an hour
+#                on 2 cores), then two continuations of its cascade stage (3 epochs each)
+#   degradations benchmarks/superres_degradations.sh (six degradations, about an hour)
+#   ships        the ships U-Net: one process at seeds 0-5, Boosting with 2 and 4 workers at
+#                seeds 0-5, Downpour with 2 and 4 workers at seeds 0-2 (4 workers on local[4])
+#   counting     the MCNN at 1/4 resolution and with transposed convolutions
+#
+#   PYTHON=.venv/bin/python benchmarks/quality_runs.sh line-search
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-DEST="${OUT:-benchmarks/results/quality}"
+BIN="$(cd "$(dirname "$(command -v "$PY")")" && pwd)"
+DEST="${OUT:-runs/quality}"
 mkdir -p "$DEST"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export SPARK_CONF_DIR="${SPARK_CONF_DIR:-$PWD/conf/logging}"   # spark-submit runs: quiet log4j
-SCRATCH="$(mktemp -d)"            # checkpoints stay out of $DEST; results and logs go there
-run() {
+export PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
+SCRATCH="$(mktemp -d)"            # checkpoints stay out of $DEST
+run() {                           # run NAME COMMAND...: the job's results JSON as $DEST/NAME.json
   local name="$1"; shift
-  "$PY" "$@" --set "run.out_dir='$SCRATCH/$name'" 2>&1 | tee "$DEST/$name.log"
-  cp "$SCRATCH/$name"/*.json "$DEST/"
-}
-run_named() {                     # as run, the result file named after the run
-  local name="$1"; shift
-  "$PY" "$@" --set "run.out_dir='$SCRATCH/$name'" 2>&1 | tee "$DEST/$name.log"
+  "$@" --set "run.out_dir='$SCRATCH/$name'" 2>&1 | tee "$DEST/$name.log"
   cp "$SCRATCH/$name"/*.json "$DEST/$name.json"
 }
-group="${1:-all}"
-if [ "$group" = mnist ] || [ "$group" = all ]; then
-  run cnn-sgd jobs/train_mnist.py --config conf/jobs/cnn.toml
-  run cnn-adam jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.optimizer=adam \
+SUBMIT=("$BIN/spark-submit" --properties-file conf/spark/local-cluster.conf
+        --master "local-cluster[2,2,1024]")
+MNIST=("$PY" jobs/train_mnist.py)
+CHAR=("$PY" jobs/train_char.py --config conf/jobs/char_lstm.toml)
+SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml)
+group="${1:?name a group: mnist line-search allreduce model-parallel text text-2cores sr superres degradations ships counting}"
+case "$group" in
+mnist)
+  run cnn-sgd "${MNIST[@]}" --config conf/jobs/cnn.toml
+  run cnn-adam "${MNIST[@]}" --config conf/jobs/cnn.toml --set train.optimizer=adam \
       --set train.lr=0.001 --set train.batch_size=64
-  run fc-cg jobs/train_mnist.py --config conf/jobs/fc.toml
-  run fc-adam jobs/train_mnist.py --config conf/jobs/fc.toml --set train.optimizer=adam \
-      --set train.lr=0.001 --set train.batch_size=64
-  run fc-sgd jobs/train_mnist.py --config conf/jobs/fc.toml --set train.optimizer=sgd \
-      --set train.lr=0.1 --set train.batch_size=32
-  run fc-lbfgs jobs/train_mnist.py --config conf/jobs/fc.toml --set train.optimizer=lbfgs
-fi
-if [ "$group" = text ] || [ "$group" = all ]; then
-  run char-lstm jobs/train_char.py --config conf/jobs/char_lstm.toml
-  run char-rnn jobs/train_char.py --config conf/jobs/char_rnn.toml
-fi
-if [ "$group" = text-2cores ]; then  # the issue's budget: 20 minutes on 2 CPU cores
-  run_named char-lstm-2cores-20min jobs/train_char.py --config conf/jobs/char_lstm.toml \
-      --set run.device=cpu --set run.threads=2 --set time_budget_s=1200 \
-      --set updates=1000000 --set dropout=0.25 --set lr=0.003 --set lr_decay=0.8 \
-      --set eval_every=1000
-fi
-if [ "$group" = sr ] || [ "$group" = all ]; then
-  run ssda jobs/train_ssda.py --config conf/jobs/ssda.toml
-  run srcnn jobs/train_srcnn.py --config conf/jobs/srcnn.toml
-fi
-if [ "$group" = allreduce ]; then
-  # Same data, model, optimizer and global batch (16): one process (2 threads) vs 2 replicas
-  # x 8 on Spark local[*] (1 thread each).
-  run cnn-sgd-single jobs/train_mnist.py --config conf/jobs/cnn.toml --set run.threads=2
-  run cnn-sgd-allreduce jobs/train_mnist.py --config conf/jobs/cnn.toml \
-      --set train.strategy=allreduce --set train.batch_size=8
-fi
-if [ "$group" = downpour ]; then
-  # Asynchronous Downpour SGD, 2 replicas x batch 16 against the parameter server, the same
-  # data, lr and decay as cnn-sgd-single (allreduce group); momentum 0.8 on the server, as two
-  # asynchronous replicas add momentum of their own (the plain rule, staleness=none: these
-  # runs were recorded before the staleness rules). On local[*], then on local-cluster (two
-  # executor JVMs) through spark-submit.
-  run_named cnn-sgd-downpour jobs/train_mnist.py --config conf/jobs/cnn.toml \
-      --set train.strategy=downpour --set train.momentum=0.8 --set train.strategy.staleness=none
-  BIN="$(cd "$(dirname "$PY")" && pwd)"
-  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-      run_named cnn-sgd-downpour-local-cluster --properties-file conf/spark/local-cluster.conf \
-      jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.strategy=downpour \
-      --set train.momentum=0.8 --set train.strategy.staleness=none
-fi
-if [ "$group" = hybrid ] || [ "$group" = split ]; then
-  # The widened FC net in one process (2 threads), then Downpour over 2 replicas, each split
-  # by columns over 2 tasks (micro-batches of 16: a replica's step is 32 samples, as the
-  # single run's), on local[4] and on local-cluster (2 executors x 2 cores). Momentum 0.8 on
-  # the server: with 0.9 the asynchronous sigmoid net sat on its initial plateau for an
-  # epoch (local[4]) or for good (local-cluster, 6 epochs at chance); lr 0.15: at 0.1 with
-  # momentum 0.8 (half the single run's effective step) it ended 0.8 points behind.
-  [ "$group" = split ] || [ -f "$DEST/fc-wide-single.json" ] && [ -z "${RERUN:-}" ] || \
-    run_named fc-wide-single jobs/train_mnist.py --config conf/jobs/fc_hybrid.toml \
-      --set run.threads=2
-  BIN="$(cd "$(dirname "$PY")" && pwd)"
-  HYBRID=(jobs/train_mnist.py --config conf/jobs/fc_hybrid.toml --set train.strategy=downpour
-          --set train.strategy.partitions=2 --set train.replicas=2 --set train.batch_size=16
-          --set train.momentum=0.8 --set train.lr=0.15 --set train.strategy.staleness=none)
-  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-      run_named fc-wide-hybrid-local4 --master "local[4]" "${HYBRID[@]}"
-  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-      run_named fc-wide-hybrid-local-cluster --properties-file conf/spark/local-cluster.conf \
-      --master "local-cluster[2,2,1024]" "${HYBRID[@]}"
-fi
-if [ "$group" = model-parallel ] || [ "$group" = split ]; then
-  # Every replica split over F = 2 tasks, 2 replicas, on local-cluster[2,2,1024] (two executor
-  # JVMs of 2 cores: the 4 tasks of one barrier stage), against one process with 1 thread on
-  # the same data. A replica's step is the single run's batch (each task draws half), each
-  # push one server step; the single run's lr and momentum 0.9, which the default staleness
-  # rule lowers to 0.4 on the server (two asynchronous replicas add momentum of their own).
-  # The digits: 100,000 distorted + 8,000 real (half the mnist group's, to fit the session).
-  BIN="$(cd "$(dirname "$PY")" && pwd)"
-  SUBMIT=(--properties-file conf/spark/local-cluster.conf --master "local-cluster[2,2,1024]")
+  run fc-cg "${MNIST[@]}" --config conf/jobs/fc.toml
+  run fc-adam "${MNIST[@]}" --config conf/jobs/fc.toml --set train.optimizer=adam \
+      --set train.lr=0.001 --set train.batch_size=64 ;;
+line-search)
+  for opt in lbfgs cg; do
+    run "fc-$opt-100k" taskset -c "${CORE:-1}" "${MNIST[@]}" --config conf/jobs/fc.toml \
+        --set train.optimizer=$opt --set data.extended_samples=100000 --set run.threads=1 \
+        --set run.device=cpu
+  done ;;
+allreduce)
+  run cnn-one-cpu "${MNIST[@]}" --config conf/jobs/cnn.toml --set run.threads=2
+  run cnn-allreduce "${MNIST[@]}" --config conf/jobs/cnn.toml --set train.strategy=allreduce \
+      --set train.batch_size=8 ;;
+model-parallel)
   MP=(--set train.strategy=downpour --set train.strategy.partitions=2 --set train.replicas=2)
-  [ "$group" = split ] || run_named cnn-mp-single jobs/train_mnist.py \
-      --config conf/jobs/cnn.toml --set data.extended_samples=100000 --set run.threads=1
-  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-      run_named cnn-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/cnn.toml \
-      --set data.extended_samples=100000 "${MP[@]}" --set train.batch_size=8
-  FC=(--set data.extended_samples=100000 --set train.optimizer=sgd --set train.lr=0.1)
-  [ "$group" = split ] || run_named fc-mp-single jobs/train_mnist.py \
-      --config conf/jobs/fc.toml "${FC[@]}" --set train.batch_size=32 --set run.threads=1
-  PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-      run_named fc-thesis-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/fc.toml \
-      "${FC[@]}" "${MP[@]}" --set train.strategy.model_parallel=thesis --set train.batch_size=16
-  if [ "$group" = model-parallel ]; then
-    # char LSTM: 900 server updates each (single: 900 steps of 32 sequences; 2 x 2: each
-    # replica 450 steps of 2 tasks x 16 streams, 150 steps an epoch, 3 epochs; a split step
-    # takes about a second on 2 cores: every time step of both layers gathers the hidden units)
-    run_named char-mp-single jobs/train_char.py --config conf/jobs/char_lstm.toml \
-        --set updates=900 --set eval_every=300 --set run.threads=1
-    PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-        run_named char-lstm-2x2 "${SUBMIT[@]}" jobs/train_char.py \
-        --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=2 \
-        --set replicas=2 --set updates=450
-    # ... and one task on Spark reading the same stream-ordered windows (the single job draws
-    # random 1,000-character windows, each from a zero state): the reference for the split
-    PYSPARK_PYTHON="$BIN/python" SPARK_LOCAL_IP=127.0.0.1 PY="$BIN/spark-submit" \
-        run_named char-lstm-1x1 "${SUBMIT[@]}" jobs/train_char.py \
-        --config conf/jobs/char_lstm.toml --set strategy=downpour --set partitions=1 \
-        --set replicas=1 --set updates=900
-    SPARK_LOCAL_IP=127.0.0.1 "$PY" benchmarks/quality_ssda_partitions.py \
-        --out "$DEST/ssda-partitions.json" 2>&1 | tee "$DEST/ssda-partitions.log"
-  fi
-  "$PY" - "$DEST" <<'PLOT'
-import json, sys
-from pathlib import Path
-from spark_dl.runs import plot_convergence
-dest = Path(sys.argv[1])
-for name, title in (("fc-thesis-2x2", "FC 784-480-160-10, thesis algorithm, R = 2 x F = 2"),
-                    ("cnn-2x2", "thesis CNN, R = 2 x F = 2")):
-    h = json.loads((dest / f"{name}.json").read_text())["history"]
-    plot_convergence(dest / f"fig4.3-{name}.png", {name: h}, f"Fig. 4.3: {title}")
-PLOT
-fi
-if [ "$group" = ships ]; then
-  # conf/jobs/ships.toml as shipped (4 epochs): one process (AllReduce, 1 replica), then the
-  # boosting server and Downpour (async, its defaults) with 2 workers, RUNS runs each of one
-  # config (they differ by the order in which the pushes land); then the U-Net with BatchNorm
-  # (train.norm=batch) through each (its running statistics through the parameter server).
-  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml)
-  run_named ships-single "${SHIPS[@]}" --set train.strategy=allreduce --set train.replicas=1
-  for i in $(seq 1 "${RUNS:-5}"); do
-    run_named "ships-boosting-$i" "${SHIPS[@]}" --set train.replicas=2
-    run_named "ships-downpour-$i" "${SHIPS[@]}" --set train.strategy=downpour \
-        --set train.replicas=2
-  done
-  for s in allreduce boosting downpour; do
-    reps=2; [ "$s" = allreduce ] && reps=1
-    run_named "ships-bn-$s" "${SHIPS[@]}" --set train.strategy=$s --set train.replicas=$reps \
-        --set train.norm=batch
-  done
-fi
-if [ "$group" = ships-seeds ]; then
-  # The ships group's three systems again at train.seed 1..4 (the model's initial weights and
-  # the order of the rows; the ships group runs seed 0), so that each is compared over seeds;
-  # then Downpour with its server's momentum at 0 (fit's momentum 0.5, less the rule's 1 - 1/2)
-  # at seeds 0..2.
-  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml)
-  for s in 1 2 3 4; do
-    run_named "ships-single-seed$s" "${SHIPS[@]}" --set train.strategy=allreduce \
+  HALF=(--set data.extended_samples=100000)
+  FC=(--config conf/jobs/fc.toml "${HALF[@]}" --set train.optimizer=sgd --set train.lr=0.1)
+  run cnn-one-100k "${MNIST[@]}" --config conf/jobs/cnn.toml "${HALF[@]}" --set run.threads=1
+  run cnn-2x2 "${SUBMIT[@]}" jobs/train_mnist.py --config conf/jobs/cnn.toml "${HALF[@]}" \
+      "${MP[@]}" --set train.batch_size=8
+  run fc-one-100k "${MNIST[@]}" "${FC[@]}" --set train.batch_size=32 --set run.threads=1
+  run fc-2x2 "${SUBMIT[@]}" jobs/train_mnist.py "${FC[@]}" "${MP[@]}" \
+      --set train.strategy.model_parallel=thesis --set train.batch_size=16
+  # the widened FC net: momentum 0.8 and lr 0.15 on the server, the plain rule
+  WIDE=(jobs/train_mnist.py --config conf/jobs/fc_hybrid.toml "${MP[@]}" --set train.batch_size=16
+        --set train.momentum=0.8 --set train.lr=0.15 --set train.strategy.staleness=none)
+  run fcw-one "${MNIST[@]}" --config conf/jobs/fc_hybrid.toml --set run.threads=2
+  run fcw-2x2-local4 "$BIN/spark-submit" --master "local[4]" "${WIDE[@]}"
+  run fcw-2x2-cluster "${SUBMIT[@]}" "${WIDE[@]}"
+  # the char LSTM: 900 server updates each (2 x 2: each replica 450 steps of 2 tasks x 16
+  # streams); Downpour 1 x 1 reads the same stream-ordered windows as the split
+  run one-900 "${CHAR[@]}" --set updates=900 --set eval_every=300 --set run.threads=1
+  run 2x2 "${SUBMIT[@]}" jobs/train_char.py --config conf/jobs/char_lstm.toml \
+      --set strategy=downpour --set partitions=2 --set replicas=2 --set updates=450
+  run 1x1 "${SUBMIT[@]}" jobs/train_char.py --config conf/jobs/char_lstm.toml \
+      --set strategy=downpour --set partitions=1 --set replicas=1 --set updates=900
+  # the SSDA split: these two write their results files in benchmarks/results/quality/
+  "$PY" benchmarks/quality_ssda_partitions.py 2>&1 | tee "$DEST/ssda-partitions.log"
+  "$PY" benchmarks/quality_ssda_partitions.py --configs 2x2 --shuffle-rows \
+      --out benchmarks/results/quality/ssda-partitions-shuffled.json ;;
+text)
+  run rnn "$PY" jobs/train_char.py --config conf/jobs/char_rnn.toml
+  run lstm "${CHAR[@]}"
+  run lstm-best "${CHAR[@]}" --set dropout=0.25 --set lr=0.003 --set lr_decay=0.8 \
+      --set updates=12000 ;;
+text-2cores)
+  run lstm-2cores "${CHAR[@]}" --set run.device=cpu --set run.threads=2 \
+      --set time_budget_s=1200 --set updates=1000000 --set dropout=0.25 --set lr=0.003 \
+      --set lr_decay=0.8 --set eval_every=1000 ;;
+sr)
+  run srcnn "$PY" jobs/train_srcnn.py --config conf/jobs/srcnn.toml ;;
+superres)
+  SR=("$BIN/spark-submit" --properties-file conf/spark/local.conf jobs/superres.py
+      --config conf/jobs/superres-quality.toml)
+  "${SR[@]}" --set "run.out_dir='runs/superres-q'" 2>&1 | tee "$DEST/superres.log"
+  "${SR[@]}" --set "init_from='runs/superres-q'" --set cascade_epochs=3 --set cascade_lr=5e-5 \
+      --set "run.out_dir='runs/superres-q2'" 2>&1 | tee -a "$DEST/superres.log"
+  "${SR[@]}" --set "init_from='runs/superres-q2'" --set cascade_epochs=3 \
+      --set cascade_lr=3e-5 --set "run.out_dir='runs/superres-q3'" 2>&1 | \
+      tee -a "$DEST/superres.log"
+  cp runs/superres-q3/report/report.json "$DEST/superres-report.json" ;;
+degradations)
+  benchmarks/superres_degradations.sh ;;
+ships)
+  for s in 0 1 2 3 4 5; do
+    run "one-seed$s" "$PY" "${SHIPS[@]}" --set train.strategy=allreduce \
         --set train.replicas=1 --set train.seed=$s
-  done
-  for s in 1 2 3 4; do
-    for st in boosting downpour; do
-      run_named "ships-$st-seed$s" "${SHIPS[@]}" --set train.strategy=$st --set train.replicas=2 \
-          --set train.seed=$s
-    done
+    run "boosting-2-seed$s" "$PY" "${SHIPS[@]}" --set train.replicas=2 --set train.seed=$s
+    run "boosting-4-seed$s" "$BIN/spark-submit" --master "local[4]" "${SHIPS[@]}" \
+        --set train.replicas=4 --set train.seed=$s
   done
   for s in 0 1 2; do
-    run_named "ships-downpour-m0-seed$s" "${SHIPS[@]}" --set train.strategy=downpour \
-        --set train.replicas=2 --set train.seed=$s --set train.momentum=0.5
-  done
-fi
-if [ "$group" = ships-clip ]; then
-  # Downpour (async) on the ships job with and without clipped pushes (clip=2, the default
-  # since 2026-11-27: a push's step at most twice the running gradient norm; clip=0: off),
-  # interleaved, RUNS runs (default 5) of seed 0 each; then SEEDS (default "1 2 3 4")
-  # clipped, and the U-Net with BatchNorm.
-  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml --set train.replicas=2)
-  CLIP="train.strategy={'name': 'downpour', 'clip': ${CLIP:-2.0}}"
-  for i in $(seq 1 "${RUNS:-5}"); do
-    run_named "ships-downpour-clip-$i" "${SHIPS[@]}" --set "$CLIP"
-    run_named "ships-downpour-noclip-$i" "${SHIPS[@]}" \
-        --set "train.strategy={'name': 'downpour', 'clip': 0}"
-  done
-  for s in ${SEEDS-1 2 3 4}; do
-    run_named "ships-downpour-clip-seed$s" "${SHIPS[@]}" --set "$CLIP" --set train.seed=$s
-  done
-  run_named ships-bn-downpour-clip "${SHIPS[@]}" --set "$CLIP" --set train.norm=batch
-fi
-if [ "$group" = ships-fresh ]; then
-  # Boosting on the ships job with its defaults of 2026-11-27 (fresh values mid-key and
-  # clipped pushes with several workers) against the old ones (fresh=False, clip=0),
-  # interleaved, RUNS runs (default 5) of seed 0 each, one process once; then SEEDS (default
-  # "1 2 3 4") with the defaults, and the U-Net with BatchNorm.
-  SHIPS=(jobs/segment_ships.py --config conf/jobs/ships.toml --set train.replicas=2)
-  [ -n "${NO_SINGLE:-}" ] || run_named ships-single "${SHIPS[@]}" \
-      --set train.strategy=allreduce --set train.replicas=1
-  for i in $(seq 1 "${RUNS:-5}"); do
-    run_named "ships-boosting-fresh-$i" "${SHIPS[@]}"
-    run_named "ships-boosting-old-$i" "${SHIPS[@]}" \
-        --set "train.strategy={'name': 'boosting', 'fresh': False, 'clip': 0}"
-  done
-  for s in ${SEEDS-1 2 3 4}; do
-    run_named "ships-boosting-fresh-seed$s" "${SHIPS[@]}" --set train.seed=$s
-  done
-  run_named ships-bn-boosting-fresh "${SHIPS[@]}" --set train.norm=batch
-fi
-if [ "$group" = cnn-bn ]; then
-  # The thesis CNN with BatchNorm (train.model=cnn_bn) on a quarter of the digits (50,000
-  # distorted + 8,000 real), 4 epochs, 2 replicas x batch 16: AllReduce, Downpour (async,
-  # its defaults) and the boosting server (keys of 4 mini-batches), equal epochs.
-  CNN=(jobs/train_mnist.py --config conf/jobs/cnn.toml --set train.model=cnn_bn
-       --set data.extended_samples=50000 --set train.epochs=4 --set train.replicas=2)
-  for s in allreduce downpour boosting; do
-    run_named "cnn-bn-$s" "${CNN[@]}" --set train.strategy=$s
-  done
-fi
+    run "downpour-2-seed$s" "$PY" "${SHIPS[@]}" --set train.strategy=downpour \
+        --set train.replicas=2 --set train.seed=$s
+    run "downpour-4-seed$s" "$BIN/spark-submit" --master "local[4]" "${SHIPS[@]}" \
+        --set train.strategy=downpour --set train.replicas=4 --set train.seed=$s
+  done ;;
+counting)
+  for m in mcnn mcnn-deconv; do
+    run "$m" "$PY" jobs/count_objects.py --config conf/jobs/counting.toml --set train.model=$m
+  done ;;
+*)
+  echo "unknown group $group" >&2; exit 2 ;;
+esac
