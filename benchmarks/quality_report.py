@@ -60,7 +60,8 @@ def mean(xs) -> float:
 
 
 # -- tables ----------------------------------------------------------------------------------
-OPTIMIZERS = ("cnn-sgd", "cnn-adam", "fc-cg", "fc-adam", "fc-one-100k", "fc-lbfgs-100k")
+OPTIMIZERS = ("cnn-sgd", "cnn-adam", "fc-cg", "fc-adam", "fc-one-100k", "fc-cg-100k",
+              "fc-lbfgs-100k")
 ENGINES = (("cnn-one-cpu", "cnn-allreduce"), ("cnn-one-100k", "cnn-2x2"),
            ("fc-one-100k", "fc-2x2"), ("fcw-one", "fcw-2x2-local4", "fcw-2x2-cluster"))
 
@@ -79,9 +80,12 @@ def t_mnist_optimizers(m: dict) -> str:
         r = m[rid]
         run = r["run"]
         size = f"{run['train_samples']:,} x {run['epochs']}"
-        label = r["label"] + (" (**reduced size**)" if run["train_samples"] < 200000 else "")
+        label = r.get("optimizer_label", r["label"]) + (" (**reduced size**)"
+                                                        if run["train_samples"] < 200000 else "")
+        seconds = f"{run['train_seconds']:.0f}" + (" (a shared core)" if r.get("shared_core")
+                                                   else "")
         rows.append([label, size, _where(run), f"**{pct(run['test_accuracy'])}**",
-                     pct(run["best_test_accuracy"]), f"{run['train_seconds']:.0f}"])
+                     pct(run["best_test_accuracy"]), seconds])
     return md(["model, optimizer", "digits x epochs", "where", "test accuracy",
                "best epoch", "training s"], rows, "llrrrr")
 
@@ -259,8 +263,9 @@ def p_mnist(m: dict) -> None:
         run, label = m[rid]["run"], m[rid]["label"]
         reduced = run["train_samples"] < 200000
         h = run["history"]
+        label = m[rid].get("optimizer_label", label)
         style = dict(marker="o", markersize=3, linestyle="--" if reduced else "-",
-                     label=label + (" (reduced)" if reduced else ""))
+                     label=label + (" (reduced size)" if reduced else ""))
         acc.plot([r["epoch"] for r in h], [100 * r["val_accuracy"] for r in h], **style)
         loss.plot([r["epoch"] for r in h], [r["loss"] for r in h], **style)
     acc.set_ylabel("test accuracy (%)")

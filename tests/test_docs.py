@@ -114,3 +114,17 @@ def test_the_readme_demo_command_runs(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     acc = re.search(r"test accuracy \(cnn, last 2000 MNIST digits\): ([\d.]+)%", proc.stdout)
     assert acc and float(acc.group(1)) > 50, proc.stdout[-3000:]
+
+
+def test_the_quality_page_tables_are_what_its_script_makes_of_the_results():
+    """docs/quality.md's tables against what benchmarks/quality_report.py makes of the
+    summaries in benchmarks/results/quality/ now, and every plot it shows is in the tree."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/quality_report.py"),
+                           "--check"], capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 0, ("docs/quality.md is stale: run python "
+                                  "benchmarks/quality_report.py\n" + proc.stderr[-2000:])
+    page = (ROOT / "docs/quality.md").read_text()
+    plots = re.findall(r"!\[[^\]]*\]\((img/quality/[^)]+\.png)\)", page)
+    assert len(plots) >= 6, plots
+    for src in plots:
+        assert (ROOT / "docs" / src).exists(), src

@@ -50,7 +50,7 @@ class SRCNN(nn.Module):
     def active_units(self, x: torch.Tensor) -> list[tuple[int, int]]:
         """For each ReLU layer, (units that fire anywhere on the batch ``x``, units). A unit
         that never fires on real inputs is dead: no gradient reaches its weights again, and
-        Adam at 1e-3 kills most of the second layer in its first steps (docs/quality.md)."""
+        Adam at 1e-3 kills most of the second layer in its first steps (docs/design/0041-srcnn-learning-rate.md)."""
         self._check(x)
         out, h = [], x
         for layer in self.body:

@@ -19,7 +19,7 @@ What the stack outputs after pretraining:
     256-1280-1280-256 and has no decoders. Pretraining still trains it as an autoencoder of the
     codes below (App. B counts 2×1280×256 pretraining weights for it); fine-tuning makes its
     units the patch. (Decoding that stack's 256-unit code back through two more 1280-unit
-    sigmoid layers instead learns only each patch's mean: docs/quality.md, "Which denoiser".)
+    sigmoid layers instead learns only each patch's mean: docs/design/0040-ssda-one-layer.md.)
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def app_b_layers(widths: Sequence[int], n_in: int) -> tuple[LayerSpec, ...]:
     16×16 patches) is the output layer, and the layers below it get the sigmoid init
     (init_gain 4; the output layer keeps 1). A single layer, or a last layer of another width,
     is a code for the tied decoders, every init_gain 1 (the one-layer SSDA of the quality runs).
-    The thesis gives no initialisation; these are the ones measured best in docs/quality.md."""
+    The thesis gives no initialisation; these are the ones measured best in docs/design/0040-ssda-one-layer.md."""
     widths = [int(w) for w in widths]
     if not widths:
         raise ValueError("app_b_layers needs at least one width, got none")

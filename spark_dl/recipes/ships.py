@@ -46,7 +46,7 @@ class ShipsTrainConfig(TrainConfig):
     model: str = "unet"
     strategy: str | dict = "boosting"
     optimizer: str = "sgd"
-    lr: float = 0.004               # the seed's 0.01 is too high for one process (docs/quality.md)
+    lr: float = 0.004               # the seed's 0.01 is too high for one process (design/0043)
     momentum: float = 0.9
     batch_size: int = 8
     widths: tuple = (16, 32, 64, 128)

@@ -32,7 +32,7 @@ class SuperResConfig:
     cascade_epochs: int = 1
     thesis_conventional_epochs: int = 0   # > 0: also an SRCNN trained on clean LR (see below)
     ssda_lr: float = 1e-3           # Adam, as the single-process SSDA job
-    cnn_lr: float = 1e-4            # 1e-3 kills most of the SRCNN's second layer (docs/quality.md)
+    cnn_lr: float = 1e-4            # 1e-3 kills most of the SRCNN's second layer (design/0041)
     cascade_lr: float = 1e-4
     lr_decay: float = 1.0           # every stage's learning rate is multiplied by it per epoch
     cnn_residual: bool = False      # SRCNN adds its output to its bicubic input (not the thesis)
@@ -264,5 +264,5 @@ def _active_units(df, pipelines: dict, log, rows: int = 256) -> dict:
         log(f"SRCNN units active ({name}): " + ", ".join(f"{a}/{n}" for a, n in counts))
         if any(a < n / 2 for a, n in counts):
             log(f"warning: the {name} SRCNN has lost over half the units of a layer (dead "
-                f"ReLUs, {counts}); its training stalled: lower cnn_lr (docs/quality.md)")
+                f"ReLUs, {counts}); its training stalled: lower cnn_lr (docs/design/0041)")
     return active

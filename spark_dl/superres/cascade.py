@@ -61,7 +61,7 @@ class Cascade(nn.Module):
     Noisy skip (not in the thesis): a CNN with two input planes (``SRCNN(inputs=2)``) sees the
     upscaled noisy LR beside the upscaled denoised one, so it can restore detail the SSDA
     smoothed away, and the joint fine-tuning no longer has to pass all of it through the
-    denoiser (docs/quality.md, quality run 6)."""
+    denoiser (docs/design/0042-srcnn-noisy-skip.md)."""
 
     def __init__(self, lr_size: int = 16, scale: int = 2, ssda: SSDA | None = None,
                  cnn: SRCNN | None = None):
