@@ -258,7 +258,7 @@ def _epochs(ax, label="epoch"):
 
 
 def p_mnist(m: dict) -> None:
-    fig, (acc, loss) = _figure(2)
+    fig, (acc, loss) = _figure(2, height=5.0)
     for rid in OPTIMIZERS:
         run, label = m[rid]["run"], m[rid]["label"]
         reduced = run["train_samples"] < 200000
@@ -270,13 +270,14 @@ def p_mnist(m: dict) -> None:
         loss.plot([r["epoch"] for r in h], [r["loss"] for r in h], **style)
     acc.set_ylabel("test accuracy (%)")
     acc.set_ylim(95, 100)
-    acc.set_title("test accuracy (2,000 digits)")
+    acc.set_title("test accuracy (2,000 digits; below 95% not shown)")
     loss.set_ylabel("training loss (epoch mean)")
     loss.set_yscale("log")
     loss.set_title("training loss")
     for ax in (acc, loss):
         _epochs(ax)
-    loss.legend(fontsize="x-small", loc="upper right")
+    fig.legend(*acc.get_legend_handles_labels(), loc="outside lower center", ncols=2,
+               fontsize="small")
     _save(fig, "mnist-optimizers.png")
 
     fig, axes = _figure(len(ENGINES), width=12, height=3.8)
