@@ -1,5 +1,5 @@
 """SSDA denoising with each replica's model split by columns over F tasks, against the unsplit
-model (docs/quality.md, "Super-resolution": the SSDA split in two).
+model (docs/quality.md, "Noise-resilient super-resolution": the SSDA split in two).
 
 One Spark session (default ``local-cluster[2,2,1024]``: two executor JVMs of 2 cores) and one
 set of patch pairs (the pipeline's own prepare_patches: T91, LR 16x16, Gaussian sigma 20, no
