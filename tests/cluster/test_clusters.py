@@ -328,10 +328,10 @@ def test_downpour_survives_three_worker_kills_and_an_executor_kill(venv_bin, tmp
     # SGD with momentum and a slowly decaying learning rate for 12 epochs, so that the async
     # fits settle. Even so the order of the pushes differs run to run (two clean fits of one
     # run ended 0.2-0.6 points apart); faulty fits of one kill landed 0.18, 0.40 and 0.33
-    # points from the mean of their two clean ones (docs/quality.md). The test holds a faulty
+    # points from the mean of their two clean ones. The test holds a faulty
     # fit to 1 point from that mean, which noise alone does not reach. Those runs had the
     # plain server rule (momentum 0.8 as given); under the default rule (0.3 on the server) a
-    # clean fit ended at 96.55% (2026-11-25): the test keeps the measured setting.
+    # clean fit ended at 96.55%: the test keeps the measured setting.
     kills = [(_after_and_training(1, 1, EPOCHS), "worker-1.json", "python"),
              (_after_and_training(3, 0, EPOCHS), "worker-0.json", "python"),
              (_after_and_training(5, 1, EPOCHS), "worker-1.json", "python"),

@@ -21,7 +21,7 @@ Clipped pushes (``clip`` = c): a step's gradient (the push's, as scaled) is cut 
 times the running mean of the steps' gradient norms on this shard, r <- r + 0.05 (|g| - r)
 over the clipped norms, from the 21st step on (the first 20 only build r). A stale push of an
 oscillation that a delay has made unstable grows step by step; the cap stops that growth
-before it runs away (docs/quality.md, "Clipped pushes").
+before it runs away (docs/design/0005-clipped-pushes.md).
 
 Look-ahead (``ahead``; Downpour's staleness rule "dana"): the workers keep a momentum m_w
 over their own pushes (ramped up from 0, each reports it to the server as it changes), so
