@@ -86,8 +86,9 @@ def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Modu
         build_model(model)                      # unknown names fail here, on the driver
         return lambda: build_model(model)
     if not callable(model):
-        raise TypeError(f"model must be a model name ('fc', 'cnn') or a function returning an "
-                        f"nn.Module, got {type(model).__name__}")
+        from .models import MODELS
+        raise TypeError(f"model must be a model name ({', '.join(MODELS)}) or a function "
+                        f"returning an nn.Module, got {type(model).__name__}")
     return model
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from .activations import activation
 
-__all__ = ["FCNet", "build_model"]
+__all__ = ["FCNet"]
 
 
 class FCNet(nn.Module):
@@ -34,12 +34,3 @@ class FCNet(nn.Module):
                              f"{x.shape[1]}; set sizes[0] to the feature length")
         return self.net(x)
 
-
-def build_model(name: str) -> nn.Module:
-    """The thesis networks by name: "fc" (784-480-160-10, sigmoid), "cnn", or "cnn_bn" (the
-    CNN with a BatchNorm after every convolution)."""
-    from .cnn import ThesisCNN
-    models = {"fc": FCNet, "cnn": ThesisCNN, "cnn_bn": lambda: ThesisCNN(batch_norm=True)}
-    if name not in models:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(models)}")
-    return models[name]()

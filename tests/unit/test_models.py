@@ -1,8 +1,9 @@
+import numpy as np
 import pytest
 import torch
 
 from spark_dl.data import ShardData
-from spark_dl.models import FCNet, ThesisCNN, build_model
+from spark_dl.models import MODELS, FCNet, ResNet18, ThesisCNN, TransformerLM, build_model
 from spark_dl.train import evaluate, make_optimizer, train_epoch
 
 
@@ -31,6 +32,65 @@ def test_wrong_shapes_and_names():
     for ids, seen in (([[0, 10]], "0..10"), ([[-1, 3]], "-1..3")):
         with pytest.raises(ValueError, match=rf"ids must be in 0..9, got {seen}; encode with"):
             CharRNN(10, 4, 1)(torch.tensor(ids))
+
+
+def _parameters(name: str, **config) -> int:
+    with torch.device("meta"):                  # no memory, whatever the size
+        return sum(p.numel() for p in build_model(name, **config).parameters())
+
+
+def test_resnet18_cifar_style_shapes_and_sizes():
+    assert _parameters("resnet18") == 11_173_962                  # the usual ResNet-18
+    assert _parameters("resnet18", width=16) == 701_466 < _parameters("resnet18", width=32)
+    torch.manual_seed(0)
+    net = build_model("resnet18", width=4, num_classes=7, in_channels=1)
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) == 20
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in net.modules())
+    x = torch.rand(3, 1, 32, 32)
+    assert net(x).shape == (3, 7)
+    torch.testing.assert_close(net.eval()(x.view(3, -1)), net(x))  # flat rows of square images
+    assert net(torch.rand(2, 1, 28, 28)).shape == (2, 7)
+    with pytest.raises(ValueError, match=r"ResNet18 expects images \(B, 1, H, W\).* got "
+                                         r"\(2, 3, 32, 32\)"):
+        net(torch.rand(2, 3, 32, 32))
+    with pytest.raises(ValueError, match="width must be a positive integer, got 0"):
+        ResNet18(width=0)
+
+
+def test_transformer_is_causal_and_sized_by_its_configuration():
+    char = dict(vocab=65, layers=4, width=256, heads=4, context=128)
+    assert _parameters("transformer", **char) == 3_225_600
+    assert _parameters("transformer", **char, tie=True) == 3_225_600 - 65 * 256
+    torch.manual_seed(0)
+    net = build_model("transformer", vocab=11, layers=2, width=16, heads=2, context=8,
+                      dropout=0.0).eval()
+    ids = torch.randint(0, 11, (3, 8))
+    out = net(ids)
+    assert out.shape == (3, 8, 11) and out.dtype == torch.float32
+    changed = ids.clone()
+    changed[:, 5] = (changed[:, 5] + 1) % 11
+    after = net(changed)                           # a later token changes no earlier logits
+    torch.testing.assert_close(after[:, :5], out[:, :5])
+    assert not torch.allclose(after[:, 5:], out[:, 5:])
+    assert net(ids[:, :3]).shape == (3, 3, 11)     # shorter than the context
+    from spark_dl.losses import sequence_cross_entropy
+    assert float(sequence_cross_entropy(out, ids)) == pytest.approx(np.log(11), rel=0.1)
+    tied = TransformerLM(vocab=11, layers=1, width=16, heads=2, context=8, tie=True)
+    assert tied.head.weight is tied.tok.weight
+    for bad, match in ((ids.float(), r"takes integer token ids \(B, T\), got a torch.float32"),
+                       (torch.zeros(2, 9, dtype=torch.long), "at most context=8 tokens, got 9"),
+                       (torch.full((1, 2), 11), r"token ids must be in 0..10, got 11..11")):
+        with pytest.raises(ValueError, match=match):
+            net(bad)
+    with pytest.raises(ValueError, match="width 16 must be a multiple of heads 3"):
+        TransformerLM(width=16, heads=3)
+
+
+def test_an_unknown_model_name_lists_the_zoo():
+    assert list(MODELS) == ["fc", "cnn", "cnn_bn", "resnet18", "transformer"]
+    with pytest.raises(ValueError, match="unknown model 'resnet'; the zoo has fc, cnn, cnn_bn, "
+                                         "resnet18, transformer"):
+        build_model("resnet")
 
 
 def test_reference_loop_learns_real_digits(mnist):
