@@ -6,8 +6,8 @@
     result = fit(df, "cnn", strategy=Downpour(n_push=4, mode="sync"), shape=(1, 28, 28), ...)
     result.model, result.history, result.run_dir
 
-The DataFrame holds a feature column (array<float> or fixed-size list, reshaped to ``shape``)
-and a label column; each partition is one replica's shard (``replicas`` repartitions). Rows
+The DataFrame holds a feature column (array<float> or fixed-size list, reshaped to ``shape``;
+integers, such as token ids, reach the model as int64, floats in ``dtype``) and a label column; each partition is one replica's shard (``replicas`` repartitions). Rows
 never reach the driver: each task reads its partition through the Arrow bridge. What the
 replicas share, and how, is the strategy's (spark_dl.strategies); this module holds what every
 strategy shares. Its options are declared in spark_dl.options.
@@ -92,8 +92,20 @@ def _model_factory(model: str | Callable[[], nn.Module]) -> Callable[[], nn.Modu
     return model
 
 
-def _validation(validation, shape, dtype: str):
-    """The validation arrays, checked and shaped as the training rows."""
+def _integer_features(df, features: str) -> bool:
+    """Whether ``df``'s feature column holds integers (array<int>, array<bigint>, ... or an
+    integer scalar): they reach the model as int64 (token ids, exact), not in the fit's dtype;
+    binary pixel bytes and floats do not."""
+    from pyspark.sql.types import ArrayType, IntegralType
+    if not features or features not in df.columns:
+        return False
+    t = df.schema[features].dataType
+    return isinstance(t.elementType if isinstance(t, ArrayType) else t, IntegralType)
+
+
+def _validation(validation, shape, dtype: str, ids: bool = False):
+    """The validation arrays, checked and shaped as the training rows (integer features as
+    int64 when the training rows hold integers, ``ids``)."""
     if validation is None:
         return None
     if not isinstance(validation, (tuple, list)) or len(validation) != 2:
@@ -113,6 +125,12 @@ def _validation(validation, shape, dtype: str):
                         f"({int(np.prod(shape))} values): give validation rows like the "
                         f"training rows")
     vx = vx.reshape(len(vx), *shape) if len(shape) else vx
+    if ids:
+        if vx.dtype.kind not in "iu":
+            raise DataError(f"validation x holds {vx.dtype} values but the feature column holds "
+                            f"integers (token ids, which reach the model as int64): give "
+                            f"validation rows of integers, like the training rows")
+        return vx.astype(np.int64), vy
     return vx.astype(np.float64 if dtype == "float64" else np.float32), vy
 
 
@@ -157,11 +175,13 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
                             spark.conf.get("spark.task.resource.gpu.amount", None), device)
     if why:
         raise ConfigError(why)
-    validation = _validation(validation, shape, dtype)
+    ids = transform is None and _integer_features(df, features)
+    validation = _validation(validation, shape, dtype, ids)
     model_fn = _model_factory(model)
     rows = tuple(shape) if len(shape) else validation[0].shape[1:] if validation else None
     signature = check_model(model_fn, rows=None if transform else rows, dtype=dtype,
-                            num_classes=num_classes, loss=loss_name, validation=validation)
+                            num_classes=num_classes, loss=loss_name, validation=validation,
+                            ids=ids)
     stage, train = _handed({**args, "loss": loss_name})
     job = Job(df=df, model=model, model_fn=model_fn, loss_fn=loss_fn, signature=signature,
               loss_name=loss_name, stage=stage, train=train, replicas=replicas,

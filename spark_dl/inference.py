@@ -10,8 +10,10 @@
 The module travels once, as bytes in the UDF's closure; each Python worker unpickles it the
 first time it runs the UDF (predict_batch_udf caches it per worker), then runs Arrow batches of
 ``batch_size`` rows through it under ``torch.inference_mode``. Rows are array<float> (or
-array<double>) columns of ``prod(input_shape)`` values; a row of another length fails the query
-with a message naming both lengths (checked in the JVM before the Python worker sees it).
+array<double>) columns of ``prod(input_shape)`` values, in the model's dtype, or integer arrays
+(token ids: array<int>, array<bigint>), which reach it as int64, as in training; a row of
+another length fails the query with a message naming both lengths (checked in the JVM before
+the Python worker sees it).
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def predict_udf(model: nn.Module, input_shape, *, output: str = "tensor",
 
         def predict(x: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                t = torch.from_numpy(np.ascontiguousarray(x)).to(dev, dtype)
+                t = torch.from_numpy(np.ascontiguousarray(x))
+                t = t.to(dev, dtype if t.is_floating_point() else torch.int64)
                 y = net(t.reshape(len(t), *shape))
                 if output == "class":
                     return y.argmax(1).cpu().numpy().astype(np.float64)

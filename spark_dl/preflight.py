@@ -50,27 +50,29 @@ def _build(model_fn: Callable[[], nn.Module], device: str) -> nn.Module:
     return net
 
 
-def _forward(net: nn.Module, rows: tuple, dtype: torch.dtype, device: str):
+def _forward(net: nn.Module, rows: tuple, dtype: torch.dtype, device: str, ids: bool = False):
     net = net.to(dtype=dtype).eval()
     try:
         with torch.no_grad():
-            return net(torch.zeros((2, *rows), dtype=dtype, device=device))
+            return net(torch.zeros((2, *rows), dtype=torch.int64 if ids else dtype,
+                                   device=device))
     except Exception as e:
         raise _Raised() from e
 
 
 def check_model(model_fn: Callable[[], nn.Module], *, rows: tuple | None, dtype: str,
-                num_classes: int | None, loss: str, validation=None) -> dict:
+                num_classes: int | None, loss: str, validation=None, ids: bool = False) -> dict:
     """Build the model on the meta device and, when the shape of a row is known (``rows``),
-    run it: the factory must give an nn.Module that takes such rows, and a classifier's
-    outputs must match ``num_classes`` and the validation labels. Returns the model's
-    signature (parameter names and shapes, outputs per row) for the run directory."""
+    run it (on int64 rows when the feature column holds integers, ``ids``): the factory must
+    give an nn.Module that takes such rows, and a classifier's outputs must match
+    ``num_classes`` and the validation labels. Returns the model's signature (parameter names
+    and shapes, outputs per row) for the run directory."""
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     try:
-        net, out = _probe(model_fn, rows, tdtype, "meta")
+        net, out = _probe(model_fn, rows, tdtype, "meta", ids)
     except _Raised:                               # the meta device may not run it: the CPU
         try:
-            net, out = _probe(model_fn, rows, tdtype, "cpu")
+            net, out = _probe(model_fn, rows, tdtype, "cpu", ids)
         except _Raised as e:
             cause = e.__cause__
             if "cuda" in str(cause).lower():      # a GPU-only model: checked where it runs
@@ -79,6 +81,14 @@ def check_model(model_fn: Callable[[], nn.Module], *, rows: tuple | None, dtype:
                 raise e.error from cause
             if rows is None:                      # rows of a guessed length: the tasks know
                 return {"parameters": None}
+            if ids:
+                raise ConfigError(
+                    f"the model cannot take int64 rows of shape {tuple(rows)}: "
+                    f"{type(cause).__name__}: {cause}{_last_frame(cause)}; the feature column "
+                    f"holds integers, which reach the model as int64 (token ids, for a model "
+                    f"whose first layer is an nn.Embedding): cast the column to array<float> "
+                    f"for numeric features, or give shape= the shape the model takes"
+                ) from cause
             raise ConfigError(
                 f"the model cannot take rows of shape {tuple(rows)}: {type(cause).__name__}: "
                 f"{cause}{_last_frame(cause)}; give shape= the shape the model's first layer "
@@ -106,14 +116,14 @@ def check_model(model_fn: Callable[[], nn.Module], *, rows: tuple | None, dtype:
     return signature
 
 
-def _probe(model_fn, rows: tuple | None, dtype: torch.dtype, device: str):
+def _probe(model_fn, rows: tuple | None, dtype: torch.dtype, device: str, ids: bool = False):
     """(model, its output for 2 rows of zeros or None); flat rows of unknown length (rows
     None) are guessed from a first nn.Linear layer."""
     net = _build(model_fn, device)
     width = _first_linear(net) if rows is None else None
     if width is not None:
         rows = (width,)
-    return net, None if rows is None else _forward(net, rows, dtype, device)
+    return net, None if rows is None else _forward(net, rows, dtype, device, ids)
 
 
 def _shapes(net: nn.Module) -> dict:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..data.device import model_input
 from ..data.memory import memory_headroom
 
 __all__ = ["activation_bytes", "measure", "memory_cap", "profile"]
@@ -96,7 +97,7 @@ def measure(mode, *, model, loss_fn, shard, batch_size: int, device, dtype,
     buffers = [b.detach().clone() for b in model.buffers()]     # BatchNorm's running stats
     b2 = max(1, min(2 * batch_size, len(shard)))
     x, y = next(iter(shard.batches(b2, shuffle=False, transform=transform)))
-    x = x.to(device=device, dtype=dtype)
+    x = model_input(x, device, dtype)
     y = y.to(device=device, dtype=dtype if y.is_floating_point() else y.dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if mode in ("speed", "adaptive"):

@@ -25,24 +25,30 @@ __all__ = ["ShardData", "as_batch", "column_chunks", "column_to_numpy", "spec_ro
 
 def storage_dtype(t: pa.DataType) -> np.dtype:
     """How a feature column is held between reading and the batch: binary columns (one
-    image's pixel bytes per row) and arrays of uint8 stay uint8, everything else float32."""
+    image's pixel bytes per row) and arrays of uint8 stay uint8, other integers (token ids:
+    arrays or scalars of int8..int64, uint16..uint64) keep their Arrow type, everything else
+    float32."""
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return np.dtype(np.uint8)
-    if (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) \
-            and pa.types.is_uint8(t.value_type):
-        return np.dtype(np.uint8)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    if pa.types.is_integer(t):
+        return np.dtype(t.to_pandas_dtype())
     return np.dtype(np.float32)
 
 
 def as_batch(x: np.ndarray, y: np.ndarray | None, transform=None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One mini-batch's rows (storage dtypes) -> tensors: uint8 features become float32 in
-    [0, 1], others are passed as they are; ``transform(x, y)`` replaces this conversion (the
-    user's own decoding or augmentation) and returns the tensors itself."""
+    [0, 1], other integers int64 (ids, exact), floats are passed as they are;
+    ``transform(x, y)`` replaces this conversion (the user's own decoding or augmentation) and
+    returns the tensors itself."""
     if transform is not None:
         return transform(x, y)
     if x.dtype == np.uint8:
         xt = torch.from_numpy(x).to(torch.float32).div_(255.0)
+    elif x.dtype.kind in "iu":
+        xt = torch.from_numpy(x.astype(np.int64, copy=False))
     else:
         xt = torch.from_numpy(x)
     return xt, None if y is None else torch.from_numpy(y)
@@ -217,8 +223,8 @@ def spec_row_bytes(spec: tuple) -> tuple[int, int]:
 class ShardData:
     """The rows of one partition in memory, as torch-ready arrays.
 
-    features: (n, *shape), one contiguous writable array in its storage dtype (float32, or
-    uint8 for pixel bytes: converted per batch); labels: (n,) int64 for classes, float32 for
+    features: (n, *shape), one contiguous writable array in its storage dtype (float32, uint8
+    for pixel bytes, or the column's integer type: converted per batch); labels: (n,) int64 for classes, float32 for
     targets, or None. ``batches()`` yields ``(x, y)`` torch tensors.
     """
 

@@ -7,9 +7,9 @@ hold the whole data set on the device and index it there. ``on_device`` does the
 shard that fits (a quarter of the GPU's free memory at most): its rows go over once, each
 epoch's order goes over once, and every batch is a slice and a gather on the GPU, with no
 host synchronisation. The batches are the ones ``ShardData.batches`` yields (the same rows in
-the same order, uint8 pixels scaled to [0, 1] the same way), so a fit on the GPU keeps its
-trajectory. Shards with a ``transform`` (the user's own decoding), streamed shards and shards
-too large stay where they are.
+the same order, uint8 pixels scaled to [0, 1] the same way, other integers as int64), so a
+fit on the GPU keeps its trajectory. Shards with a ``transform`` (the user's own decoding),
+streamed shards and shards too large stay where they are.
 """
 
 from __future__ import annotations
@@ -17,9 +17,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["DeviceShard", "on_device"]
+__all__ = ["DeviceShard", "model_input", "on_device"]
 
 FRACTION = 0.25              # of the GPU's free memory a shard may take
+
+
+def model_input(x: torch.Tensor, device, dtype: torch.dtype,
+                non_blocking: bool = False) -> torch.Tensor:
+    """A batch's features as the model takes them: on ``device``, floating-point ones in the
+    fit's ``dtype``, integer ones (token ids, int64 from the bridge) as they are, exact."""
+    return x.to(device=device, dtype=dtype if x.is_floating_point() else None,
+                non_blocking=non_blocking)
 
 
 def on_device(shard, device: torch.device, transform=None, fraction: float = FRACTION):
@@ -81,10 +89,12 @@ class DeviceShard:
         else:
             order = np.arange(end)
         index = torch.from_numpy(order).to(self.device)            # once an epoch
-        scale = x.dtype == torch.uint8
+        scale, ids = x.dtype == torch.uint8, not x.is_floating_point()
         for start in range(skip * batch_size, end, batch_size):
             rows = index[start:start + batch_size]
             xb = x.index_select(0, rows)
             if scale:
                 xb = xb.to(torch.float32).div_(255.0)
+            elif ids:
+                xb = xb.long()
             yield xb, None if y is None else y.index_select(0, rows)

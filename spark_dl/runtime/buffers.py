@@ -114,12 +114,13 @@ class OwnStatistics:
 
         import numpy as np
 
+        from ..data.device import model_input
         from ..optim.average import recompute_statistics
         from .amp import autocast
         kept = np.random.get_state(), random.getstate()     # torch's: fork_rng keeps them
         cuda = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda), autocast(self.device, self.amp):
-            rows = recompute_statistics(net, (x.to(device=self.device, dtype=self.dtype)
+            rows = recompute_statistics(net, (model_input(x, self.device, self.dtype)
                                               for x in self._inputs()))
         np.random.set_state(kept[0])
         random.setstate(kept[1])

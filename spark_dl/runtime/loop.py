@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..data.device import model_input
 from .amp import MixedPrecision
 from .buffers import (
     collective_device,
@@ -250,8 +251,9 @@ class ReplicaLoop:
 
     # -- the model shown -------------------------------------------------------------------
     def forward_loss(self, x, y) -> torch.Tensor:
-        """The mean loss of one micro-batch (moved to the device, autocast when amp)."""
-        x = x.to(device=self.device, dtype=self.dtype, non_blocking=True)
+        """The mean loss of one micro-batch (moved to the device, floating-point features in
+        the fit's dtype, autocast when amp)."""
+        x = model_input(x, self.device, self.dtype, non_blocking=True)
         y = y.to(device=self.device, non_blocking=True)
         if y.is_floating_point():
             y = y.to(self.dtype)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from ..data.device import model_input
 from .buffers import collective_device, sync_buffers
 
 __all__ = ["Validation", "mid_epoch_steps"]
@@ -52,7 +53,7 @@ class Validation:
         if self.on or self.shared:
             n = len(validation[0])
             lo, hi = (rank * n // world, (rank + 1) * n // world) if self.shared else (0, n)
-            self.val = (torch.as_tensor(validation[0][lo:hi], dtype=dtype, device=device),
+            self.val = (model_input(torch.as_tensor(validation[0][lo:hi]), device, dtype),
                         torch.as_tensor(validation[1][lo:hi], device=device))
         self.classify = cfg.loss == "cross_entropy"
         self.world, self.device = world, device

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from spark_dl.data.device import model_input
 from spark_dl.runtime.amp import MixedPrecision
 from spark_dl.runtime.stage import peak_memory_mb
 
@@ -112,8 +113,9 @@ class PSWorker:
         self.landed()
 
     def on_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A mini-batch on the worker's device, in its dtype (integer labels stay so)."""
-        x = x.to(device=self.device, dtype=self.dtype)
+        """A mini-batch on the worker's device, in its dtype (integer features and labels
+        stay so)."""
+        x = model_input(x, self.device, self.dtype)
         y = y.to(device=self.device)
         return x, y.to(self.dtype) if y.is_floating_point() else y
 

@@ -121,3 +121,31 @@ def test_empty_chunks_are_ignored():
     t = pa.chunked_array([pa.array([], pa.list_(pa.float32())),
                           pa.array([[1.0, 2.0]], pa.list_(pa.float32()))])
     assert column_to_numpy(t, "f").shape == (1, 2)
+
+
+def test_integer_features_reach_the_model_as_exact_int64():
+    """Token ids of 2^24 + 1 and above (not float32 numbers) arrive as they were stored;
+    uint8 pixels are still scaled to [0, 1] and floats cast to the fit's dtype."""
+    from spark_dl.data.device import model_input
+    big = 2**24 + 1 + np.arange(6).reshape(3, 2)                   # int32 (array<int>)
+    huge = 2**53 + 1 + np.arange(6).reshape(3, 2)                  # int64 (array<bigint>)
+    for ids, arrow in ((big, pa.int32()), (huge, pa.int64())):
+        col = pa.ListArray.from_arrays(pa.array([0, 2, 4, 6], pa.int32()),
+                                       pa.array(ids.ravel(), arrow))
+        shard = ShardData.from_arrow([pa.RecordBatch.from_arrays(
+            [col, pa.array([0, 1, 2])], ["features", "label"])], shape=(2,))
+        assert shard.features.dtype == arrow.to_pandas_dtype()    # held as stored
+        (x, _), = shard.batches(3, shuffle=False)
+        assert x.dtype == torch.int64 and x.tolist() == ids.tolist()
+        moved = model_input(x, torch.device("cpu"), torch.float64)
+        assert moved.dtype == torch.int64 and moved.tolist() == ids.tolist()
+    assert float(np.float32(big[0, 0])) != big[0, 0]                # what float32 would do
+    pixels = pa.ListArray.from_arrays(pa.array([0, 2], pa.int32()),
+                                      pa.array([0, 255], pa.uint8()))
+    (x, _), = ShardData.from_arrow([pa.RecordBatch.from_arrays(
+        [pixels, pa.array([0])], ["features", "label"])]).batches(1)
+    assert x.dtype == torch.float32 and x.tolist() == [[0.0, 1.0]]
+    assert model_input(x, torch.device("cpu"), torch.float64).dtype == torch.float64
+    scalar = ShardData.from_arrow([pa.RecordBatch.from_arrays(
+        [pa.array([2**40 + 1], pa.int64()), pa.array([0])], ["features", "label"])])
+    assert next(iter(scalar.batches(1)))[0].tolist() == [2**40 + 1]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ...data.device import model_input
 from ...errors import ConfigError, DataError
 from ...optim.average import check_average
 from ...planning.partitions import Layout
@@ -154,7 +155,7 @@ class Boosting(Strategy):
             _resume(ps, ckpt, run, start_epoch)
         val = None
         if job.validation is not None:
-            val = (torch.as_tensor(job.validation[0], dtype=job.dtype),
+            val = (model_input(torch.as_tensor(job.validation[0]), "cpu", job.dtype),
                    torch.as_tensor(job.validation[1]))
         epochs = KeyEpochs(run, ps, ps.keys, scheduler, len(keys), start_epoch,
                            list(ckpt["history"]) if ckpt is not None else [], layout, net, val)

@@ -12,6 +12,7 @@ from collections import Counter
 import torch
 
 from ...balance import check_balance
+from ...data.device import model_input
 from ...errors import ConfigError, ResourceError
 from ...optim.average import check_average
 from ...planning.partitions import (
@@ -238,7 +239,7 @@ class Downpour(Strategy):
         ps, ps_shards, schedule = make_server(self, job, s, layout, net, secret)
         val = None
         if job.validation is not None:
-            val = (torch.as_tensor(job.validation[0], dtype=job.dtype),
+            val = (model_input(torch.as_tensor(job.validation[0]), "cpu", job.dtype),
                    torch.as_tensor(job.validation[1]))
         resumed = resume_server(run.checkpoint, run.path / "checkpoint.pt", ps, replicas,
                                 job.log)
