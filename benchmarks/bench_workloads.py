@@ -59,8 +59,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-IMAGES = str(ROOT / "data/mnist/t10k-images-idx3-ubyte.gz")
-LABELS = str(ROOT / "data/mnist/t10k-labels-idx1-ubyte.gz")
+
+from _common import IMAGES, LABELS, SOURCES, run_torchdistributor, write_results  # noqa: E402
+
 TEXT = str(ROOT / "data/text/tinyshakespeare.txt")
 EVERY = 0.25                                  # validations per epoch ("small")
 
@@ -84,7 +85,7 @@ def make_images(spark, rows: int, parts: int, out: Path, val_rows: int) -> dict:
     import numpy as np
 
     from spark_dl.data import extended_mnist, mnist_split, pixels_to_arrow
-    (src_x, src_y), (test_x, test_y) = mnist_split(IMAGES, LABELS, 8000, 2000)
+    (src_x, src_y), (test_x, test_y) = mnist_split(IMAGES, LABELS, SOURCES, 2000)
 
     def pad(batches):
         from spark_dl.data.bridge import column_to_numpy
@@ -354,7 +355,6 @@ def run_system(spark, workload, cfg, data, hook: bool, args, seed, runs) -> dict
 
 
 def torchdist_system(spark, workload, cfg, data, args, seed) -> dict:
-    from _torchdist import run_torchdistributor
     out, wall, error = run_torchdistributor(spark, ddp_workload, workload, cfg, data["path"],
                                             args.epochs, seed, timeout_s=args.timeout,
                                             processes=args.replicas)
@@ -441,7 +441,6 @@ def main(argv=None):
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)])
     import torch
-    from _results import write_results
 
     from spark_dl import get_session
     tmp = Path(tempfile.mkdtemp(prefix="bench-workloads-"))
