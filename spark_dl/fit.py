@@ -188,10 +188,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
               validation=validation, run_dir=run_dir, progress=progress, log=log,
               tracker=Tracker(track), slots=task_slots(spark), partitions=num_partitions(df))
     job.plan["lr_scaling_auto"] = lr_scaling == "auto"      # a strategy may refine the rule
-    if _fixed_clip(grad_clip) and strategy.name not in ("allreduce", "gossip"):
+    if _fixed_clip(grad_clip) and strategy.name not in ("allreduce", "gossip", "fsdp"):
         raise ConfigError(f"grad_clip={grad_clip!r} cuts the gradient a replica steps with "
-                          f"(AllReduce, Gossip); {strategy.name}'s server steps instead: pass "
-                          f"{type(strategy).__name__}(clip=...) for its server's cut (in "
+                          f"(AllReduce, Gossip, FSDP); {strategy.name}'s server steps instead: "
+                          f"pass {type(strategy).__name__}(clip=...) for its server's cut (in "
                           f"asynchronous mode; a synchronous server does not cut)")
     strategy.check_job(job)
     strategy.tasks(job)

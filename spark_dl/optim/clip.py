@@ -68,11 +68,14 @@ class GradClip:
         """The running mean of the gradient norms (relative rule)."""
         return float(self._mean)
 
-    def __call__(self, grads: list[torch.Tensor]) -> None:
+    def __call__(self, grads: list[torch.Tensor], norm: torch.Tensor | None = None) -> None:
+        """Cut ``grads``; ``norm``: the update's gradient norm when ``grads`` are only this
+        replica's part of it (FSDP's shards), else theirs."""
         if not self.on or not grads:
             return
-        norm = torch.linalg.vector_norm(grads[0]) if len(grads) == 1 else \
-            torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if norm is None:
+            norm = torch.linalg.vector_norm(grads[0]) if len(grads) == 1 else \
+                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         if self.host:
             self._host_step(grads, float(norm))
         else:

@@ -8,7 +8,11 @@ and the info of the fit. A strategy supplies ``Hooks``: how a step's update is s
 many steps an epoch takes, what its checkpoint and info add. Where the replicas hold one
 model (``Hooks.agree``: AllReduce) replica 0's model is checkpointed, validated and
 returned; where each holds its own (Gossip, LocalSGD) every replica's model goes into the
-checkpoint and their mean is validated and returned.
+checkpoint and their mean is validated and returned. Where each holds a shard of the one
+model (``Hooks.sharded``: FSDP) the hooks shard it before the optimizer is made
+(``wrap``), write and read its shards in the checkpoint (``state``, ``restore``) and gather
+the model returned (``full_state``); every forward is then a collective, and every replica
+validates on all the rows.
 
     def make_task(cfg, options, parts, secret, channel):   # options: the strategy object
         return replica_task(cfg, options, MyHooks, parts, secret, channel)
@@ -74,11 +78,17 @@ class Hooks:
                           # parameters the loop moves into one flat buffer (``loop.flat``)
     totals_global = False  # step() adds the global (loss sum, samples), not this replica's
     accumulate = 1        # micro-batches a step takes
+    sharded = False       # the parameters are this replica's shards of one model (FSDP):
+                          # checkpoint.pt holds no model or optimizer (the hooks' files do)
 
     def __init__(self, cfg, options):
         self.cfg, self.options = cfg, options
         self.amp = getattr(options, "amp", None)
         self.average = float(getattr(options, "average", 0.0) or 0.0)
+
+    def wrap(self, loop: ReplicaLoop) -> None:
+        """After the model is built with rank 0's weights, before the optimizer is made over
+        its parameters: a strategy that replaces them (FSDP's shards) does it here."""
 
     def build(self, loop: ReplicaLoop) -> None:
         """After the optimizer and the precision: the strategy's transports."""
@@ -114,6 +124,13 @@ class Hooks:
     def info(self, loop: ReplicaLoop) -> dict:
         """What info.json adds; a "timings" dict is merged into the loop's."""
         return {}
+
+    def full_state(self, loop: ReplicaLoop, model: nn.Module) -> dict:
+        """The fit's model (``model``) as rank 0 returns it: its state dict on the CPU, {}
+        elsewhere. Every rank calls it (FSDP gathers its shards here)."""
+        if loop.rank != 0:
+            return {}
+        return {k: v.cpu() for k, v in model.state_dict().items()}
 
     def close(self) -> None:
         """Release the transports."""
@@ -193,6 +210,7 @@ class ReplicaLoop:
         self.model = self.model_fn().to(device=self.device, dtype=self.dtype)
         for t in list(self.model.parameters()) + list(self.model.buffers()):
             dist.broadcast(t.data, 0)                   # identical start on every replica
+        hooks.wrap(self)
         if not hooks.agree:
             self.flat = flatten_parameters(self.model)
         self.opt = make_optimizer(
@@ -217,9 +235,10 @@ class ReplicaLoop:
         replicas = ckpt["replicas"]
         mine = replicas[self.rank % len(replicas)]
         held = mine if not self.hooks.agree else ckpt
-        self.model.load_state_dict(held["model"])
-        from spark_dl.optim.factory import load_optimizer_state
-        load_optimizer_state(self.opt, held["optimizer"])
+        if not self.hooks.sharded:                      # (FSDP: its restore reads them)
+            self.model.load_state_dict(held["model"])
+            from spark_dl.optim.factory import load_optimizer_state
+            load_optimizer_state(self.opt, held["optimizer"])
         self.precision.load_state_dict(held.get("precision"))
         self.clip.load(held.get("clip"))
         if len(replicas) == self.world or not self.hooks.agree:
@@ -234,7 +253,8 @@ class ReplicaLoop:
         if mine is not None:
             hooks.restore(self, mine)
         self.val = Validation(cfg, self.parts.validation, self.rank, self.dtype, self.device,
-                              self.client, self.steps, self.loss_fn, self.world, shared=True)
+                              self.client, self.steps, self.loss_fn, self.world, shared=True,
+                              lockstep=hooks.sharded)
         if hooks.average > 0:
             from spark_dl.optim.average import AveragedModel, WeightAverage
             span, steps = hooks.average, max(self.steps, 1)
@@ -329,8 +349,9 @@ class ReplicaLoop:
         return row
 
     def _model_state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "precision": self.precision.state_dict(), "clip": self.clip.state(),
+        held = {} if self.hooks.sharded else {"model": self.model.state_dict(),
+                                              "optimizer": self.opt.state_dict()}
+        return {**held, "precision": self.precision.state_dict(), "clip": self.clip.state(),
                 "average": self.avg.state_dict() if self.avg else None}
 
     def _checkpoint(self, row: dict) -> None:
@@ -364,10 +385,10 @@ class ReplicaLoop:
             self._checkpoint(row)
         self.hooks.finish(self)
         result = self._result()
+        full = self.hooks.full_state(self, result)
         info = self._info(start if mine is not None else None, t_setup, t_fit)
         self.hooks.close()
-        state = state_bytes({k: v.cpu() for k, v in result.state_dict().items()}) \
-            if self.rank == 0 else b""
+        state = state_bytes(full) if self.rank == 0 else b""
         return {"state": state, "history": self.history, "info": info}
 
     def _info(self, resumed: int | None, t_setup: float, t_fit: float) -> dict:

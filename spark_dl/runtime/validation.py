@@ -39,14 +39,20 @@ class Validation:
     a named loss, each of the ``world`` replicas evaluates its own part of the rows and the
     sums are all-reduced (one collective of 3 numbers): the others would otherwise wait while
     replica 0 evaluates everything, a pause that grows with the replicas (at 16 replicas on
-    16 cores, validating a quarter epoch takes as long as training it)."""
+    16 cores, validating a quarter epoch takes as long as training it). With ``lockstep``
+    (every forward of the model is a collective: FSDP's shards) every replica evaluates all
+    the rows, in the same chunks, on the replicas' mean buffers, and replica 0 reports."""
 
     def __init__(self, cfg, validation, rank: int, dtype, device, client,
-                 steps: int, loss_fn, world: int = 1, shared: bool = False):
+                 steps: int, loss_fn, world: int = 1, shared: bool = False,
+                 lockstep: bool = False):
         from ..losses import LOSSES
-        self.on = validation is not None and rank == 0
+        self.lockstep = validation is not None and lockstep
+        self.on = validation is not None and (rank == 0 or self.lockstep)
+        self.report = validation is not None and rank == 0
         self.none = validation is None            # the same on every rank
-        self.shared = validation is not None and shared and world > 1 and cfg.loss in LOSSES
+        self.shared = validation is not None and shared and world > 1 and \
+            cfg.loss in LOSSES and not lockstep
         self.marks = mid_epoch_steps(steps, cfg.validate_every) \
             if validation is not None else set()
         self.val = None
@@ -66,6 +72,8 @@ class Validation:
     @property
     def by(self) -> str:
         """Who validates (info["validated_by"] of a fit with validation rows)."""
+        if self.lockstep:
+            return f"{self.world} replicas, all the rows each"
         return f"{self.world} replicas, a part each" if self.shared else "replica 0"
 
     def maybe(self, model_of: Callable[[], torch.nn.Module], epoch: int, step: int,
@@ -91,7 +99,7 @@ class Validation:
         if not (self.on or self.shared):
             return {}
         from ..losses import evaluation_row, evaluation_sums
-        if self.shared:                  # one model on every replica, running statistics too
+        if self.shared or self.lockstep:   # one model on every replica, statistics too
             sync_buffers(model, self.world, self.device)
         sums = evaluation_sums(model, self.val, self.loss_fn, self.classify)
         if self.shared:
@@ -103,7 +111,7 @@ class Validation:
         self.seconds += spent
         if t != int(t):
             reports.pause(spent)
-        if not self.on:
+        if not self.report:
             return {}
         row = evaluation_row(sums, self.classify)
         self.evals.append({"epoch": round(t, 6),

@@ -1,0 +1,91 @@
+"""FSDP on real Spark (local[2]) with real gloo process groups and torch's fully_shard: the
+replicas hold shards of one model and step AllReduce's update."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from torch import nn
+
+from spark_dl import AllReduce, fit
+from spark_dl.errors import ConfigError
+from spark_dl.models import ThesisCNN
+from spark_dl.strategies.fsdp import FSDP
+
+from .test_allreduce import assert_same_weights, frame
+
+KW = dict(batch_size=8, lr=0.1, shuffle=False, dtype="float64", lr_scaling=None, log=None,
+          shape=(1, 28, 28), num_classes=10)
+
+
+def cnn():
+    return ThesisCNN(batch_norm=True)
+
+
+def digits(n, seed=0):
+    g = np.random.default_rng(seed)
+    x = g.normal(size=(n, 784)).astype(np.float32)
+    y = (x[:, :10].argmax(1)).astype(np.int64)
+    return x, y
+
+
+def test_fsdp_steps_allreduces_update_on_the_thesis_cnn(spark, tmp_path):
+    """SGD with momentum on the same shards (unequal: the short one idles its last step) and
+    seeds: the weights gathered from the shards are AllReduce's, BatchNorm's running
+    statistics too; the validation on every replica reports AllReduce's figures."""
+    x, y = digits(88)
+    df = frame(spark, x, y, [48, 40])
+    val = digits(30, seed=1)
+    kw = dict(KW, momentum=0.9, epochs=1, validation=val)
+    sharded = fit(df, cnn, strategy=FSDP(), run_dir=tmp_path / "fsdp", **kw)
+    synced = fit(df, cnn, strategy=AllReduce(average=0), run_dir=tmp_path / "allreduce", **kw)
+    assert_same_weights(sharded.model, synced.model)
+    info = sharded.info
+    assert info["units"] == ["classifier", "features"] and info["world"] == 2
+    assert info["steps_per_epoch"] == 6 and info["idle_steps"] == 0    # (replica 0's)
+    assert [h["samples"] for h in sharded.history] == [88]
+    for key in ("loss", "val_loss", "val_accuracy"):
+        assert sharded.history[0][key] == pytest.approx(synced.history[0][key], abs=1e-9)
+    assert info["validated_by"] == "2 replicas, all the rows each"
+    memory = info["memory_per_replica"]
+    assert len(memory) == 2 and all(m["peak_rss_mb"] > 0 for m in memory)
+    whole = sum(p.numel() for p in cnn().parameters()) * 8 / 2**20
+    assert info["model_parameters_mb"] == pytest.approx(whole)
+    assert sum(m["parameters_mb"] for m in memory) == pytest.approx(whole)
+    assert all(m["parameters_mb"] < whole * 0.6 for m in memory)      # about half each
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("strategy,model,fix", [
+    (FSDP(wrap=["Block"]), cnn, ("does not hold; its module classes: AvgPool2d, BatchNorm2d, "
+                                 "Conv2d, Linear, ReLU, Sequential, ThesisCNN")),
+    (FSDP(wrap=["ReLU"]), cnn, "matches no module of ThesisCNN that holds parameters"),
+    (FSDP(wrap=lambda m: False), cnn, "matches no module"),
+    (FSDP(), lambda: nn.Sequential(nn.ReLU()), "has none"),
+    (FSDP(), Tied, "shares a parameter between a and b"),
+])
+def test_bad_models_and_policies_name_the_fix(spark, strategy, model, fix):
+    x, y = digits(8)
+    with pytest.raises(ConfigError, match=fix):
+        fit(frame(spark, x[:, :4], y % 4, [4, 4]), model, strategy=strategy, log=None)
+
+
+def test_bad_options_name_the_fix(spark):
+    with pytest.raises(ConfigError, match=r"no option 'average'.*AllReduce"):
+        FSDP(average=0.1)
+    with pytest.raises(ConfigError, match="'bf16'"):
+        FSDP(amp="fp16")
+    with pytest.raises(ConfigError, match="wrap must be"):
+        FSDP(wrap=3)
+    x, y = digits(8)
+    with pytest.raises(ConfigError, match="searches along a line"):
+        fit(frame(spark, x, y, [4, 4]), cnn, strategy=FSDP(), optimizer="lbfgs", **KW)
