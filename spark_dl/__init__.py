@@ -5,12 +5,12 @@ from .errors import ConfigError, DataError, ResourceError, SparkDLError, TaskErr
 from .fit import FitResult, fit
 from .launch import RunContext, context, run
 from .session import get_session, load_profile
-from .strategies import AllReduce, Boosting, Downpour, Gossip, LocalSGD, Strategy
+from .strategies import FSDP, AllReduce, Boosting, Downpour, Gossip, LocalSGD, Strategy
 from .transport.ddp_hook import ShmCommHook, shm_allreduce_hook
 
 __version__ = "0.1.0"
 
-__all__ = ["AllReduce", "Boosting", "ConfigError", "DataConfig", "DataError", "DemoConfig",
-           "Downpour", "FitResult", "Gossip", "LocalSGD", "ResourceError", "RunContext", "ShmCommHook",
-           "SparkDLError", "Strategy", "TaskError", "TrainConfig", "__version__", "context",
-           "fit", "get_session", "load_profile", "load_toml", "run", "shm_allreduce_hook"]
+__all__ = ["FSDP", "AllReduce", "Boosting", "ConfigError", "DataConfig", "DataError", "DemoConfig",
+           "Downpour", "FitResult", "Gossip", "LocalSGD", "ResourceError", "RunContext",
+           "ShmCommHook", "SparkDLError", "Strategy", "TaskError", "TrainConfig", "__version__",
+           "context", "fit", "get_session", "load_profile", "load_toml", "run", "shm_allreduce_hook"]

@@ -19,11 +19,12 @@ from .allreduce import AllReduce
 from .base import FitResult, Job, Strategy
 from .boosting import Boosting
 from .downpour import Downpour
+from .fsdp import FSDP
 from .gossip import Gossip
 from .localsgd import LocalSGD
 
-__all__ = ["STRATEGIES", "AllReduce", "Boosting", "Downpour", "FitResult", "Gossip", "Job",
-           "LocalSGD", "Strategy", "make_strategy"]
+__all__ = ["FSDP", "STRATEGIES", "AllReduce", "Boosting", "Downpour", "FitResult", "Gossip",
+           "Job", "LocalSGD", "Strategy", "make_strategy"]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "allreduce": AllReduce,
@@ -31,6 +32,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "gossip": Gossip,
     "boosting": Boosting,
     "localsgd": LocalSGD,
+    "fsdp": FSDP,
 }
 
 

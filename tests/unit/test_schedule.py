@@ -75,8 +75,8 @@ def test_toml_keys_are_checked(tmp_path):
                         (r"'train.nesterov' needs optimizer = 'sgd' and momentum > 0 \(optimizer "
                          r"= 'sgd', momentum = 0.0\)")),
                        ("nesterov = true\nstrategy = 'downpour'",
-                        ("'train.nesterov' runs with strategy 'single', 'allreduce', 'gossip' or "
-                         "'localsgd', "
+                        ("'train.nesterov' runs with strategy 'single', 'allreduce', 'gossip', "
+                         "'localsgd' or 'fsdp', "
                          "not 'downpour'"))):
         p.write_text(f"[train]\nepochs = 2\n{bad}\n")
         with pytest.raises(ConfigError, match=match):

@@ -199,16 +199,16 @@ class FSDPHooks(Hooks):
         gpu = torch.cuda.max_memory_allocated(loop.device) / 2**20 \
             if loop.device.type == "cuda" else -1.0
         mine = torch.tensor([peak["peak_rss_mb"], peak.get("peak_vm_mb", -1.0), gpu,
-                             held / 2**20, grads / 2**20, optim / 2**20],
+                             held / 2**20, grads / 2**20, optim / 2**20, self.idle_steps],
                             dtype=torch.float64, device=self.where)
         every = [torch.zeros_like(mine) for _ in range(loop.world)]
         dist.all_gather(every, mine)
         keys = ("peak_rss_mb", "peak_vm_mb", "peak_gpu_mb", "parameters_mb", "gradients_mb",
-                "optimizer_mb")
-        memory = [{k: v for k, v in zip(keys, row.tolist()) if v >= 0}
-                  for row in every]
+                "optimizer_mb", "idle_steps")
+        memory = [{k: int(v) if k == "idle_steps" else v for k, v in zip(keys, row.tolist())
+                   if v >= 0} for row in every]
         full = sum(p.numel() * p.element_size() for p in self.params)   # (DTensors: whole)
         return {"units": self.units, "reshard_after_forward": self.options.reshard_after_forward,
                 "amp": self.options.amp, "model_parameters_mb": full / 2**20,
-                "memory_per_replica": memory, "idle_steps": self.idle_steps,
+                "memory_per_replica": memory,
                 "timings": {"checkpoint_s": self.checkpoint_s}}
