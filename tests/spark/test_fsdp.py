@@ -3,8 +3,12 @@ replicas hold shards of one model and step AllReduce's update."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
+import torch
 from torch import nn
 
 from spark_dl import FSDP, AllReduce, fit
@@ -28,16 +32,18 @@ def digits(n, seed=0):
     return x, y
 
 
-def test_fsdp_steps_allreduces_update_on_the_thesis_cnn(spark, tmp_path):
+def test_fsdp_steps_allreduces_update_and_resumes_from_its_shards(spark, tmp_path):
     """SGD with momentum on the same shards (unequal: the short one idles its last step) and
     seeds: the weights gathered from the shards are AllReduce's, BatchNorm's running
-    statistics too; the validation on every replica reports AllReduce's figures."""
+    statistics too, and the validation on every replica reports AllReduce's figures. A fit
+    resumed from the shards of its first epoch goes on as an uninterrupted one, and on one
+    replica (the shards of two resharded) as AllReduce's resumed on one."""
     x, y = digits(88)
-    df = frame(spark, x, y, [48, 40])
-    val = digits(30, seed=1)
-    kw = dict(KW, momentum=0.9, epochs=1, validation=val)
-    sharded = fit(df, cnn, strategy=FSDP(), run_dir=tmp_path / "fsdp", **kw)
-    synced = fit(df, cnn, strategy=AllReduce(average=0), run_dir=tmp_path / "allreduce", **kw)
+    df, one = frame(spark, x, y, [48, 40]), frame(spark, x, y, [88])
+    kw = dict(KW, momentum=0.9, validation=digits(30, seed=1))
+    cut, ar = tmp_path / "cut", tmp_path / "allreduce"
+    sharded = fit(df, cnn, strategy=FSDP(), epochs=1, run_dir=cut, **kw)
+    synced = fit(df, cnn, strategy=AllReduce(average=0), epochs=1, run_dir=ar, **kw)
     assert_same_weights(sharded.model, synced.model)
     info = sharded.info
     assert info["units"] == ["classifier", "features"] and info["world"] == 2
@@ -49,10 +55,37 @@ def test_fsdp_steps_allreduces_update_on_the_thesis_cnn(spark, tmp_path):
     memory = info["memory_per_replica"]
     assert len(memory) == 2 and all(m["peak_rss_mb"] > 0 for m in memory)
     assert [m["idle_steps"] for m in memory] == [0, 1]      # 40 rows: 5 batches of 8, not 6
-    whole = sum(p.numel() for p in cnn().parameters()) * 8 / 2**20
-    assert info["model_parameters_mb"] == pytest.approx(whole)
-    assert sum(m["parameters_mb"] for m in memory) == pytest.approx(whole)
-    assert all(m["parameters_mb"] < whole * 0.6 for m in memory)      # about half each
+    whole_mb = sum(p.numel() for p in cnn().parameters()) * 8 / 2**20
+    assert info["model_parameters_mb"] == pytest.approx(whole_mb)
+    assert sum(m["parameters_mb"] for m in memory) == pytest.approx(whole_mb)
+    assert all(m["parameters_mb"] < whole_mb * 0.6 for m in memory)      # about half each
+    # the checkpoint: each replica's shards, no model in checkpoint.pt; the result whole
+    ckpt = torch.load(cut / "checkpoint.pt", weights_only=True)
+    assert "model" not in ckpt and "optimizer" not in ckpt
+    assert sorted(os.listdir(cut / "checkpoint-fsdp" / "epoch-1")) == \
+        [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    saved = torch.load(cut / "model.pt", weights_only=True)
+    assert {k: v.shape for k, v in saved.items()} == \
+        {k: v.shape for k, v in cnn().state_dict().items()}
+
+    shutil.copytree(cut, tmp_path / "fewer")
+    again = fit(df, cnn, strategy=FSDP(), epochs=2, run_dir=cut, **kw)
+    whole = fit(df, cnn, strategy=FSDP(), epochs=2, run_dir=tmp_path / "whole", **kw)
+    assert again.info["resumed_from_epoch"] == 1
+    assert_same_weights(again.model, whole.model)
+    assert again.history == [{**h, "seconds": again.history[i]["seconds"],
+                              "samples_per_s": again.history[i]["samples_per_s"]}
+                             for i, h in enumerate(whole.history)]
+    assert sorted(os.listdir(cut / "checkpoint-fsdp")) == ["epoch-1", "epoch-2"]
+
+    fewer = fit(one, cnn, strategy=FSDP(), epochs=2, replicas=1, run_dir=tmp_path / "fewer",
+                **kw)
+    alone = fit(one, cnn, strategy=AllReduce(average=0), epochs=2, replicas=1, run_dir=ar,
+                **kw)
+    assert fewer.info["resumed_from_epoch"] == 1 and fewer.info["world"] == 1
+    assert_same_weights(fewer.model, alone.model)
+    assert fewer.history[1]["val_loss"] == pytest.approx(alone.history[1]["val_loss"],
+                                                         abs=1e-9)
 
 
 class Tied(nn.Module):

@@ -143,6 +143,11 @@ class FSDPHooks(Hooks):
             self._prune(folder, epoch - 2)                # (checkpoint.prev.pt's is epoch - 2)
         dist.barrier()
         model, optim = get_state_dict(loop.model, loop.opt)
+        if loop.world > 1:                # the buffers (not sharded) are replica 0's, as
+            for name, _ in loop.model.named_buffers():      # AllReduce's checkpoint holds
+                if name in model:                           # (each replica keeps its own
+                    model[name] = model[name].clone()       # BatchNorm counts)
+                    dist.broadcast(model[name], 0)
         dcp.save({"model": model, "optim": optim}, checkpoint_id=str(target))
         self.checkpoint_s += time.perf_counter() - t0
         return {"shards": target.name, "idle_steps": self.idle_steps}
