@@ -15,7 +15,7 @@ from spark_dl import FSDP, AllReduce, fit
 from spark_dl.errors import ConfigError
 from spark_dl.models import ThesisCNN
 
-from .test_allreduce import assert_same_weights, frame
+from .test_allreduce import assert_same_weights, data, frame, small_fc
 
 KW = dict(batch_size=8, lr=0.1, shuffle=False, dtype="float64", lr_scaling=None, log=None,
           shape=(1, 28, 28), num_classes=10)
@@ -86,6 +86,20 @@ def test_fsdp_steps_allreduces_update_and_resumes_from_its_shards(spark, tmp_pat
     assert_same_weights(fewer.model, alone.model)
     assert fewer.history[1]["val_loss"] == pytest.approx(alone.history[1]["val_loss"],
                                                          abs=1e-9)
+
+
+def test_bf16_parameters_a_class_policy_adam_and_the_cut_train(spark, tmp_path):
+    """bf16 parameters gathered, float32 reduced and stepped; Adam's state in the shards; the
+    scaled rate's relative cut on the global norm of the shards' gradients."""
+    x, y = data(96, seed=2)
+    res = fit(frame(spark, x, y, [48, 48]), small_fc, optimizer="adam", lr=0.05, epochs=2,
+              strategy=FSDP(wrap=["Linear"], reshard_after_forward=False, amp="bf16"),
+              batch_size=8, shuffle=False, log=None, run_dir=tmp_path / "run")
+    assert res.info["units"] == ["net.2", "net.0"] and res.info["amp"] == "bf16"
+    assert res.history[1]["loss"] < res.history[0]["loss"]
+    assert next(res.model.parameters()).dtype == torch.float32
+    assert res.info["grad_clip"]["rule"].startswith("relative")
+    assert res.info["grad_clip"]["steps"] == 12
 
 
 class Tied(nn.Module):
