@@ -25,8 +25,9 @@ class FSDP(Strategy):
     and gathers a block's parameters only while the block runs; the step is AllReduce's (the
     sample-weighted mean gradient of the global batch), reduce-scattered to the shards.
     ``wrap``: the blocks sharded as units of their own, then the root: None (each direct child
-    that holds parameters, a ModuleList's elements in its place), a list of module class
-    names, or a function module -> bool. ``reshard_after_forward``: free a block's gathered
+    that holds parameters, a Sequential's, ModuleList's or ModuleDict's elements in its place;
+    modules with tied weights stay in the root), a list of module class names, or a function
+    module -> bool. ``reshard_after_forward``: free a block's gathered
     parameters after its forward and gather them again for its backward (less memory, one
     all-gather more per block). ``amp``: None, or "bf16" (bf16 parameters in forward and
     backward, gradients reduced and the optimizer stepped in float32). Checkpoints: every

@@ -12,6 +12,7 @@ from ...errors import ConfigError
 __all__ = ["check_wrap", "describe_wrap", "wrap_units"]
 
 CONTAINERS = (nn.ModuleList, nn.ModuleDict)     # no forward of their own: never a unit
+STACKS = (*CONTAINERS, nn.Sequential)           # the default takes their elements
 
 
 def check_wrap(wrap) -> tuple[str, ...] | Callable | None:
@@ -41,29 +42,42 @@ def _holds_parameters(module: nn.Module) -> bool:
 
 
 def _default(model: nn.Module, prefix: str = "") -> list[str]:
-    """Each direct child that holds parameters; a ModuleList's or ModuleDict's elements in its
-    place (they run, the container does not)."""
+    """Each direct child that holds parameters; a Sequential's, ModuleList's or ModuleDict's
+    elements in its place (a transformer's blocks, a CNN's layers), recursively."""
     names = []
     for name, child in model.named_children():
         full = f"{prefix}{name}"
-        if isinstance(child, CONTAINERS):
+        if isinstance(child, STACKS):
             names += _default(child, f"{full}.")
         elif _holds_parameters(child):
             names.append(full)
     return names
 
 
+def _untied(model: nn.Module, names: list[str]) -> list[str]:
+    """``names`` less the modules that share a parameter with another of them (tied weights:
+    the root holds those)."""
+    modules = dict(model.named_modules())
+    seen: dict[int, list[str]] = {}
+    for name in names:
+        for p in modules[name].parameters():
+            seen.setdefault(id(p), []).append(name)
+    tied = {n for owners in seen.values() if len(owners) > 1 for n in owners}
+    return [n for n in names if n not in tied]
+
+
 def wrap_units(model: nn.Module, wrap) -> list[str]:
     """The names of the modules ``fully_shard`` wraps before the root, each before the
     modules that hold it. ConfigErrors: a model without parameters, a class name the model
     does not hold (the message lists the ones it does), a policy that matches no module with
-    parameters or matches a ModuleList, a parameter shared by two units."""
+    parameters or matches a ModuleList, a parameter shared by two units of a policy (the
+    default leaves tied modules to the root)."""
     if not _holds_parameters(model):
         raise ConfigError(f"FSDP shards the model's parameters, and {type(model).__name__} has "
                           f"none: give a model with parameters to train")
     named = [(n, m) for n, m in model.named_modules() if n]
     if wrap is None:
-        units = _default(model)
+        units = _untied(model, _default(model))
     else:
         if callable(wrap):
             match = wrap
@@ -100,6 +114,6 @@ def _check_tied(model: nn.Module, modules: list[nn.Module], names: list[str]) ->
             if other is not None and not other.startswith(f"{name}."):
                 raise ConfigError(f"{type(model).__name__} shares a parameter between {other} "
                                   f"and {name} (tied weights), which FSDP would shard twice: "
-                                  f"give wrap= a policy that keeps them in one unit (or none: "
-                                  f"the root holds what no unit does)")
+                                  f"give wrap= a policy that keeps them in one unit, or "
+                                  f"wrap=None, which leaves tied modules to the root")
             owner.setdefault(id(p), name)
