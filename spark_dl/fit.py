@@ -144,7 +144,10 @@ def _example(df, args: dict, validation, tracker: Tracker):
         rows = df.select(*cols).head(EXAMPLE_ROWS)
         if not rows:
             check_not_empty(df)             # its error (an empty DataFrame)
-        x = np.stack([_rows(r[0], dtype) for r in rows])
+        try:
+            x = np.stack([_rows(r[0], dtype) for r in rows])
+        except (TypeError, ValueError):     # ragged or null rows: the tasks' DataError says so
+            return None
         y = np.asarray([r[1] for r in rows]) if len(cols) > 1 else None
         x = x.reshape(len(x), *shape) if shape else x
     if transform is not None:               # the model takes what transform makes, as made
@@ -164,8 +167,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         weight_decay: float = 0.0, max_iter: int = 3,
         epochs: int = 1, batch_size: int = 64, replicas: int | None = None,
         shuffle: bool = True, seed: int = 0, dtype: str = "float32", device: str = "auto",
-        threads: int = 0, resources: dict | None = None, validation: tuple | None = None, validate_every: float = 1.0,
-        run_dir=None, resume: bool = True,
+        threads: int = 0, resources: dict | None = None, validation: tuple | None = None,
+        validate_every: float = 1.0, run_dir=None, resume: bool = True,
         progress: bool = True, log: Callable[[str], None] | None = print,
         timeout_s: float = 300.0, data: str = "auto", shuffle_buffer: int | str = "256MB",
         transform: Callable | None = None, track=None, **options) -> FitResult:
