@@ -26,6 +26,7 @@ Neither package is required: ``pip install 'spark_dl[tracking]'`` installs both.
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from pathlib import Path
@@ -157,10 +158,12 @@ class Tracker:
             net.eval()
             with torch.no_grad():
                 out = net(torch.from_numpy(np.ascontiguousarray(example)))
+            # pickled ("pt2" would trace the model; an MLflow without the argument pickles)
+            pickle = {"serialization_format": "pickle"} if "serialization_format" in \
+                inspect.signature(mlflow.pytorch.log_model).parameters else {}
             mlflow.pytorch.log_model(
                 net, name=MODEL_PATH, run_id=run_id, signature=_signature(example, out),
-                serialization_format="pickle",
-                pip_requirements=[*mlflow.pytorch.get_default_pip_requirements(),
+                **pickle, pip_requirements=[*mlflow.pytorch.get_default_pip_requirements(),
                                   f"spark_dl=={spark_dl.__version__}"])
         except Exception as e:
             raise SparkDLError(f"the fitted model could not be logged to MLflow run {run_id} "
