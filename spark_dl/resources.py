@@ -112,8 +112,13 @@ def profile_slots(spark, profile, resources: dict) -> int:
     ResourceError when no executor can run one."""
     cpus, gpus = task_amounts(spark, resources)
     if not is_connect(spark):
-        slots = int(spark.sparkContext._jsc.sc().maxNumConcurrentTasks(
-            profile._java_resource_profile))
+        sc, jrp = spark.sparkContext._jsc.sc(), profile._java_resource_profile
+        try:        # registered as the stage will register it (Spark's own checks with it)
+            sc.resourceProfileManager().addResourceProfile(jrp)
+        except Exception as e:
+            raise ConfigError(f"resources={resources!r}: Spark refuses the stage's task "
+                              f"profile: {str(e).splitlines()[0][:400]}") from None
+        slots = int(sc.maxNumConcurrentTasks(jrp))
     else:
         slots = default_parallelism(spark) // cpus
     if slots < 1:

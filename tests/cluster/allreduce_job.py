@@ -17,9 +17,10 @@ worker at its F-th training forward, in its first attempt only: a kill at a poin
 the training itself (mid-step, e.g. while a Boosting worker holds a key's lease), not by
 when the test's poll happens to run.
 
---resources CPUS: the fit named "resources" trains the first 2,000 digits with
-resources={"cpus": CPUS} (its stage's task profile; the GPUs as the application's), and the
-report adds "app_task_cpus": the cores the tasks of a plain stage get after it.
+--resources CPUS: the fit named "resources" trains the first 1,000 digits with
+resources={"cpus": CPUS} (its stage's task profile; the GPUs as the application's) and one
+torch thread per task (two tasks of CPUS threads would oversubscribe a small test machine),
+and the report adds "app_task_cpus": the cores the tasks of a plain stage get after it.
 
 --probe PROBE_OUT: first run partition_probe.py's probe (which executor trained which
 partition) in this job's session and write its report to PROBE_OUT: one local-cluster
@@ -124,7 +125,7 @@ def main():
                 victim, at = map(int, args.kill_at.split(":"))
                 model = _kills_itself(args.model, victim, at)
             profile = name == "resources" and args.resources is not None
-            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 2000 if profile else 8000),
+            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 1000 if profile else 8000),
                       model,
                       strategy=strategy, shape=(1, 28, 28) if args.model == "cnn"
                       else (784,), num_classes=10, replicas=args.replicas,
@@ -134,6 +135,7 @@ def main():
                       if args.device == "by-name" else args.device,
                       validation=validation, data=args.data,
                       resources={"cpus": args.resources} if profile else None,
+                      threads=1 if profile else 0,
                       run_dir=Path(args.runs) / name)
             report["fits"][name] = {"history": res.history, "info": res.info,
                                     "still_open": _still_open(res.info["served"])}
