@@ -225,6 +225,10 @@ def cases(spark, tmp: Path):
     yield "more replicas than task slots", "replicas=8 on local[2]", f(replicas=8)
     yield "replicas 0", "replicas=0", f(replicas=0)
     yield "unknown tracker", "track='wandb'", f(track="wandb")
+    yield "stage resources of an unknown kind", "resources={'cores': 4}", \
+        f(resources={"cores": 4})
+    yield "stage resources in local mode", "resources={'cpus': 2} on local[2]", \
+        f(resources={"cpus": 2})
     yield "unknown model name", "model='resnet'", f(model="resnet")
     yield "model factory returns no module", "model=lambda: {'w': 1}", \
         f(model=lambda: {"w": 1})

@@ -92,6 +92,9 @@ class TrainConfig(_FitKeys):
         _check(not self.nesterov or self.strategy in takes, "train.nesterov", self.nesterov,
                f"runs with strategy {', '.join(map(repr, takes[:-1]))} or {takes[-1]!r}, not "
                f"{self.strategy!r} (whose staleness rule places the momentum)")
+        _check(self.resources is None or self.strategy != "single", "train.resources",
+               self.resources, "is the Spark training stage's, and strategy 'single' runs "
+               "none: drop it, or pick a Spark strategy")
         from .optim.schedule import check_lr_scaling
         try:
             check_lr_scaling(self.lr_scaling, self.warmup_epochs, self.epochs)

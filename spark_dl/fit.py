@@ -28,10 +28,11 @@ from .losses import loss_function
 from .optim.schedule import check_lr_scaling, resolve_scaling
 from .options import OPTIONS, describe
 from .preflight import check_label_column, check_model, check_not_empty, check_picklable, named
+from .resources import profile_slots, stage_profile, task_amounts
 from .runtime.stage import StageConfig
 from .strategies import STRATEGIES, Strategy, make_strategy, option_owner
 from .strategies.base import FitResult, Job
-from .tracking import Tracker
+from .tracking import EXAMPLE_ROWS, Tracker
 
 __all__ = ["STRATEGIES", "FitResult", "fit"]
 
@@ -144,6 +145,48 @@ def _validation(validation, shape, dtype: str, ids: bool = False, class_ids: boo
     return vx.astype(np.float64 if dtype == "float64" else np.float32), vy
 
 
+def _rows(value, dtype) -> np.ndarray:
+    """One feature value of a collected Row as numpy: an ML vector's values, bytes as the
+    uint8 pixels the tasks read, or the array."""
+    if hasattr(value, "toArray"):
+        return value.toArray()
+    if isinstance(value, (bytes, bytearray)):
+        return np.frombuffer(value, np.uint8)
+    return np.asarray(value, dtype)
+
+
+def _example(df, args: dict, validation, tracker: Tracker):
+    """A few training rows as the model takes them (numpy, in fit's dtype), for the
+    signature of the model a tracker logs (None when none does): the validation rows, else
+    the DataFrame's first rows, read in place of the empty-DataFrame check (one small job,
+    never the whole DataFrame). Raises the DataError of an empty DataFrame."""
+    if not tracker.wants_model:
+        check_not_empty(df)
+        return None
+    dtype = np.float64 if args["dtype"] == "float64" else np.float32
+    shape, transform = tuple(args["shape"]), args["transform"]
+    if validation is not None and len(validation[0]):
+        check_not_empty(df)
+        x, y = validation[0][:EXAMPLE_ROWS], validation[1][:EXAMPLE_ROWS]
+    else:
+        cols = [args["features"]] + ([args["label"]] if args["label"] else [])
+        rows = df.select(*cols).head(EXAMPLE_ROWS)
+        if not rows:
+            check_not_empty(df)             # its error (an empty DataFrame)
+        try:
+            x = np.stack([_rows(r[0], dtype) for r in rows])
+        except (TypeError, ValueError):     # ragged or null rows: the tasks' DataError says so
+            return None
+        y = np.asarray([r[1] for r in rows]) if len(cols) > 1 else None
+        x = x.reshape(len(x), *shape) if shape else x
+    if transform is not None:               # the model takes what transform makes, as made
+        x = transform(x, y)[0]
+        return np.ascontiguousarray(x.numpy() if hasattr(x, "numpy") else x)
+    if x.dtype == np.uint8:                 # as the tasks convert bytes: to [0, 1]
+        x = x / 255.0
+    return np.ascontiguousarray(x, dtype=dtype)
+
+
 def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = "allreduce",
         features: str = "features", label: str = "label", shape=(), label_shape=(),
         num_classes: int | None = None, loss: str | Callable = "cross_entropy",
@@ -153,8 +196,8 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         weight_decay: float = 0.0, max_iter: int = 3,
         epochs: int = 1, batch_size: int = 64, replicas: int | None = None,
         shuffle: bool = True, seed: int = 0, dtype: str = "float32", device: str = "auto",
-        threads: int = 0, validation: tuple | None = None, validate_every: float = 1.0,
-        run_dir=None, resume: bool = True,
+        threads: int = 0, resources: dict | None = None, validation: tuple | None = None,
+        validate_every: float = 1.0, run_dir=None, resume: bool = True,
         progress: bool = True, log: Callable[[str], None] | None = print,
         timeout_s: float = 300.0, data: str = "auto", shuffle_buffer: int | str = "256MB",
         transform: Callable | None = None, track=None, **options) -> FitResult:
@@ -182,8 +225,10 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
                             f"pass features=/label= with the right names")
     check_label_column(df, label)
     spark = df.sparkSession
-    why = gpu_request_error(master(spark),
-                            spark.conf.get("spark.task.resource.gpu.amount", None), device)
+    profile = stage_profile(spark, resources)
+    task_gpus = spark.conf.get("spark.task.resource.gpu.amount", None) if resources is None \
+        else str(task_amounts(spark, resources)[1])
+    why = gpu_request_error(master(spark), task_gpus, device)
     if why:
         raise ConfigError(why)
     ids = transform is None and _integer_features(df, features)
@@ -201,10 +246,12 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
                             num_classes=num_classes, loss=loss_name, validation=validation,
                             ids=ids)
     stage, train = _handed({**args, "loss": loss_name})
+    slots = task_slots(spark) if profile is None else profile_slots(spark, profile, resources)
     job = Job(df=df, model=model, model_fn=model_fn, loss_fn=loss_fn, signature=signature,
               loss_name=loss_name, stage=stage, train=train, replicas=replicas,
               validation=validation, run_dir=run_dir, progress=progress, log=log,
-              tracker=Tracker(track), slots=task_slots(spark), partitions=num_partitions(df))
+              tracker=Tracker(track), slots=slots, partitions=num_partitions(df),
+              profile=profile)
     job.plan["lr_scaling_auto"] = lr_scaling == "auto"      # a strategy may refine the rule
     if _fixed_clip(grad_clip) and strategy.name not in ("allreduce", "gossip", "fsdp"):
         raise ConfigError(f"grad_clip={grad_clip!r} cuts the gradient a replica steps with "
@@ -220,11 +267,13 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
                           f"spark.dynamicAllocation.enabled=false for this application, or use "
                           f"strategy='downpour' with partitions=1")
     if job.replicas > job.slots:
+        counted = f"default parallelism {default_parallelism(spark)} / spark.task.cpus" \
+            if profile is None else f"tasks of resources={resources!r} on its executors"
         raise ResourceError(
-            f"replicas={job.replicas} but the cluster runs {job.slots} task(s) at once (default "
-            f"parallelism {default_parallelism(spark)} / spark.task.cpus); the "
-            f"replicas train together: use replicas <= {job.slots} or add executors/cores")
-    check_not_empty(df)
+            f"replicas={job.replicas} but the cluster runs {job.slots} task(s) at once "
+            f"({counted}); the replicas train together: use replicas <= {job.slots} or add "
+            f"executors/cores")
+    job.example = _example(df, args, validation, job.tracker)
     return strategy.run(job)
 
 

@@ -62,10 +62,30 @@ _CONVERTERS = {bool: TypeConverters.toBoolean, int: TypeConverters.toInt,
                tuple: TypeConverters.toListInt}
 
 
+def _table(value) -> dict:
+    """A Param that is a table (resources={"cpus": 4, "gpus": 1}): a dict, checked by fit."""
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a dict, got {value!r}")
+    return dict(value)
+
+
+def _names(value) -> list:
+    """A Param that is a name or a list of names (track="mlflow"), kept as a list."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise TypeError(f"expected a name or a list of names, got {value!r}")
+
+
 def _converter(option: options.Option):
     """A Param's type converter from the option's types (a word or a number: ``_text``; a
-    strategy: its name)."""
+    strategy: its name; a table: a dict; names: a list of them)."""
     types = [t for t in option.plain_types() if t is not dict]
+    if not types:
+        return _table
+    if list in types:
+        return _names
     return _CONVERTERS[types[0]] if len(types) == 1 else _text
 
 
@@ -219,6 +239,7 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
         model = TorchModel(state=buf.getvalue())
         self._copyValues(model)
         model.history = res.history
+        model.mlflow_run_id = res.mlflow_run_id     # track="mlflow": the run holding it
         return model
 
     def write(self) -> MLWriter:
@@ -236,6 +257,7 @@ class TorchModel(Model, _TorchParams, MLReadable, MLWritable):
         super().__init__()
         self.state = state
         self.history: list = []
+        self.mlflow_run_id: str | None = None       # the MLflow run of the fit that made it
 
     def _transform(self, dataset):
         import torch

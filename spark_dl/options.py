@@ -109,6 +109,11 @@ def _shuffle_buffer(value) -> None:
     parse_buffer(value)
 
 
+def _resources(value) -> None:
+    from .resources import check_resources
+    check_resources(value)
+
+
 def _transform(value) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"transform must be a function (x, y) -> (tensor, tensor), got "
@@ -180,6 +185,10 @@ OPTIONS: tuple[Option, ...] = (
            "'cuda'", to="stage"),
     Option("threads", int, 0, "torch threads per task (0: the task's Spark cores)",
            to="stage"),
+    Option("resources", (dict, _NONE), None, "the training stage's own cores and GPUs per "
+           "task, {'cpus': C, 'gpus': G}, as a stage-level resource profile on a standalone, "
+           "YARN or Kubernetes cluster (None: the application's); see spark_dl.resources",
+           verify=_resources, on=("toml", "param")),
     Option("validation", (tuple, _NONE), None, "(x, y) numpy arrays evaluated after every "
            "epoch, on the model the strategy returns"),
     Option("validate_every", float, 1.0, "also validate every this fraction of an epoch, "
@@ -201,7 +210,8 @@ OPTIONS: tuple[Option, ...] = (
            "each mini-batch's numpy rows, instead of the default conversion",
            verify=_transform, to="stage"),
     Option("track", (str, list, _NONE), None, "None, 'tensorboard', 'mlflow' or both in a "
-           "list: the run's figures also go there"),
+           "list: the run's figures also go there (and to MLflow the model too)",
+           on=("param",)),
 )
 
 # A surface's own defaults, where they are not fit's.

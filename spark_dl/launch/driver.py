@@ -13,6 +13,7 @@ from typing import ClassVar
 from ..compat import default_parallelism, gpu_request_error, master, num_partitions, task_slots
 from ..errors import ConfigError, DataError, ResourceError
 from ..preflight import check_label_column, check_not_empty, check_picklable, named
+from ..resources import profile_slots, stage_profile, task_amounts
 from ..runs import write_history, write_json
 from ..runtime.stage import RESULT_SCHEMA
 from ..strategies.base import Job, Run, Strategy, barrier_row
@@ -38,7 +39,7 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
         seed: int = 0, data: str = "auto", shuffle_buffer: int | str = "256MB",
         transform: Callable | None = None, comm_hook: str | None = None, run_dir=None,
         progress: bool = True, log: Callable[[str], None] | None = print,
-        timeout_s: float = 300.0, threads: int = 0, **kwargs):
+        timeout_s: float = 300.0, threads: int = 0, resources: dict | None = None, **kwargs):
     """Run ``train_fn(*args, **kwargs)`` once per replica in a Spark barrier stage, as torchrun
     would run it, and return rank 0's return value (TorchDistributor.run's contract).
 
@@ -61,7 +62,11 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
     run_dir, progress, log: the run directory (config.json, metrics.jsonl with what the
       function reports through ``ctx.log``, info.json), the progress line and where it goes.
     timeout_s: how long a replica waits for the others; threads: torch threads per task
-      (0: the task's cores). Every other keyword argument goes to ``train_fn``.
+      (0: the task's cores).
+    resources: the stage's own cores and GPUs per task, ``{"cpus": C, "gpus": G}``, as a
+      stage-level resource profile on a standalone, YARN or Kubernetes cluster (None: the
+      application's; see spark_dl.resources). Every other keyword argument goes to
+      ``train_fn``.
     """
     if not callable(train_fn):
         raise TypeError(f"train_fn must be a function, got {type(train_fn).__name__}: pass "
@@ -81,7 +86,8 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
     _check_choice("data", data, DATA_MODES)
     parse_buffer(shuffle_buffer)
     spark = _session(df)
-    slots = task_slots(spark)
+    profile = stage_profile(spark, resources)
+    slots = task_slots(spark) if profile is None else profile_slots(spark, profile, resources)
     if df is not None:
         for col in (features, label):
             if col and col not in df.columns:
@@ -95,7 +101,7 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
         partitions = replicas
         df = spark.range(replicas, numPartitions=replicas)
         features = label = ""
-    _check_resources(spark, replicas, slots, device)
+    _check_resources(spark, replicas, slots, device, resources)
     if features:
         check_not_empty(df)
     cfg = _task.LaunchConfig(features=features, label=label, shape=tuple(shape),
@@ -107,7 +113,8 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
     stage = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     job = Job(df=df, model=name, model_fn=None, loss_fn=None, loss_name="", stage=stage,
               train={}, replicas=replicas, validation=None, run_dir=run_dir, progress=progress,
-              log=log, tracker=Tracker(None), slots=slots, partitions=partitions)
+              log=log, tracker=Tracker(None), slots=slots, partitions=partitions,
+              profile=profile)
     the_run = Run(job, _Function(function=name, comm_hook=comm_hook), stage)
     try:
         task = _task.make_task(cfg, train_fn, args, kwargs, the_run.secret,
@@ -179,19 +186,23 @@ def _session(df):
     return spark
 
 
-def _check_resources(spark, replicas: int, slots: int, device: str) -> None:
+def _check_resources(spark, replicas: int, slots: int, device: str,
+                     resources: dict | None) -> None:
     if replicas > slots:
+        counted = f"default parallelism {default_parallelism(spark)} / spark.task.cpus" \
+            if resources is None else f"tasks of resources={resources!r} on its executors"
         raise ResourceError(
-            f"replicas={replicas} but the cluster runs {slots} task(s) at once (default "
-            f"parallelism {default_parallelism(spark)} / spark.task.cpus), and the replicas of "
+            f"replicas={replicas} but the cluster runs {slots} task(s) at once ({counted}), "
+            f"and the replicas of "
             f"spark_dl.run start together (a barrier stage): use replicas <= {slots} or add "
             f"executors/cores")
     if spark.conf.get("spark.dynamicAllocation.enabled", "false") == "true":
         raise ConfigError("spark_dl.run runs a barrier stage, which Spark does not run with "
                           "dynamic allocation: set spark.dynamicAllocation.enabled=false for "
                           "this application")
-    why = gpu_request_error(master(spark),
-                            spark.conf.get("spark.task.resource.gpu.amount", None), device)
+    task_gpus = spark.conf.get("spark.task.resource.gpu.amount", None) if resources is None \
+        else str(task_amounts(spark, resources)[1])
+    why = gpu_request_error(master(spark), task_gpus, device)
     if why:
         raise ConfigError(why)
 

@@ -208,7 +208,8 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
                           read_s=time.perf_counter() - t_start)
         except SparkDLError as e:        # reported to all tasks and the driver; not retried
             status["error"] = {"type": type(e).__name__, "message": str(e)}
-        threads = cfg.threads or int(ctx.cpus() or 1)
+        status["cpus"] = int(ctx.cpus() or 1)  # the stage's profile's, else spark.task.cpus
+        threads = cfg.threads or status["cpus"]
         torch.set_num_threads(threads)
         if run_dir is not None and not status["error"]:
             write_task_info(run_dir, f"rank-{rank}",
@@ -245,7 +246,7 @@ def stage_info(statuses: list[dict]) -> dict:
     return {"world": len(statuses), "rows_per_replica": [s["rows"] for s in statuses],
             "devices": [s["device"] for s in statuses], "data": [s["data"] for s in statuses],
             "notes": [s["note"] for s in statuses], "gpus": [s["gpus"] for s in statuses],
-            "hosts": [s["host"] for s in statuses],
+            "hosts": [s["host"] for s in statuses], "cpus": [s.get("cpus") for s in statuses],
             "total_rows": sum(s["rows"] for s in statuses),
             "backend": statuses[0].get("backend"), "backend_why": statuses[0].get("backend_why"),
             "rendezvous": statuses[0].get("rendezvous")}

@@ -26,6 +26,7 @@ from torch import nn
 from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError
 from ..progress import ProgressLine
+from ..resources import map_in_arrow
 from ..runs import loss_figure, new_run_dir, plot_history, read_metrics, write_history, write_json
 from ..runtime.checkpoint import load_checkpoint
 from ..runtime.failures import TaskErrors
@@ -36,14 +37,16 @@ __all__ = ["FitResult", "Job", "Run", "Strategy", "barrier_row", "options", "run
 @dataclasses.dataclass
 class FitResult:
     """What ``fit`` returns: the trained model, one history row per epoch, the strategy's
-    facts (``info``, also in ``info.json``) and the run directory; ``plot()`` draws the
-    run's ``loss.png`` as a matplotlib Figure (in a notebook: ``result.plot()``)."""
+    facts (``info``, also in ``info.json``), the run directory and, with ``track="mlflow"``,
+    the MLflow run that holds the model (``runs:/<mlflow_run_id>/model``); ``plot()`` draws
+    the run's ``loss.png`` as a matplotlib Figure (in a notebook: ``result.plot()``)."""
 
     model: nn.Module
     history: list[dict]          # one dict per epoch: loss, samples, seconds, samples_per_s, val_*
     info: dict                   # replicas, devices, rows per replica, the strategy's counters
     run_dir: Path
     title: str = ""              # the plot's title: the strategy and its replicas
+    mlflow_run_id: str | None = None
 
     @property
     def final(self) -> dict:
@@ -161,6 +164,9 @@ class Job:
     partitions: int | None           # the DataFrame's (None: not known, Spark Connect)
     plan: dict = dataclasses.field(default_factory=dict)   # what the strategy decided
     signature: dict = dataclasses.field(default_factory=dict)  # the model's parameter shapes
+    profile: Any = None              # the training stage's ResourceProfile (None: the app's)
+    example: Any = None              # a few training rows as the model takes them (numpy), for
+                                     # the signature of the model a tracker logs (MLflow)
 
     @property
     def spark(self):
@@ -360,8 +366,15 @@ class Run:
         plot_history(self.path / "loss.png", history, title,
                      read_metrics(self.path / "metrics.jsonl"))
         torch.save(net.state_dict(), self.path / "model.pt")
-        self.job.tracker.close()
-        return FitResult(net, history, info, self.path, title)
+        tracker = self.job.tracker
+        try:
+            tracker.log_model(net, self.job.example)
+        except BaseException:
+            tracker.close(failed=True)
+            raise
+        tracker.close()
+        return FitResult(net, history, info, self.path, title,
+                         mlflow_run_id=tracker.mlflow_run_id)
 
 
 def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
@@ -386,7 +399,7 @@ def barrier_row(job: Job, run: Run, task, schema: str):
         # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries
         # as a whole when a task fails (a failed barrier ResultStage is never retried); the
         # retried tasks resume from the run's last checkpoint.
-        rows = run.collect(df.mapInArrow(task, schema, barrier=True).repartition(1))
+        rows = run.collect(map_in_arrow(df, task, schema, True, job.profile).repartition(1))
     except BaseException:
         job.tracker.close(failed=True)
         raise

@@ -5,7 +5,7 @@
         [--strategy allreduce|downpour|gossip|boosting]
         [--optimizer adam] [--lr 0.003] [--momentum 0] [--lr-decay 1] [--batch-size 32]
         [--model cnn|fc] [--partitions 1] [--replicas N] [--kill-at WORKER:FORWARD]
-        [--probe PROBE_OUT]
+        [--probe PROBE_OUT] [--resources CPUS]
 
 Trains the thesis CNN on the first 8,000 shipped MNIST digits (two shards of 4,000, built in
 the executors from the file) and validates on the last 2,000; one fit per name in --fits,
@@ -16,6 +16,11 @@ each in RUNS/<name> (with --device by-name the fit's name is its device). Writes
 worker at its F-th training forward, in its first attempt only: a kill at a point fixed by
 the training itself (mid-step, e.g. while a Boosting worker holds a key's lease), not by
 when the test's poll happens to run.
+
+--resources CPUS: the fit named "resources" trains the first 1,000 digits with
+resources={"cpus": CPUS} (its stage's task profile; the GPUs as the application's) and one
+torch thread per task (two tasks of CPUS threads would oversubscribe a small test machine),
+and the report adds "app_task_cpus": the cores the tasks of a plain stage get after it.
 
 --probe PROBE_OUT: first run partition_probe.py's probe (which executor trained which
 partition) in this job's session and write its report to PROBE_OUT: one local-cluster
@@ -92,6 +97,8 @@ def main():
     ap.add_argument("--data", default="auto", help="fit's data: auto, memory or stream")
     ap.add_argument("--kill-at", default=None, help="W:F, see the module's docstring")
     ap.add_argument("--probe", default=None, help="partition_probe.py's report, written first")
+    ap.add_argument("--resources", type=int, default=None,
+                    help="the 'resources' fit's cores per task")
     args = ap.parse_args()
 
     from spark_dl import fit, get_session
@@ -117,16 +124,25 @@ def main():
             if args.kill_at and name == "faulty":
                 victim, at = map(int, args.kill_at.split(":"))
                 model = _kills_itself(args.model, victim, at)
-            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 8000), model,
+            profile = name == "resources" and args.resources is not None
+            res = fit(mnist_file_dataframe(spark, IMAGES, LABELS, 0, 1000 if profile else 8000),
+                      model,
                       strategy=strategy, shape=(1, 28, 28) if args.model == "cnn"
                       else (784,), num_classes=10, replicas=args.replicas,
                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
                       lr_decay=args.lr_decay, batch_size=args.batch_size, epochs=args.epochs,
-                      device=name if args.device == "by-name" else args.device,
+                      device=(name if name in ("auto", "cpu", "cuda") else "auto")
+                      if args.device == "by-name" else args.device,
                       validation=validation, data=args.data,
+                      resources={"cpus": args.resources} if profile else None,
+                      threads=1 if profile else 0,
                       run_dir=Path(args.runs) / name)
             report["fits"][name] = {"history": res.history, "info": res.info,
                                     "still_open": _still_open(res.info["served"])}
+            if profile:                 # the application's own task profile, after the fit
+                from pyspark import TaskContext
+                report["app_task_cpus"] = spark.sparkContext.parallelize(range(2), 2) \
+                    .map(lambda _: TaskContext.get().cpus()).collect()
             if args.strategy in ("downpour", "boosting"):
                 versions = [json.loads(line) for line in
                             (Path(args.runs) / name / "metrics.jsonl").read_text().splitlines()]

@@ -290,7 +290,10 @@ def test_barrier_engines_survive_three_worker_kills_and_an_executor_kill(venv_bi
 def test_allreduce_reads_the_gpu_spark_assigns(venv_bin, tmp_path):
     """GPU scheduling on a machine without GPUs: a fake discovery script hands out addresses;
     each task reads its own from TaskContext.resources(), 'auto' falls back to the CPU and says
-    why, 'cuda' is a clear error."""
+    why, 'cuda' is a clear error. On executors of 2 cores and 1 GPU, where the application's
+    tasks take 1 core and 1 GPU: a fit with resources={"cpus": 2} runs its training stage with
+    that task profile (its tasks get 2 cores, and the application's GPU), and a stage after it
+    gets the application's 1 core again."""
     out = tmp_path / "out.json"
     script = ROOT / "conf" / "spark" / "gpu-discovery.sh"
     env = dict(_env(), SPARK_DL_FAKE_GPUS="0,1")
@@ -298,11 +301,12 @@ def test_allreduce_reads_the_gpu_spark_assigns(venv_bin, tmp_path):
                 f"spark.worker.resource.gpu.discoveryScript={script}",
                 "spark.executor.resource.gpu.amount=1", "spark.task.resource.gpu.amount=1"]
     args = [str(venv_bin / "spark-submit"), "--properties-file",
-            str(ROOT / "conf/spark/local-cluster.conf")]
+            str(ROOT / "conf/spark/local-cluster.conf"), "--master", "local-cluster[2,2,1024]"]
     for c in gpu_conf:
         args += ["--conf", c]
     proc = subprocess.run(args + [str(ALLREDUCE_JOB), str(out), str(tmp_path / "runs"),
-                                  "--fits", "auto,cuda", "--device", "by-name", "--epochs", "1"],
+                                  "--fits", "auto,resources,cuda", "--device", "by-name",
+                                  "--epochs", "1", "--resources", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -311,6 +315,11 @@ def test_allreduce_reads_the_gpu_spark_assigns(venv_bin, tmp_path):
     assert all(g and set(g) <= {"0", "1"} for g in info["gpus"]), info["gpus"]
     assert info["devices"] == ["cpu", "cpu"]
     assert all(n.startswith("cpu: Spark assigned GPU") for n in info["notes"])
+    assert info["cpus"] == [1, 1]
+    profiled = report["fits"]["resources"]["info"]
+    assert profiled["world"] == 2 and profiled["cpus"] == [2, 2], profiled["cpus"]
+    assert all(g and set(g) <= {"0", "1"} for g in profiled["gpus"]), profiled["gpus"]
+    assert report["app_task_cpus"] == [1, 1]
     assert report["error"].startswith("ResourceError: training did not start: task 0: "
                                       "device='cuda' but torch")
     assert "Spark assigned GPU addresses" in report["error"]

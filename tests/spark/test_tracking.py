@@ -1,13 +1,17 @@
-"""Run tracking: TensorBoard event files and an MLflow run hold the fit's own history."""
+"""Run tracking: TensorBoard event files and an MLflow run hold the fit's own history; the MLflow
+run holds the fitted model too, which pyfunc loads and spark_udf serves."""
 
 from __future__ import annotations
 
 import csv
 
+import numpy as np
 import pytest
+import torch
 
 from spark_dl import fit
 from spark_dl.errors import ConfigError
+from spark_dl.inference import predict_udf
 
 from .test_allreduce import data, frame, small_fc
 
@@ -84,3 +88,61 @@ def test_unknown_tracker_is_refused_before_any_spark_job(spark, tmp_path):
         fit(frame(spark, x, y, [16]), small_fc, track=["tensorboard", "wandb"],
             run_dir=tmp_path / "run", log=None)
     assert not (tmp_path / "run").exists()
+
+
+def test_mlflow_holds_the_model_which_pyfunc_predicts_and_spark_udf_serves(spark, tmp_path,
+                                                                          monkeypatch):
+    """track="mlflow": the fitted model is the run's MLflow PyTorch model ("model"), its
+    signature from the training rows (no validation: the first rows fit reads); pyfunc
+    predicts on a pandas DataFrame of the feature rows what the model does, and spark_udf's
+    predictions on the Spark DataFrame equal predict_udf's."""
+    mlflow = pytest.importorskip("mlflow")
+    pyfunc = pytest.importorskip("mlflow.pyfunc")
+    import pandas as pd
+    _local_mlflow(monkeypatch, tmp_path)
+    x, y = data(64, seed=6)
+    df = frame(spark, x, y, [32, 32])
+    res = fit(df, small_fc, batch_size=16, epochs=1, lr=0.3, run_dir=tmp_path / "run",
+              log=None, track="mlflow")
+    assert mlflow.get_run(res.mlflow_run_id).info.status == "FINISHED"
+    uri = f"runs:/{res.mlflow_run_id}/model"
+    served = pyfunc.load_model(uri)
+    (given,), (scores,) = served.metadata.signature.inputs.inputs, \
+        served.metadata.signature.outputs.inputs
+    assert (given.type, given.shape) == (np.dtype("float32"), (-1, 12))
+    assert str(scores.type) == "Array(float)"
+    with torch.no_grad():
+        want = res.model.eval()(torch.from_numpy(x)).numpy()
+    # (float32 sums of batches of other sizes: equal to a few units in the last place)
+    np.testing.assert_allclose(served.predict(pd.DataFrame({"features": list(x)})), want,
+                               rtol=1e-5, atol=1e-6)
+    as_lists = pd.DataFrame({"features": [r.tolist() for r in x[:5]]})
+    np.testing.assert_allclose(served.predict(as_lists), want[:5], rtol=1e-5, atol=1e-6)
+
+    udf, ours = pyfunc.spark_udf(spark, uri), predict_udf(res.model, (12,))
+    rows = df.select(udf("features").alias("mlflow"), ours("features").alias("spark_dl")) \
+        .collect()
+    assert len(rows) == 64
+    np.testing.assert_allclose([r.mlflow for r in rows], [r.spark_dl for r in rows],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_estimator_logs_its_model_to_mlflow(spark, tmp_path, monkeypatch):
+    pyfunc = pytest.importorskip("mlflow.pyfunc")
+    import pandas as pd
+
+    from spark_dl.ml import TorchEstimator
+    _local_mlflow(monkeypatch, tmp_path)
+    monkeypatch.chdir(tmp_path)                      # its run directory: runs/ in here
+    x, y = data(64, seed=7)
+    df = spark.createDataFrame([(i, r.tolist(), int(c)) for i, (r, c) in enumerate(zip(x, y))],
+                               "id long, features array<float>, label long")
+    model = TorchEstimator(model="fc", hiddenLayers=[8], inputShape=[12], numClasses=3,
+                           epochs=1, batchSize=16, replicas=2, track="mlflow").fit(df)
+    assert model.mlflow_run_id is not None
+    served = pyfunc.load_model(f"runs:/{model.mlflow_run_id}/model")
+    scores = served.predict(pd.DataFrame({"features": list(x)}))
+    assert scores.shape == (64, 3)
+    predicted = {r.id: r.prediction for r in model.transform(df).select("id", "prediction")
+                 .collect()}
+    assert [predicted[i] for i in range(64)] == scores.argmax(1).tolist()

@@ -27,8 +27,9 @@ NOT_OPTIONS = {
                        "predictionCol"},          # what its model's transform writes
 }
 # Options the job file leaves out though the Estimator has them, and why: a job's recipe
-# builds the DataFrame and the model, which fix the columns, the sample shape and the classes.
-NOT_IN_TOML = {"features", "label", "shape", "num_classes"}
+# builds the DataFrame and the model, which fix the columns, the sample shape and the classes;
+# and a job names its trackers in its [run] table (recipes/common.py), for all its fits.
+NOT_IN_TOML = {"features", "label", "shape", "num_classes", "track"}
 # StageConfig/LocalStepConfig fields whose default is not fit's, and why.
 STAGE_DEFAULTS = {"lr_scaling": "none"}       # the resolved rule: fit's "auto" names none
 

@@ -24,6 +24,7 @@ from ...data.device import model_input
 from ...errors import ConfigError, DataError
 from ...optim.average import check_average
 from ...planning.partitions import Layout
+from ...resources import map_in_arrow
 from ...runtime.amp import check_amp
 from ...runtime.loop import FitParts
 from ...runtime.stage import StageConfig
@@ -245,7 +246,8 @@ def _train(run: Run, job: Job, task, epochs: KeyEpochs, ps, snapshots) -> list:
     epochs.start()
     try:
         try:
-            rows = run.collect(frame.mapInArrow(task, _task.RESULT_SCHEMA))
+            rows = run.collect(map_in_arrow(frame, task, _task.RESULT_SCHEMA, False,
+                                            job.profile))
         except BaseException:
             job.tracker.close(failed=True)
             raise

@@ -21,6 +21,7 @@ from ...planning.partitions import (
     model_parallel_algorithm,
     plan_partitions,
 )
+from ...resources import map_in_arrow
 from ...runtime.amp import check_amp
 from ...runtime.loop import FitParts
 from ...runtime.stage import StageConfig
@@ -286,10 +287,11 @@ def _train(run: Run, job: Job, task, epochs: ServerEpochs, ps, snapshots, n_epoc
     try:
         try:
             if partitions == 1:
-                rows = run.collect(df.mapInArrow(task, _task.RESULT_SCHEMA))
+                rows = run.collect(map_in_arrow(df, task, _task.RESULT_SCHEMA, False,
+                                                job.profile))
             else:          # a barrier stage (process groups); the shuffle after it lets Spark
-                rows = run.collect(df.mapInArrow(task, _task.RESULT_SCHEMA, barrier=True)
-                                   .repartition(1))   # retry it as a whole
+                rows = run.collect(map_in_arrow(df, task, _task.RESULT_SCHEMA, True,
+                                                job.profile).repartition(1))  # retry it whole
         except BaseException:
             job.tracker.close(failed=True)
             raise
