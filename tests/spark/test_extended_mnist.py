@@ -2,13 +2,14 @@ import numpy as np
 import pytest
 import torch
 
+from spark_dl.compat import to_arrow
 from spark_dl.data import ShardData, distort_range, extended_mnist, mnist_dataframe
 from spark_dl.data.mnist import to_pixels
 from spark_dl.errors import DataError
 
 
 def _rows(df):
-    t = df.toArrow()
+    t = to_arrow(df)
     return ShardData.from_arrow(t.to_batches(), shape=(784,), num_classes=10)
 
 
