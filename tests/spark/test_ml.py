@@ -81,7 +81,8 @@ def test_pipeline_fits_saves_and_loads_in_a_new_session(spark, tmp_path):
     assert dict(zip(same.id, same.prediction)) == dict(zip(out.id, out.prediction))
 
 
-def test_estimator_params_and_bad_columns(spark):
+@pytest.mark.compat
+def test_estimator_params_and_bad_columns(spark, tmp_path):
     est = TorchEstimator(model="fc", inputShape=[4], numClasses=3, epochs=2)
     assert est.getOrDefault("epochs") == 2 and est.getOrDefault("hiddenLayers") == [128]
     est.setParams(lr=0.01)
@@ -114,3 +115,12 @@ def test_estimator_params_and_bad_columns(spark):
     assembled = df.selectExpr("array(a, b, c, d) as features", "label")
     with pytest.raises(DataError, match=r"has 4 values, expected 5 \(shape \(5,\)\)"):
         est.copy({est.inputShape: [5]}).fit(assembled)
+    # a TorchModel alone saved (Spark ML's metadata, the weights as Parquet) and loaded: the
+    # same uid, Params and weights, and it predicts
+    model = est.copy({est.epochs: 1}).fit(assembled)
+    model.write().save(str(tmp_path / "model"))
+    loaded = TorchModel.load(str(tmp_path / "model"))
+    assert loaded.uid == model.uid and loaded.state == model.state
+    assert loaded.getOrDefault("inputShape") == [4] and loaded.getOrDefault("numClasses") == 3
+    predicted = loaded.transform(assembled).select("label", "prediction").collect()
+    assert len(predicted) == 40 and {r.prediction for r in predicted} <= {0.0, 1.0, 2.0}
