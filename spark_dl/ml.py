@@ -44,6 +44,7 @@ from pyspark.ml.util import (
 )
 
 from . import options
+from .compat import ml_context
 from .errors import ConfigError, DataError
 from .preflight import check_label_column
 
@@ -289,7 +290,7 @@ class _TorchModelWriter(MLWriter):
         self.instance = instance
 
     def saveImpl(self, path: str) -> None:
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        DefaultParamsWriter.saveMetadata(self.instance, path, ml_context(self.sparkSession))
         self.sparkSession.createDataFrame(
             [(base64.b64encode(self.instance.state).decode(),)], "state string") \
             .coalesce(1).write.mode("overwrite").parquet(f"{path}/data")
@@ -301,7 +302,7 @@ class _TorchModelReader(MLReader):
         self.cls = cls
 
     def load(self, path: str) -> TorchModel:
-        meta = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        meta = DefaultParamsReader.loadMetadata(path, ml_context(self.sparkSession))
         row = self.sparkSession.read.parquet(f"{path}/data").collect()[0]
         model = TorchModel(state=base64.b64decode(row.state))
         DefaultParamsReader.getAndSetParams(model, meta)

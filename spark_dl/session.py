@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
+from .compat import SPARK_VERSION
 from .errors import ConfigError
 
 __all__ = ["available_profiles", "get_session", "load_profile", "profile_dirs"]
@@ -82,10 +83,17 @@ def load_profile(name: str, conf_dir: str | Path | None = None) -> dict[str, str
 def _base_conf() -> dict[str, str]:
     # Executors' Python workers must run the driver's interpreter, which has torch.
     py = os.environ.get("PYSPARK_PYTHON", sys.executable)
-    return {"spark.pyspark.python": py,
+    conf = {"spark.pyspark.python": py,
             "spark.pyspark.driver.python": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             "spark.ui.showConsoleProgress": "false"}
+    if SPARK_VERSION < (4, 0, 0):
+        # pyspark 3.5: when a cancelled task (a fit's peers, once one task failed) ran two
+        # Python stages, the monitor of the one that had finished kills its worker although
+        # it went back to the idle pool: the next task given it fails with "Socket is closed".
+        # Workers that are not reused cannot be handed on (each still forks from the daemon).
+        conf["spark.python.worker.reuse"] = "false"
+    return conf
 
 
 def get_session(profile: str | None = None, *, master: str | None = None,
@@ -149,6 +157,15 @@ def _connect_session(remote: str, profile: str | None, conf, conf_dir):
     props = {**_base_conf(), **load_profile(profile or DEFAULT_PROFILE, conf_dir),
              **(conf or {})}
     os.environ.setdefault("PYSPARK_PYTHON", props["spark.pyspark.python"])
+    jars = props.get("spark.jars.packages", "") + props.get("spark.jars", "")
+    if not remote.startswith("sc://") and SPARK_VERSION < (4, 0, 0) and "spark-connect" not in jars:
+        import pyspark
+        raise ConfigError(
+            f"remote={remote!r} starts pyspark's own Spark Connect server, which needs Spark "
+            f"4.0 or newer; this is pyspark {pyspark.__version__}, which ships no server: "
+            f"connect to a running one (remote='sc://host:15002'), or add it with conf="
+            f"{{'spark.jars.packages': 'org.apache.spark:spark-connect_2.12:"
+            f"{pyspark.__version__}'}} (fetched from Maven)")
     builder = SparkSession.builder.remote(remote)
     if remote.startswith("sc://"):       # a running server: runtime settings only
         props = {k: v for k, v in props.items() if k.startswith("spark.sql.")}

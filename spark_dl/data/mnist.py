@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..compat import broadcast
+from ..compat import broadcast, create_from_arrow
 from ..errors import DataError
 from .distort import Distortion, distort_range
 from .idx import load_mnist
@@ -90,7 +90,7 @@ def mnist_dataframe(spark, images: np.ndarray, labels: np.ndarray, partitions: i
     """A DataFrame of real digits (uint8 images scaled to [0, 1]), built from Arrow."""
     table = pa.Table.from_batches([arrays_to_arrow(images.reshape(len(images), -1) / 255.0,
                                                    labels)])
-    return spark.createDataFrame(table).repartition(partitions)
+    return create_from_arrow(spark, table).repartition(partitions)
 
 
 def mnist_file_dataframe(spark, images: str | Path, labels: str | Path, lo: int, hi: int,

@@ -226,6 +226,7 @@ def test_linear_scaling_with_warmup_is_the_scheduled_big_batch(spark, tmp_path):
     assert evals[-1]["val_accuracy"] == res.history[-1]["val_accuracy"]
 
 
+@pytest.mark.compat
 def test_uneven_shards_weighted_average_is_the_full_batch_gradient(spark, tmp_path):
     x, y = data(100, seed=1)
     res = fit(frame(spark, x, y, [70, 30]), small_fc, batch_size=100, epochs=1, lr=1.0,
@@ -444,6 +445,7 @@ def test_the_average_of_a_model_a_deep_copy_cannot_copy(spark, tmp_path):
     assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-5)
 
 
+@pytest.mark.compat
 def test_bad_input_is_reported_before_training(spark, tmp_path):
     x, y = data(40, seed=5)
     x[25, 3] = np.nan

@@ -24,7 +24,7 @@ def _key_rows(keys, x_of_file):
     return out
 
 
-@pytest.mark.parametrize("local", [False, True])
+@pytest.mark.parametrize("local", [pytest.param(False, marks=pytest.mark.compat), True])
 def test_one_worker_applies_every_key_once_per_epoch_as_one_step(spark, tmp_path, local):
     # one worker: the server's steps are one per key in the scheduler's order, each the sum of
     # the key's n_push mini-batch mean gradients (local: each taken after the earlier ones

@@ -43,6 +43,7 @@ def first_three_ce(out, y):
     return torch.nn.functional.cross_entropy(out[:, :3], y)
 
 
+@pytest.mark.compat
 def test_one_worker_fetch_push_every_step_is_single_process_sgd(spark, tmp_path):
     x, y = data(48, seed=7)
     res = fit(frame(spark, x, y, [48]), small_fc, strategy=Downpour(wire_dtype="float64"),

@@ -120,7 +120,8 @@ class Explodes(torch.nn.Module):
         return self.net(x)
 
 
-@pytest.mark.parametrize("strategy", [AllReduce(), Downpour(), Gossip(alpha=0.5)],
+@pytest.mark.parametrize("strategy", [pytest.param(AllReduce(), marks=pytest.mark.compat),
+                                      Downpour(), Gossip(alpha=0.5)],
                          ids=["allreduce", "downpour", "gossip"])
 def test_an_exception_in_a_task_reaches_the_caller_with_its_task_and_step(spark, tmp_path,
                                                                          strategy):
@@ -132,8 +133,17 @@ def test_an_exception_in_a_task_reaches_the_caller_with_its_task_and_step(spark,
                            log=None, timeout_s=120))
     assert isinstance(e, TaskError) and (e.task, e.epoch, e.step) == (1, 2, 2)
     assert "in forward" in e.remote_traceback and "raise ZeroDivisionError" in str(e)
+    # once the cancelled tasks are gone, the session's next Python tasks run (on pyspark 3.5
+    # a reused worker could have had its socket closed by a cancelled task's monitor)
+    executors = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + 120
+    while sum(i.numRunningTasks() for i in executors.getExecutorInfos()) and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [frame(spark, x, y, [32, 32]).count() for _ in range(3)] == [64] * 3
 
 
+@pytest.mark.compat
 def test_an_empty_dataframe_and_bad_validation_are_refused_before_training(spark, tmp_path):
     x, y = data(24)
     empty = frame(spark, x, y, [24]).limit(0)

@@ -65,6 +65,7 @@ def by_hand(x, y, splits, batch, steps, lr, every, outer_lr, outer_momentum):
     return replicas[0]
 
 
+@pytest.mark.compat
 def test_the_outer_step_is_nesterovs_on_the_change_since_the_last_average(spark, tmp_path):
     x, y = data(96, seed=6)
     res = fit(frame(spark, x, y, [48, 48]), small_fc,

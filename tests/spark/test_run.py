@@ -101,6 +101,7 @@ def env_and_value(tag):
                                                "WORLD_SIZE", "LOCAL_RANK")}}
 
 
+@pytest.mark.compat
 def test_without_data_rank_zero_returns_and_torchrun_variables_are_set(spark, tmp_path):
     out = spark_dl.run(env_and_value, "x", run_dir=tmp_path / "run", log=None)
     assert out["tag"] == "x" and out["sum"] == 3.0 and out["is_init"]

@@ -62,6 +62,7 @@ def test_allreduce_streamed_equals_in_memory_and_a_small_buffer_still_learns(spa
     assert abs(small.history[-1]["val_accuracy"] - mem.history[-1]["val_accuracy"]) < 0.1
 
 
+@pytest.mark.compat
 def test_transform_decodes_every_batch_in_the_tasks(spark, tmp_path):
     """A transform that inverts the pixels trains exactly like the inverted data."""
     x, y = pixel_data(400, seed=1)
