@@ -307,7 +307,7 @@ def test_allreduce_reads_the_gpu_spark_assigns(venv_bin, tmp_path):
     proc = subprocess.run(args + [str(ALLREDUCE_JOB), str(out), str(tmp_path / "runs"),
                                   "--fits", "auto,resources,cuda", "--device", "by-name",
                                   "--epochs", "1", "--resources", "2"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=420,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())

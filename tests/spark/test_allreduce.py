@@ -445,7 +445,6 @@ def test_the_average_of_a_model_a_deep_copy_cannot_copy(spark, tmp_path):
     assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-5)
 
 
-@pytest.mark.compat
 def test_bad_input_is_reported_before_training(spark, tmp_path):
     x, y = data(40, seed=5)
     x[25, 3] = np.nan
