@@ -6,11 +6,13 @@
     result = fit(df, "cnn", strategy=Downpour(n_push=4, mode="sync"), shape=(1, 28, 28), ...)
     result.model, result.history, result.run_dir
 
-The DataFrame holds a feature column (array<float> or fixed-size list, reshaped to ``shape``;
-integers, such as token ids, reach the model as int64, floats in ``dtype``) and a label column; each partition is one replica's shard (``replicas`` repartitions). Rows
-never reach the driver: each task reads its partition through the Arrow bridge. What the
-replicas share, and how, is the strategy's (spark_dl.strategies); this module holds what every
-strategy shares. Its options are declared in spark_dl.options.
+The DataFrame holds a feature column (array<float>, fixed-size list or Spark ML vector, dense or
+sparse, reshaped to ``shape``; integers, such as token ids, reach the model as int64, floats in
+``dtype``) and a label column (class ids for a classifier: integers, or doubles holding whole
+numbers as StringIndexer makes them); each partition is one replica's shard (``replicas``
+repartitions). Rows never reach the driver: each task reads its partition through the Arrow
+bridge. What the replicas share, and how, is the strategy's (spark_dl.strategies); this module
+holds what every strategy shares. Its options are declared in spark_dl.options.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .errors import ConfigError, DataError, ResourceError
 from .losses import loss_function
 from .optim.schedule import check_lr_scaling, resolve_scaling
 from .options import OPTIONS, describe
-from .preflight import check_model, check_not_empty
+from .preflight import check_label_column, check_model, check_not_empty, check_picklable, named
 from .runtime.stage import StageConfig
 from .strategies import STRATEGIES, Strategy, make_strategy, option_owner
 from .strategies.base import FitResult, Job
@@ -170,6 +172,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
         if col and col not in df.columns:
             raise DataError(f"column {col!r} not in the DataFrame (columns: {df.columns}); "
                             f"pass features=/label= with the right names")
+    check_label_column(df, label)
     spark = df.sparkSession
     why = gpu_request_error(master(spark),
                             spark.conf.get("spark.task.resource.gpu.amount", None), device)
@@ -178,6 +181,11 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     ids = transform is None and _integer_features(df, features)
     validation = _validation(validation, shape, dtype, ids)
     model_fn = _model_factory(model)
+    check_picklable(((f"the model factory {named(model_fn)}", model_fn),
+                     *(((f"the loss {named(loss_fn)}", loss_fn),) if loss_name == "custom"
+                       else ()),
+                     *(((f"the transform {named(transform)}", transform),) if transform
+                       else ())), inside="the factory or function")
     rows = tuple(shape) if len(shape) else validation[0].shape[1:] if validation else None
     signature = check_model(model_fn, rows=None if transform else rows, dtype=dtype,
                             num_classes=num_classes, loss=loss_name, validation=validation,

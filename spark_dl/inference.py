@@ -1,4 +1,4 @@
-"""Batch inference for any trained network through ``pyspark.ml.functions.predict_batch_udf``.
+"""Batch inference for any trained network: a pandas UDF over Arrow batches of rows.
 
     from spark_dl.inference import predict_udf
     classify = predict_udf(res.model, input_shape=(1, 28, 28), output="class")
@@ -8,20 +8,24 @@
     tiles.withColumn("hr", upscale("lr"))                          # array<float> of 1024
 
 The module travels once, as bytes in the UDF's closure; each Python worker unpickles it the
-first time it runs the UDF (predict_batch_udf caches it per worker), then runs Arrow batches of
-``batch_size`` rows through it under ``torch.inference_mode``. Rows are array<float> (or
-array<double>) columns of ``prod(input_shape)`` values, in the model's dtype, or integer arrays
-(token ids: array<int>, array<bigint>), which reach it as int64, as in training; a row of
-another length fails the query with a message naming both lengths (checked in the JVM before
-the Python worker sees it).
+first time it runs the UDF (kept per worker, as ``pyspark.ml.functions.predict_batch_udf``
+keeps its models), then runs batches of ``batch_size`` rows through it under
+``torch.inference_mode``. Rows are array<float> (or array<double>) columns of
+``prod(input_shape)`` values, in the model's dtype, Spark ML vector columns of that size (dense
+or sparse: VectorAssembler's output), converted in the Python worker, or integer arrays (token
+ids: array<int>, array<bigint>), which reach it as int64, as in training; a row of another
+length fails the query with a message naming both lengths.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import uuid
+from collections.abc import Callable, Iterator
 
 import numpy as np
+import pandas as pd
 from torch import nn
 
 __all__ = ["predict_udf"]
@@ -31,10 +35,11 @@ _OUTPUTS = ("tensor", "class", "probabilities")
 
 def predict_udf(model: nn.Module, input_shape, *, output: str = "tensor",
                 batch_size: int = 256, threads: int = 1, device: str = "cpu"):
-    """A function of one array column (name or Column) giving ``model``'s predictions.
+    """A function of one column (name or Column) giving ``model``'s predictions.
 
     input_shape: the shape of one row's sample, e.g. (1, 28, 28); the column holds its
-      ``prod(input_shape)`` values flattened.
+      ``prod(input_shape)`` values flattened: an array column, or Spark ML vectors of that size
+      (dense or sparse).
     output: "tensor" (the model's output per row, flattened, array<float>), "class" (the arg max
       of the outputs, as a double: Spark ML's prediction column type) or "probabilities"
       (softmax of the outputs, array<float>).
@@ -42,7 +47,7 @@ def predict_udf(model: nn.Module, input_shape, *, output: str = "tensor",
     device: "cpu" or "cuda" (the executor's first visible GPU).
     """
     import torch
-    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql.functions import pandas_udf
     from pyspark.sql.types import ArrayType, DoubleType, FloatType
 
     if output not in _OUTPUTS:
@@ -58,6 +63,7 @@ def predict_udf(model: nn.Module, input_shape, *, output: str = "tensor",
     buf = io.BytesIO()
     torch.save(model.to("cpu"), buf)
     blob = buf.getvalue()                      # plain bytes: the closure holds no module
+    key = uuid.uuid4().hex                     # this UDF's network in a worker's cache
 
     def make_predict_fn():                     # on the executor, once per Python worker
         import torch
@@ -78,19 +84,64 @@ def predict_udf(model: nn.Module, input_shape, *, output: str = "tensor",
                 return y.reshape(len(y), -1).float().cpu().numpy()
         return predict
 
-    udf = predict_batch_udf(
-        make_predict_fn,
-        return_type=DoubleType() if output == "class" else ArrayType(FloatType()),
-        batch_size=batch_size, input_tensor_shapes=[[n]])
+    def predict_batches(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        from spark_dl.inference import _predictor, _rows  # the worker's module: its cache
+        predict = _predictor(key, make_predict_fn)
+        for batch in batches:
+            for lo in range(0, len(batch), batch_size):
+                y = predict(_rows(batch.iloc[lo:lo + batch_size], n, shape))
+                yield pd.Series(y if output == "class" else list(y))
+
+    udf = pandas_udf(predict_batches,
+                     DoubleType() if output == "class" else ArrayType(FloatType()))
 
     def apply(col):
-        """The predictions of ``col`` (a name or a Column); a row that is not ``n`` values
-        long fails the query with a message naming its length and the expected one."""
+        """The predictions of ``col`` (a name or a Column: arrays or ML vectors of ``n``
+        values); a row of another length fails the query with a message naming its length
+        and the expected one."""
         from pyspark.sql import functions as F
-        c = F.col(col) if isinstance(col, str) else col
-        checked = F.when(F.size(c) == n, c).otherwise(F.raise_error(F.concat(
-            F.lit("spark_dl.predict_udf: a row of "), F.size(c).cast("string"),
-            F.lit(f" values, but the model takes input_shape={shape}, {n} values per row; "
-                  f"pass the column of flattened samples, or the right input_shape"))))
-        return udf(checked)
+        return udf(F.col(col) if isinstance(col, str) else col)
     return apply
+
+
+_CACHE: dict = {}                              # per Python worker: UDF key -> predict function
+_CACHED = 4
+
+
+def _predictor(key: str, make: Callable[[], Callable]) -> Callable:
+    """The worker's predict function of a UDF, made the first time (the last few kept)."""
+    fn = _CACHE.pop(key, None) or make()
+    _CACHE[key] = fn
+    while len(_CACHE) > _CACHED:
+        _CACHE.pop(next(iter(_CACHE)))
+    return fn
+
+
+def _rows(part, n: int, shape: tuple) -> np.ndarray:
+    """A batch of a UDF's input, (m, n) float32: a Series of arrays, or the DataFrame of an ML
+    vector column's fields (how pandas UDFs get VectorUDT), decoded as fit's tasks decode
+    them; a null row or one of another length is a ValueError naming it."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from spark_dl.data.bridge import column_to_numpy, row_lengths
+    if isinstance(part, pd.DataFrame):
+        col = pa.StructArray.from_arrays(
+            [pa.array(part["type"], pa.int8(), from_pandas=True),
+             pa.array(part["size"], pa.int32(), from_pandas=True),
+             pa.array(part["indices"], pa.list_(pa.int32()), from_pandas=True),
+             pa.array(part["values"], pa.list_(pa.float64()), from_pandas=True)],
+            ["type", "size", "indices", "values"],
+            mask=pa.array(part.isna().all(axis=1).to_numpy()))
+    else:
+        col = pa.array(part, from_pandas=True)
+    if col.null_count:
+        raise ValueError("spark_dl.predict_udf: a null row; drop or fill missing rows first "
+                         "(df.dropna(subset=[...]))")
+    lengths = row_lengths(col)
+    bad = np.flatnonzero(lengths != n)
+    if len(bad):
+        raise ValueError(f"spark_dl.predict_udf: a row of {int(lengths[bad[0]])} values, but "
+                         f"the model takes input_shape={shape}, {n} values per row; pass the "
+                         f"column of flattened samples, or the right input_shape")
+    return column_to_numpy(col, "input", (n,), "batch", np.float32, finite=False)

@@ -12,10 +12,12 @@
     model.write().save(path)             # the torch weights go to <stage>/data as Parquet
     PipelineModel.load(path).transform(df).select("prediction")
 
-Features: an ML Vector column or an array<float|double> column, flattened, ``inputShape``
-giving the shape of one sample (e.g. [1, 28, 28] for the CNN). ``TorchModel.transform`` runs
-``pyspark.ml.functions.predict_batch_udf``: the network is rebuilt once per Python worker and
-fed Arrow batches of ``batchSize`` rows.
+Features: an ML Vector column (dense or sparse: VectorAssembler's output) or an
+array<float|double> column, flattened, ``inputShape`` giving the shape of one sample (e.g.
+[1, 28, 28] for the CNN); converted in the tasks, never collected. Labels: class ids, Spark ML's
+doubles (StringIndexer's 0.0, 1.0, ...) or integers; string labels are refused with the
+StringIndexer line to add. ``TorchModel.transform`` runs ``spark_dl.inference.predict_udf``: the
+network is rebuilt once per Python worker and fed Arrow batches of ``batchSize`` rows.
 
 The Params that are spark_dl.fit's options (``batchSize`` is fit's ``batch_size``) are made
 from their definitions in spark_dl.options, with their ``__init__``/``setParams`` keywords.
@@ -43,6 +45,7 @@ from pyspark.ml.util import (
 
 from . import options
 from .errors import ConfigError, DataError
+from .preflight import check_label_column
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
@@ -202,10 +205,12 @@ class TorchEstimator(Estimator, _TorchParams, MLReadable, MLWritable):
         if g("labelCol") not in dataset.columns:
             raise DataError(f"label column {g('labelCol')!r} not in the DataFrame (columns: "
                             f"{dataset.columns}); set labelCol")
-        df = dataset.select(feats.alias("features"),
-                            F.col(g("labelCol")).cast("long").alias("label"))
+        check_label_column(dataset, g("labelCol"), "labelCol")
+        # the labels as they are (Spark ML's doubles 0.0, 1.0, ...: class ids, checked whole
+        # and in 0..numClasses-1 as the tasks read them), under their own names
+        df = dataset.select(feats.alias(g("featuresCol")), F.col(g("labelCol")))
         partitions = {"partitions": g("partitions")} if g("partitions") != 1 else {}
-        given.update(features="features", label="label",
+        given.update(features=g("featuresCol"), label=g("labelCol"),
                      strategy=make_strategy(given["strategy"], **partitions))
         res = fit(df, self._network(), **given, log=None)
         buf = io.BytesIO()

@@ -123,9 +123,10 @@ OPTIONS: tuple[Option, ...] = (
            f"how the replicas share what they learn: a strategy's name ({_STRATEGY_NAMES}: "
            f"its defaults) or, in fit, a strategy object such as Downpour(n_push=4)",
            on=("toml", "param")),
-    Option("features", str, "features", "the DataFrame's feature column (array<float> or a "
-           "fixed-size list)", to="stage", on=("param",)),
-    Option("label", str, "label", "the DataFrame's label column", to="stage", on=("param",)),
+    Option("features", str, "features", "the DataFrame's feature column (array<float>, a "
+           "fixed-size list or a Spark ML vector)", to="stage", on=("param",)),
+    Option("label", str, "label", "the DataFrame's label column (a classifier's: class ids, "
+           "integers or doubles holding whole numbers)", to="stage", on=("param",)),
     Option("shape", tuple, (), "one sample's shape, to which the feature rows are reshaped",
            to="stage", on=("param",)),
     Option("label_shape", tuple, (), "one label's shape (() for a class or a number)",

@@ -1,5 +1,6 @@
 """What ``fit`` checks on the driver before any Spark job: the model factory, the model's output
-against ``num_classes``, the loss and the validation labels, and an empty DataFrame.
+against ``num_classes``, the loss and the validation labels, that what the tasks get pickles, the
+label column's type, and an empty DataFrame.
 
 The model is built once on the meta device (no memory for its weights, whatever its size) and
 run on two rows of zeros of the training rows' shape; a model that the meta device cannot run
@@ -17,7 +18,7 @@ from torch import nn
 
 from .errors import ConfigError, DataError
 
-__all__ = ["check_model", "check_not_empty"]
+__all__ = ["check_label_column", "check_model", "check_not_empty", "check_picklable"]
 
 _CLASSIFY = ("cross_entropy", "nll")
 
@@ -151,3 +152,34 @@ def check_not_empty(df) -> None:
     if df.isEmpty():
         raise DataError("the DataFrame has no rows: nothing to train on. Check the filter or "
                         "the path that made it (df.count() == 0)")
+
+
+def check_picklable(items, inside: str = "the function") -> None:
+    """Spark ships these to every task pickled: a TypeError naming the first that cannot be
+    (``items``: (what it is, the object) pairs), here on the driver rather than Spark's
+    PicklingError from deep in the job."""
+    from pyspark import cloudpickle
+    for what, obj in items:
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as e:
+            raise TypeError(
+                f"{what} cannot be pickled, and Spark ships it pickled to every task "
+                f"({type(e).__name__}: {str(e)[:300]}): create locks, sockets, open files, "
+                f"SparkSessions and DataFrames inside {inside}, or pass what they hold "
+                f"(paths, numbers, arrays) instead") from None
+
+
+def named(obj) -> str:
+    """A function's or object's name for messages."""
+    return getattr(obj, "__qualname__", None) or type(obj).__name__
+
+
+def check_label_column(df, label: str | None, param: str = "label") -> None:
+    """A label column of strings is refused with the StringIndexer line that numbers it
+    (``param``: the argument that names the label column, for the hint)."""
+    from pyspark.sql.types import StringType
+
+    from .data.bridge import string_labels
+    if label and isinstance(df.schema[label].dataType, StringType):
+        raise string_labels(label, param)

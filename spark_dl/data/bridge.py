@@ -3,7 +3,10 @@
 This is the bridge every engine uses inside its Spark tasks (``df.mapInArrow(task)``): the
 partition is read once into contiguous numpy arrays straight from the Arrow buffers (no per-row
 Python objects), validated (nulls, ragged rows, NaN/inf, label range), and then served as
-shuffled mini-batches per epoch.
+shuffled mini-batches per epoch. Spark ML's vector columns (``VectorAssembler``'s output) are
+decoded here, in the task: dense rows as they are, sparse rows scattered into zeros. Labels that
+are class ids may be doubles holding whole numbers (``StringIndexer``'s output): they become
+int64.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import torch
 from ..errors import DataError
 from .memory import address_headroom, memory_error
 
-__all__ = ["ShardData", "as_batch", "column_chunks", "column_to_numpy", "spec_row_bytes",
-           "storage_dtype"]
+__all__ = ["ShardData", "as_batch", "column_chunks", "column_to_numpy", "is_ml_vector",
+           "read_labels", "row_lengths", "spec_row_bytes", "storage_dtype"]
 
+# how Spark ML's VectorUDT reaches Arrow (mapInArrow, pandas UDFs) and Parquet
+_VECTOR_FIELDS = ("type", "size", "indices", "values")
+_DENSE, _SPARSE = 1, 0
 
 
 def storage_dtype(t: pa.DataType) -> np.dtype:
@@ -61,36 +67,129 @@ def check_columns(names: Sequence[str], features: str, label: str | None, where:
                         f"{list(names)}; set features=/label= to the right names")
 
 
+def is_ml_vector(t: pa.DataType) -> bool:
+    """Whether ``t`` is a Spark ML vector column as Arrow and Parquet hold it (VectorUDT:
+    struct<type: int8, size: int32, indices: array<int32>, values: array<double>>; type 1 is
+    dense, its values the row; type 0 sparse, ``size`` values that are zero but at
+    ``indices``)."""
+    return pa.types.is_struct(t) and \
+        sorted(t.field(i).name for i in range(t.num_fields)) == sorted(_VECTOR_FIELDS)
+
+
+def string_labels(label: str, param: str = "label") -> DataError:
+    """The error for a label column of strings: the StringIndexer line that numbers them."""
+    return DataError(
+        f"column '{label}' holds strings, but the labels must be numbers (class ids "
+        f"0..k-1 for a classifier): index them with Spark ML first, "
+        f"StringIndexer(inputCol=\"{label}\", outputCol=\"{label}_idx\").fit(df).transform(df) "
+        f"(from pyspark.ml.feature import StringIndexer), and pass {param}=\"{label}_idx\"")
+
+
 def check_labels(y: np.ndarray, label: str, num_classes: int | None, where: str,
                  row0: int = 0) -> None:
     """Class ids in 0..num_classes-1 (rows numbered from row0 in the error)."""
     if num_classes is None:
         return
-    if y.dtype.kind != "i":
-        raise DataError(f"column '{label}' must hold integer class ids for "
+    if y.dtype.kind not in "iuf":
+        raise DataError(f"column '{label}' must hold class ids (whole numbers) for "
                         f"num_classes={num_classes}, got {y.dtype}")
-    bad = np.flatnonzero((y < 0) | (y >= num_classes))
+    bad = np.flatnonzero(((y < 0) | (y >= num_classes)).reshape(len(y), -1).any(axis=1))
     if len(bad):
         r = int(bad[0])
+        v = np.ravel(y[r])[np.flatnonzero(np.ravel((y[r] < 0) | (y[r] >= num_classes)))[0]]
         raise DataError(f"column '{label}': row {row0 + r} of the {where} has label "
-                        f"{int(y[r])}, outside 0..{num_classes - 1}; fix the labels "
+                        f"{_number(v)}, outside 0..{num_classes - 1}; fix the labels "
                         f"or set num_classes")
+
+
+def _number(v) -> str:
+    """A label as the user wrote it: 3 for an integer, 2.5 (or 3.0) for a double."""
+    return str(int(v)) if np.asarray(v).dtype.kind in "iu" else repr(float(v))
+
+
+def read_labels(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], label: str,
+                shape: Sequence[int] = (), where: str = "partition",
+                num_classes: int | None = None, class_ids: bool = False,
+                row0: int = 0) -> np.ndarray:
+    """A label column -> one writable numpy array (n, *shape), validated.
+
+    With ``num_classes`` or ``class_ids`` (a classifier's loss) the labels are class ids:
+    integers, or floating-point numbers that are whole (Spark ML's labels, StringIndexer's
+    output: 0.0, 1.0, ...), given as int64; a value that is not whole, or outside
+    0..num_classes-1, is a DataError naming the column, the row and the value. Otherwise
+    integers -> int64, floats -> float32 (targets). Strings are a DataError that shows the
+    StringIndexer line to add.
+    """
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else \
+        [col] if isinstance(col, pa.Array) else list(col)
+    ids = class_ids or num_classes is not None
+    views = []
+    for chunk in chunks:
+        if len(chunk):
+            views.append(_label_view(chunk, label, shape, where, row0, num_classes, ids))
+        row0 += len(chunk)
+    if len({v.shape[1:] for v in views}) > 1:
+        raise ragged_rows(label, where, {int(np.prod(v.shape[1:])) for v in views})
+    if not views:
+        return np.zeros((0, *shape), np.int64 if ids or not len(shape) else np.float32)
+    return _join(views)
+
+
+def _is_strings(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or \
+        (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))
+
+
+def _label_view(col: pa.Array, label: str, shape: Sequence[int], where: str, row0: int,
+                num_classes: int | None, ids: bool) -> np.ndarray:
+    t = col.type
+    lists = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    if _is_strings(t.value_type if lists else t):
+        raise string_labels(label)
+    if not ids:
+        return _chunk_view(col, label, shape, where, row0)
+    if not pa.types.is_floating(t.value_type if lists else t):
+        y = _chunk_view(col, label, shape, where, row0, np.int64)
+        check_labels(y, label, num_classes, where, row0)
+        return y
+    y = _chunk_view(col, label, shape, where, row0, np.float64)
+    flat = y.reshape(len(y), -1)
+    off = np.flatnonzero((flat != np.floor(flat)).any(axis=1))
+    if len(off):
+        r = int(off[0])
+        v = flat[r][flat[r] != np.floor(flat[r])][0]
+        classes = f"0..{num_classes - 1}" if num_classes is not None else "0, 1, 2 ..."
+        raise DataError(f"column '{label}': row {row0 + r} of the {where} has label "
+                        f"{float(v)!r}, which is not a class id: class ids are whole numbers "
+                        f"({classes}), as StringIndexer makes them; fix the labels, or for "
+                        f"targets that are not classes use loss='mse' without num_classes")
+    check_labels(y, label, num_classes, where, row0)
+    negative = np.flatnonzero((flat < 0).any(axis=1))
+    if len(negative):
+        r = int(negative[0])
+        raise DataError(f"column '{label}': row {row0 + r} of the {where} has label "
+                        f"{float(flat[r][flat[r] < 0][0])!r}; class ids are >= 0: fix the "
+                        f"labels")
+    return y.astype(np.int64)
 
 
 def column_chunks(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: str,
                   shape: Sequence[int] = (), where: str = "partition",
-                  dtype: np.dtype | None = None) -> list[np.ndarray]:
+                  dtype: np.dtype | None = None, finite: bool = True) -> list[np.ndarray]:
     """Arrow column (an array, a chunked array or a list of chunks) -> validated numpy chunks.
 
     Chunks are zero-copy, read-only views of the Arrow buffers where the type allows (a cast
     to ``dtype`` copies); empty chunks are dropped. Rows are numbered across chunks in errors.
+    ``finite``: NaN and inf are a DataError (training rows); False lets them through.
     """
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else \
         [col] if isinstance(col, pa.Array) else list(col)
     views, row0 = [], 0
     for chunk in chunks:
         if len(chunk):
-            views.append(_chunk_view(chunk, name, shape, where, row0, dtype))
+            views.append(_chunk_view(chunk, name, shape, where, row0, dtype, finite))
         row0 += len(chunk)
     if len({v.shape[1:] for v in views}) > 1:
         raise ragged_rows(name, where, {v.shape[1] for v in views})
@@ -103,16 +202,29 @@ def ragged_rows(name: str, where: str, lengths) -> DataError:
                      f"{sorted(lengths)}; give shape= or fix the ragged rows")
 
 
+def row_lengths(col: pa.Array) -> np.ndarray:
+    """The number of values in each row of an array or ML vector column (its ``size`` for a
+    sparse vector); nulls count 0."""
+    t = col.type
+    if is_ml_vector(t):
+        return _vector_parts(col)[1]
+    if pa.types.is_fixed_size_list(t):
+        return np.full(len(col), t.list_size)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return np.diff(col.offsets.to_numpy())
+    raise DataError(f"expected an array or ML vector column, got Arrow type {t}")
+
+
 def column_to_numpy(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], name: str,
                     shape: Sequence[int] = (), where: str = "partition",
-                    dtype: np.dtype | None = None) -> np.ndarray:
+                    dtype: np.dtype | None = None, finite: bool = True) -> np.ndarray:
     """Arrow column -> one writable numpy array (n, *shape), validated (see column_chunks).
 
     Scalar columns (shape ``()``) keep their numeric kind (integers -> int64, floats ->
     float32) unless ``dtype`` is given; list / fixed-size-list columns of numbers become
     float32 rows of ``prod(shape)`` values, reshaped to ``shape``.
     """
-    views = column_chunks(col, name, shape, where, dtype)
+    views = column_chunks(col, name, shape, where, dtype, finite)
     if not views:
         return np.zeros((0, *shape), dtype or np.float32)
     return _join(views)
@@ -151,7 +263,7 @@ def _row_length(lengths: np.ndarray, shape, name: str, where: str, row0: int, un
 
 
 def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0: int,
-                dtype: np.dtype | None = None) -> np.ndarray:
+                dtype: np.dtype | None = None, finite: bool = True) -> np.ndarray:
     """One Arrow chunk -> a (possibly read-only) numpy view, validated; rows numbered from row0."""
     n = len(col)
     if col.null_count:
@@ -190,6 +302,9 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
         arr = values.to_numpy(zero_copy_only=False)
         arr = arr.reshape((n, *shape) if len(shape) else (n, want))
         dtype = dtype or np.float32
+    elif is_ml_vector(t):
+        arr = _vectors(col, name, shape, where, row0, dtype or np.float32)
+        dtype = dtype or np.float32
     elif pa.types.is_integer(t) or pa.types.is_floating(t):
         arr = col.to_numpy()
         if len(shape):
@@ -198,18 +313,72 @@ def _chunk_view(col: pa.Array, name: str, shape: Sequence[int], where: str, row0
         dtype = dtype or (np.int64 if pa.types.is_integer(t) else np.float32)
     else:
         raise DataError(f"column '{name}' has Arrow type {t}; expected numbers, arrays of "
-                        f"numbers (array<float> or an ML vector converted with "
-                        f"vector_to_array) or binary (uint8 pixel bytes)")
+                        f"numbers (array<float>), Spark ML vectors or binary (uint8 pixel "
+                        f"bytes)")
     with np.errstate(over="ignore"):
         arr = arr.astype(dtype, copy=False)  # cast first: 1e300 as float32 is inf, caught below
     # Fast path: a finite sum means every value is finite; otherwise find the row.
-    if arr.dtype.kind == "f" and n and not torch.isfinite(_torch_view(arr).sum()):
+    if finite and arr.dtype.kind == "f" and n and not torch.isfinite(_torch_view(arr).sum()):
         finite = np.isfinite(arr.reshape(n, -1)).all(axis=1)
         if not finite.all():
             r = row0 + int(np.flatnonzero(~finite)[0])
             raise DataError(f"column '{name}': row {r} of the {where} holds NaN or inf; "
                             f"clean the data (e.g. filter with isnan) before training")
     return arr
+
+
+def _vector_parts(col: pa.StructArray):
+    """An ML vector column's (kinds, row lengths, values list, indices list)."""
+    fields = dict(zip((col.type.field(i).name for i in range(col.type.num_fields)),
+                      col.flatten()))
+    kinds = fields["type"].fill_null(_DENSE).to_numpy(zero_copy_only=False)
+    values, indices = fields["values"], fields["indices"]
+    sizes = fields["size"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = np.where(kinds == _DENSE, np.diff(values.offsets.to_numpy()), sizes)
+    return kinds, lengths, values, indices
+
+
+def _vectors(col: pa.StructArray, name: str, shape: Sequence[int], where: str, row0: int,
+             dtype: np.dtype) -> np.ndarray:
+    """ML vectors -> (n, *shape) rows of ``dtype``: dense rows are their values, sparse rows
+    zeros but at their indices; every row must be ``prod(shape)`` long (or the first row's
+    length)."""
+    n = len(col)
+    kinds, lengths, values, indices = _vector_parts(col)
+    odd = np.flatnonzero((kinds != _DENSE) & (kinds != _SPARSE))
+    if len(odd):
+        raise DataError(f"column '{name}': row {row0 + int(odd[0])} of the {where} is an ML "
+                        f"vector of unknown type {int(kinds[odd[0]])} (1: dense, 0: sparse)")
+    want = _row_length(lengths, shape, name, where, row0, "values",
+                       "ML vectors must all have the same size (VectorAssembler's inputCols)")
+    v_off = values.offsets.to_numpy().astype(np.int64)
+    flat = values.values.to_numpy(zero_copy_only=False)
+    lo, hi = int(v_off[0]), int(v_off[-1])
+    out_shape = (n, *shape) if len(shape) else (n, want)
+    if (kinds == _DENSE).all():                  # VectorAssembler's usual rows: one view
+        return flat[lo:hi].reshape(out_shape)
+    counts = np.diff(v_off)
+    rows = np.repeat(np.arange(n), counts)
+    pos = np.arange(lo, hi) - v_off[rows]        # each value's place in its row's values
+    cols = pos.copy()
+    sparse = kinds[rows] == _SPARSE
+    i_off = indices.offsets.to_numpy().astype(np.int64)
+    bad = np.flatnonzero((kinds == _SPARSE) & (np.diff(i_off) != counts))
+    if len(bad):
+        raise DataError(f"column '{name}': row {row0 + int(bad[0])} of the {where} is a sparse "
+                        f"vector with {int(np.diff(i_off)[bad[0]])} indices but "
+                        f"{int(counts[bad[0]])} values")
+    cols[sparse] = indices.values.to_numpy(zero_copy_only=False)[i_off[rows[sparse]]
+                                                                 + pos[sparse]]
+    out_of = np.flatnonzero((cols < 0) | (cols >= want))
+    if len(out_of):
+        r = int(rows[out_of[0]])
+        raise DataError(f"column '{name}': row {row0 + r} of the {where} is a sparse vector of "
+                        f"size {want} with index {int(cols[out_of[0]])}")
+    out = np.zeros((n, want), dtype)
+    with np.errstate(over="ignore"):
+        out[rows, cols] = flat[lo:hi]
+    return out.reshape(out_shape)
 
 
 def spec_row_bytes(spec: tuple) -> tuple[int, int]:
@@ -242,10 +411,12 @@ class ShardData:
     def from_arrow(cls, batches: Iterable[pa.RecordBatch], features: str = "features",
                    label: str | None = "label", shape: Sequence[int] = (),
                    label_shape: Sequence[int] = (), num_classes: int | None = None,
-                   where: str = "partition") -> ShardData:
+                   where: str = "partition", class_ids: bool = False) -> ShardData:
         """Read all record batches of a partition (an empty partition gives 0 rows). A
         partition larger than the task's memory raises a ResourceError that names the fix
-        (``spark_dl.data.stream.open_shard`` streams it from local disk instead)."""
+        (``spark_dl.data.stream.open_shard`` streams it from local disk instead). Labels are
+        class ids (int64, whole doubles accepted) with ``num_classes`` or ``class_ids``
+        (see read_labels)."""
         read, room = 0, address_headroom()
         try:
             kept = []
@@ -269,8 +440,8 @@ class ShardData:
                               storage_dtype(kept[0].schema.field(features).type))
             y = None
             if label:
-                y = column_to_numpy([b.column(label) for b in kept], label, label_shape, where)
-                check_labels(y, label, num_classes, where)
+                y = read_labels([b.column(label) for b in kept], label, label_shape, where,
+                                num_classes, class_ids)
             return cls(x, y)
         except (MemoryError, pa.ArrowMemoryError) as e:
             raise memory_error(where, read, e) from None

@@ -38,8 +38,8 @@ from .bridge import (
     _chunk_view,
     as_batch,
     check_columns,
-    check_labels,
     ragged_rows,
+    read_labels,
     spec_row_bytes,
     storage_dtype,
 )
@@ -369,20 +369,22 @@ def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
                label: str | None = "label", shape: Sequence[int] = (),
                label_shape: Sequence[int] = (), num_classes: int | None = None,
                where: str = "partition", data: str = "auto", shuffle_buffer: int | str = "256MB",
-               directory: str | None = None, memory_budget: int | None = None
-               ) -> ShardData | StreamShard:
+               directory: str | None = None, memory_budget: int | None = None,
+               class_ids: bool = False) -> ShardData | StreamShard:
     """A partition's record batches -> a ShardData (in memory) or a StreamShard (spilled).
 
     data: "memory" (a partition larger than memory fails with a ResourceError that says so),
     "stream" (always spilled), "auto" (in memory until the rows read outgrow
     ``memory_budget`` bytes, by default a quarter of the task's memory headroom, then spilled).
+    Features may be Spark ML vectors; labels are class ids (int64, doubles holding whole
+    numbers accepted) with ``num_classes`` or ``class_ids`` (bridge.read_labels).
     """
     if data not in DATA_MODES:
         raise ConfigError(f"data must be one of {', '.join(DATA_MODES)}, got {data!r}")
     parse_buffer(shuffle_buffer)
     if data == "memory":
         return ShardData.from_arrow(batches, features, label, shape, label_shape, num_classes,
-                                    where)
+                                    where, class_ids)
     budget = 0 if data == "stream" else \
         memory_budget if memory_budget is not None else int(AUTO_FRACTION * memory_headroom())
     held: list[tuple[np.ndarray, np.ndarray | None]] = []
@@ -397,8 +399,8 @@ def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
             x = _chunk_view(b.column(features), features, shape, where, row0, dtypes)
             y = None
             if label:
-                y = _chunk_view(b.column(label), label, label_shape, where, row0)
-                check_labels(y, label, num_classes, where, row0)
+                y = read_labels(b.column(label), label, label_shape, where, num_classes,
+                                class_ids, row0)
             if first_shape is None:
                 first_shape = x.shape[1:]
             elif x.shape[1:] != first_shape or \
@@ -429,6 +431,7 @@ def open_shard(batches: Iterable[pa.RecordBatch], features: str = "features",
     if stream is not None:
         return stream
     if not held:
-        return ShardData.from_arrow([], features, label, shape, label_shape, num_classes, where)
+        return ShardData.from_arrow([], features, label, shape, label_shape, num_classes, where,
+                                    class_ids)
     return ShardData([h[0] for h in held], None if not label else
                      np.concatenate([h[1] for h in held]))

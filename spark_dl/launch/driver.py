@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from ..compat import default_parallelism, gpu_request_error, master, num_partitions, task_slots
 from ..errors import ConfigError, DataError, ResourceError
+from ..preflight import check_label_column, check_not_empty, check_picklable, named
 from ..runs import write_history, write_json
 from ..runtime.stage import RESULT_SCHEMA
 from ..strategies.base import Job, Run, Strategy, barrier_row
@@ -50,6 +51,8 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
       (features/label columns, ``shape``, ``label_shape``, ``num_classes``, ``data``: "memory",
       "stream" or "auto", ``shuffle_buffer``, ``transform``); ``ctx.batches(epoch)`` yields
       mini-batches of ``batch_size`` in fit's order (``shuffle``, ``seed``). None: no data.
+      Features may be Spark ML vectors (dense or sparse); with ``num_classes`` the labels are
+      class ids, int64 (doubles holding whole numbers accepted).
     replicas: the number of tasks (default: the DataFrame's partitions, at most the task
       slots; without df, the slots); device: "auto", "cpu" or "cuda".
     comm_hook: None, or "shm": every DistributedDataParallel the function builds averages its
@@ -63,8 +66,8 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
     if not callable(train_fn):
         raise TypeError(f"train_fn must be a function, got {type(train_fn).__name__}: pass "
                         f"the training function itself, spark_dl.run(train, ...)")
-    name = getattr(train_fn, "__qualname__", None) or type(train_fn).__name__
-    _check_picklable(name, train_fn, args, kwargs)
+    name = named(train_fn)
+    _check_picklable(name, train_fn, args, kwargs, transform)
     _check_choice("device", device, ("auto", "cpu", "cuda"))
     _check_choice("comm_hook", comm_hook, (None, "shm"))
     for key, value in (("batch_size", batch_size), ("threads", threads)):
@@ -84,6 +87,7 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
             if col and col not in df.columns:
                 raise DataError(f"column {col!r} not in the DataFrame (columns: {df.columns}); "
                                 f"pass features=/label= with the right names")
+        check_label_column(df, label)
         partitions = num_partitions(df)
         replicas = replicas or max(min(partitions or slots, slots), 1)
     else:
@@ -93,7 +97,6 @@ def run(train_fn: Callable, *args, df=None, replicas: int | None = None, device:
         features = label = ""
     _check_resources(spark, replicas, slots, device)
     if features:
-        from ..preflight import check_not_empty
         check_not_empty(df)
     cfg = _task.LaunchConfig(features=features, label=label, shape=tuple(shape),
                              label_shape=tuple(label_shape), num_classes=num_classes,
@@ -147,21 +150,16 @@ def _check_choice(name: str, value, choices) -> None:
                           f"got {value!r}")
 
 
-def _check_picklable(name: str, fn: Callable, args: tuple, kwargs: dict) -> None:
-    """Spark ships the function and its arguments pickled: say which one cannot be, here."""
-    from pyspark import cloudpickle
-    for what, obj in (("the function " + name, fn),
-                      *((f"argument {i} ({type(a).__name__})", a) for i, a in enumerate(args)),
-                      *((f"keyword argument {k!r} ({type(v).__name__})", v)
-                        for k, v in kwargs.items())):
-        try:
-            cloudpickle.dumps(obj)
-        except Exception as e:
-            raise TypeError(
-                f"{what} cannot be pickled, and Spark ships it pickled to every task "
-                f"({type(e).__name__}: {str(e)[:300]}): create locks, sockets, open files, "
-                f"SparkSessions and DataFrames inside the function, or pass what they hold "
-                f"(paths, numbers, arrays) instead") from None
+def _check_picklable(name: str, fn: Callable, args: tuple, kwargs: dict,
+                     transform: Callable | None = None) -> None:
+    """Spark ships the function, its arguments and the transform pickled: say which one
+    cannot be, here."""
+    check_picklable((("the function " + name, fn),
+                     *((f"argument {i} ({type(a).__name__})", a) for i, a in enumerate(args)),
+                     *((f"keyword argument {k!r} ({type(v).__name__})", v)
+                       for k, v in kwargs.items()),
+                     *((("the transform " + named(transform), transform),) if transform
+                       else ())))
 
 
 def _session(df):

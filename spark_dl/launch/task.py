@@ -34,6 +34,8 @@ class LaunchConfig(StageConfig):
     """Plain values shipped to the tasks (see ``spark_dl.run`` for their meaning); an empty
     ``features`` means a stage without data (run without ``df``)."""
 
+    loss: str = ""                        # the function's own: labels are class ids only
+    #                                       with num_classes
     comm_hook: str | None = None          # "shm": every DDP built in the function gets it
     function: str = ""                    # the function's name, for messages
 

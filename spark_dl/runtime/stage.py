@@ -85,10 +85,12 @@ class LocalStepConfig(StageConfig):
 
 def read_shard(cfg: StageConfig, batches, where: str):
     """Runs in a task: its partition's record batches -> a ShardData or StreamShard (see
-    spark_dl.data.stream.open_shard); the caller closes it when the task ends."""
+    spark_dl.data.stream.open_shard); the caller closes it when the task ends. The labels are
+    class ids (int64) with num_classes or a cross-entropy loss."""
     from spark_dl.data.stream import open_shard
     return open_shard(batches, cfg.features, cfg.label, cfg.shape, cfg.label_shape,
-                      cfg.num_classes, where, cfg.data, cfg.shuffle_buffer)
+                      cfg.num_classes, where, cfg.data, cfg.shuffle_buffer,
+                      class_ids=cfg.loss == "cross_entropy")
 
 
 def peak_memory_mb() -> dict:
