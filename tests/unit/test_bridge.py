@@ -149,3 +149,81 @@ def test_integer_features_reach_the_model_as_exact_int64():
     scalar = ShardData.from_arrow([pa.RecordBatch.from_arrays(
         [pa.array([2**40 + 1], pa.int64()), pa.array([0])], ["features", "label"])])
     assert next(iter(scalar.batches(1)))[0].tolist() == [2**40 + 1]
+
+
+VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()),
+                    ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])
+
+
+def _vectors(rows):
+    """Spark ML vectors as Arrow holds them: a dense row is a list, a sparse one a dict."""
+    return pa.array([{"type": 1, "size": None, "indices": None, "values": r}
+                     if isinstance(r, list) else
+                     {"type": 0, "size": r["size"], "indices": list(r["at"]),
+                      "values": list(r["v"])} for r in rows], VECTOR)
+
+
+def test_ml_vectors_dense_and_sparse_become_rows():
+    col = _vectors([[1.0, 2.0, 3.0, 4.0], {"size": 4, "at": [1, 3], "v": [5.0, 6.0]},
+                    {"size": 4, "at": [], "v": []}, [7.0, 8.0, 9.0, 10.0]])
+    want = np.array([[1, 2, 3, 4], [0, 5, 0, 6], [0, 0, 0, 0], [7, 8, 9, 10]], np.float32)
+    b = pa.RecordBatch.from_arrays([col, pa.array([0, 1, 2, 0])], ["features", "label"])
+    # chunks that are slices (Arrow offsets), and a shape to reshape to
+    shard = ShardData.from_arrow([b.slice(0, 1), b.slice(1, 2), b.slice(3)], shape=(2, 2))
+    assert shard.features.dtype == np.float32
+    np.testing.assert_array_equal(shard.features.reshape(4, 4), want)
+    dense = pa.RecordBatch.from_arrays([col.take([0, 3]), pa.array([0, 1])],
+                                       ["features", "label"])
+    np.testing.assert_array_equal(ShardData.from_arrow([dense]).features, want[[0, 3]])
+    from spark_dl.data import open_shard
+    streamed = open_shard([b.slice(0, 2), b.slice(2)], data="stream", shuffle_buffer=4)
+    try:
+        got = torch.cat([x for x, _ in streamed.batches(4, shuffle=False)])
+        np.testing.assert_array_equal(got.numpy(), want)
+    finally:
+        streamed.close()
+
+
+def test_ml_vectors_of_other_sizes_and_bad_sparse_rows_are_named():
+    def read(*rows, shape=()):
+        b = pa.RecordBatch.from_arrays([_vectors(rows), pa.array([0] * len(rows))],
+                                       ["features", "label"])
+        return ShardData.from_arrow([b], shape=shape)
+    with pytest.raises(DataError, match=r"row 1 .* has 5 values, expected 3.*VectorAssembler"):
+        read([1.0, 2.0, 3.0], {"size": 5, "at": [0], "v": [1.0]})
+    with pytest.raises(DataError, match=r"row 0 .* has 3 values, expected 4 \(shape \(4,\)\)"):
+        read([1.0, 2.0, 3.0], shape=(4,))
+    with pytest.raises(DataError, match=r"row 1 .*sparse vector of size 3 with index 7"):
+        read([1.0, 2.0, 3.0], {"size": 3, "at": [7], "v": [1.0]})
+    with pytest.raises(DataError, match=r"row 0 .* holds NaN"):
+        read({"size": 2, "at": [1], "v": [float("nan")]})
+
+
+def _labels(values, type_=None):
+    b = pa.RecordBatch.from_arrays([pa.array([[0.0]] * len(values), pa.list_(pa.float32())),
+                                    pa.array(values, type_)], ["features", "label"])
+    return [b]
+
+
+def test_double_labels_are_class_ids_when_they_are_whole():
+    shard = ShardData.from_arrow(_labels([0.0, 2.0, 1.0]), num_classes=3)
+    assert shard.labels.dtype == np.int64 and shard.labels.tolist() == [0, 2, 1]
+    # a classifier's loss without num_classes: class ids too; targets stay float32
+    assert ShardData.from_arrow(_labels([0.0, 5.0]), class_ids=True).labels.dtype == np.int64
+    assert ShardData.from_arrow(_labels([0.5, 5.0])).labels.dtype == np.float32
+    with pytest.raises(DataError, match=r"column 'label': row 1 .* has label 1.5, which is not "
+                                        r"a class id.*whole numbers \(0..2\)"):
+        ShardData.from_arrow(_labels([0.0, 1.5, 1.0]), num_classes=3)
+    with pytest.raises(DataError, match=r"row 2 .* has label 3.0, outside 0..2"):
+        ShardData.from_arrow(_labels([0.0, 1.0, 3.0], pa.float32()), num_classes=3)
+    with pytest.raises(DataError, match=r"row 0 .* has label -1.0; class ids are >= 0"):
+        ShardData.from_arrow(_labels([-1.0, 1.0]), class_ids=True)
+
+
+def test_string_labels_show_the_string_indexer_line():
+    with pytest.raises(DataError, match=r"column 'y' holds strings.*"
+                                        r"StringIndexer\(inputCol=\"y\", outputCol=\"y_idx\"\)"
+                                        r"\.fit\(df\)\.transform\(df\).*pass label=\"y_idx\""):
+        ShardData.from_arrow([pa.RecordBatch.from_arrays(
+            [pa.array([[0.0]], pa.list_(pa.float32())), pa.array(["cat"])], ["features", "y"])],
+            label="y")
