@@ -1,4 +1,4 @@
-"""Batch inference: TorchModel.transform (predict_batch_udf) vs a plain loop over numpy.
+"""Batch inference: TorchModel.transform (predict_udf's pandas UDF) vs a plain loop over numpy.
 
 The thesis CNN (weights from a short fit) predicts ROWS digits (the 10,000 shipped MNIST test
 digits, repeated), batch 1024:

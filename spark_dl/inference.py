@@ -118,30 +118,53 @@ def _predictor(key: str, make: Callable[[], Callable]) -> Callable:
 
 
 def _rows(part, n: int, shape: tuple) -> np.ndarray:
-    """A batch of a UDF's input, (m, n) float32: a Series of arrays, or the DataFrame of an ML
-    vector column's fields (how pandas UDFs get VectorUDT), decoded as fit's tasks decode
-    them; a null row or one of another length is a ValueError naming it."""
-    import pandas as pd
+    """A batch of a UDF's input, (m, n) float32: a Series of arrays (stacked, as
+    predict_batch_udf stacks them), or the DataFrame of an ML vector column's fields (how pandas
+    UDFs get VectorUDT), decoded as fit's tasks decode them; a null row or one of another
+    length is a ValueError naming it."""
     import pyarrow as pa
 
     from spark_dl.data.bridge import column_to_numpy, row_lengths
     if isinstance(part, pd.DataFrame):
+        values, lengths = _lengths(part["values"])
         col = pa.StructArray.from_arrays(
-            [pa.array(part["type"], pa.int8(), from_pandas=True),
-             pa.array(part["size"], pa.int32(), from_pandas=True),
-             pa.array(part["indices"], pa.list_(pa.int32()), from_pandas=True),
-             pa.array(part["values"], pa.list_(pa.float64()), from_pandas=True)],
-            ["type", "size", "indices", "values"],
-            mask=pa.array(part.isna().all(axis=1).to_numpy()))
+            [pa.array(part["type"].astype(np.float64).fillna(1).to_numpy(np.int8)),
+             pa.array(part["size"].astype(np.float64).fillna(0).to_numpy(np.int32)),
+             _list(_lengths(part["indices"]), np.int32),
+             _list((values, lengths), np.float64)],
+            ["type", "size", "indices", "values"])
+        nulls = part["type"].isna().to_numpy()
+        lengths = row_lengths(col)
     else:
-        col = pa.array(part, from_pandas=True)
-    if col.null_count:
+        values, lengths = _lengths(part)
+        nulls = lengths < 0
+    if nulls.any():
         raise ValueError("spark_dl.predict_udf: a null row; drop or fill missing rows first "
                          "(df.dropna(subset=[...]))")
-    lengths = row_lengths(col)
     bad = np.flatnonzero(lengths != n)
     if len(bad):
         raise ValueError(f"spark_dl.predict_udf: a row of {int(lengths[bad[0]])} values, but "
                          f"the model takes input_shape={shape}, {n} values per row; pass the "
                          f"column of flattened samples, or the right input_shape")
-    return column_to_numpy(col, "input", (n,), "batch", np.float32, finite=False)
+    if isinstance(part, pd.DataFrame):
+        return column_to_numpy(col, "input", (n,), "batch", np.float32, finite=False)
+    return np.vstack(values).astype(np.float32, copy=False).reshape(len(values), n)
+
+
+def _lengths(series) -> tuple[np.ndarray, np.ndarray]:
+    """A Series of arrays (None for null): (its values, each one's length, -1 for None)."""
+    values = series.to_numpy()
+    return values, np.fromiter((-1 if v is None else len(v) for v in values), np.int64,
+                               len(values))
+
+
+def _list(values_lengths, dtype):
+    """Arrays of a pandas column (None: empty) as one Arrow list array, without a copy per
+    element."""
+    import pyarrow as pa
+    values, lengths = values_lengths
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(np.maximum(lengths, 0), out=offsets[1:])
+    kept = [v for v in values if v is not None and len(v)]
+    flat = np.concatenate(kept).astype(dtype, copy=False) if kept else np.zeros(0, dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
