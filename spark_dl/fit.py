@@ -105,9 +105,10 @@ def _integer_features(df, features: str) -> bool:
     return isinstance(t.elementType if isinstance(t, ArrayType) else t, IntegralType)
 
 
-def _validation(validation, shape, dtype: str, ids: bool = False):
+def _validation(validation, shape, dtype: str, ids: bool = False, class_ids: bool = False):
     """The validation arrays, checked and shaped as the training rows (integer features as
-    int64 when the training rows hold integers, ``ids``)."""
+    int64 when the training rows hold integers, ``ids``; with ``class_ids``, a classifier's,
+    labels that are floats holding whole numbers become int64, as the training labels do)."""
     if validation is None:
         return None
     if not isinstance(validation, (tuple, list)) or len(validation) != 2:
@@ -127,6 +128,13 @@ def _validation(validation, shape, dtype: str, ids: bool = False):
                         f"({int(np.prod(shape))} values): give validation rows like the "
                         f"training rows")
     vx = vx.reshape(len(vx), *shape) if len(shape) else vx
+    if class_ids and vy.dtype.kind == "f":
+        off = np.flatnonzero((vy != np.floor(vy)).reshape(len(vy), -1).any(axis=1))
+        if len(off):
+            r = int(off[0])
+            raise DataError(f"validation label {float(np.ravel(vy[r])[0])!r} (row {r}) is not "
+                            f"a class id: class ids are whole numbers (0, 1, 2 ...)")
+        vy = vy.astype(np.int64)
     if ids:
         if vx.dtype.kind not in "iu":
             raise DataError(f"validation x holds {vx.dtype} values but the feature column holds "
@@ -179,7 +187,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     if why:
         raise ConfigError(why)
     ids = transform is None and _integer_features(df, features)
-    validation = _validation(validation, shape, dtype, ids)
+    validation = _validation(validation, shape, dtype, ids,
+                             num_classes is not None or
+                             (loss_name == "cross_entropy" and not len(label_shape)))
     model_fn = _model_factory(model)
     check_picklable(((f"the model factory {named(model_fn)}", model_fn),
                      *(((f"the loss {named(loss_fn)}", loss_fn),) if loss_name == "custom"
