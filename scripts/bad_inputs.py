@@ -126,6 +126,17 @@ def _bn_fc(reshape_at=None):
     return make
 
 
+def _locked_fc():
+    """A model factory that holds a lock (which pickle refuses)."""
+    import threading
+    lock, make = threading.Lock(), _fc()
+
+    def locked_fc():
+        with lock:
+            return make()
+    return locked_fc
+
+
 def _bad_loss(out, y):
     raise ValueError("the user's loss refused this batch")
 
@@ -219,6 +230,8 @@ def cases(spark, tmp: Path):
         f(model=lambda: {"w": 1})
     yield "model factory raises", "model=lambda: FCNet((12, 1 // 0))", \
         f(model=lambda: 1 // 0)
+    yield "model factory that cannot be pickled", "a factory holding a threading.Lock", \
+        f(model=_locked_fc())
     yield "model takes other rows", "FCNet((12, ...)) with shape=(3, 5)", f(shape=(3, 5))
     yield "model outputs != num_classes", "2 outputs, num_classes=3", \
         f(model=_fc(2), num_classes=3)
@@ -248,6 +261,13 @@ def cases(spark, tmp: Path):
         f(df=df.selectExpr("cast(features as string) as features", "label"))
     yield "float labels for cross_entropy", "label 0.5, 1.5 ...", \
         f(df=df.selectExpr("features", "label + 0.5 as label"))
+    yield "double labels that are not whole", "labels 0.5, 1.5, 2.5 as doubles", \
+        f(df=df.selectExpr("features", "cast(label as double) + 0.5 as label"))
+    yield "double labels beyond num_classes", "labels 0.0..2.0 as doubles, num_classes=2", \
+        f(df=df.selectExpr("features", "cast(label as double) as label"), model=_fc(2),
+          num_classes=2)
+    yield "string labels", "labels 'c0', 'c1', 'c2'", \
+        f(df=df.selectExpr("features", "concat('c', cast(label as string)) as label"))
     yield "unwritable run directory", "run_dir under a file", \
         lambda rd: fit(df, fc, run_dir=tmp / "a-file" / "run", **kw)
     yield "run directory of another model", "resume a run of FC 12-9-3 with FC 12-9-4", \
@@ -288,6 +308,7 @@ def main(argv=None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     from spark_dl import TaskError, get_session
+    load = os.getloadavg()[0]
     spark = get_session("local", master="local[2]",
                         conf={"spark.sql.shuffle.partitions": "2",
                               "spark.default.parallelism": "2"})
@@ -318,7 +339,8 @@ def main(argv=None):
         print(f"{secs:6.1f} s  {name}: {outcome}: {message[:160]}", flush=True)
     spark.stop()
     lines = ["# Bad inputs and faults: what the user gets", "",
-             (f"`scripts/bad_inputs.py` on local[2], {time.strftime('%Y-%m-%d %H:%M')} UTC: "
+             (f"`scripts/bad_inputs.py` on local[2], {time.strftime('%Y-%m-%d %H:%M')} UTC "
+              f"(load average {load:.1f} on {os.cpu_count()} cores at the start): "
               f"{len(rows)} cases, each a fit on 48 rows of 12 features in two partitions. "
               "\"seconds\" is from the call to the exception or the end of the fit (the run "
               "directories to resume were made before the clock started); where a run "
