@@ -113,25 +113,26 @@ def read_labels(col: pa.Array | pa.ChunkedArray | Sequence[pa.Array], label: str
                 row0: int = 0) -> np.ndarray:
     """A label column -> one writable numpy array (n, *shape), validated.
 
-    With ``num_classes`` or ``class_ids`` (a classifier's loss) the labels are class ids:
-    integers, or floating-point numbers that are whole (Spark ML's labels, StringIndexer's
-    output: 0.0, 1.0, ...), given as int64; a value that is not whole, or outside
-    0..num_classes-1, is a DataError naming the column, the row and the value. Otherwise
-    integers -> int64, floats -> float32 (targets). Strings are a DataError that shows the
+    With ``num_classes``, or ``class_ids`` (a classifier's loss) for a column of scalars, the
+    labels are class ids: integers, or floating-point numbers that are whole (Spark ML's
+    labels, StringIndexer's output: 0.0, 1.0, ...), given as int64; a value that is not whole,
+    or outside 0..num_classes-1, is a DataError naming the column, the row and the value.
+    Otherwise integers -> int64, floats -> float32 (targets; array labels under ``class_ids``
+    alone stay targets, e.g. class probabilities). Strings are a DataError that shows the
     StringIndexer line to add.
     """
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else \
         [col] if isinstance(col, pa.Array) else list(col)
-    ids = class_ids or num_classes is not None
     views = []
     for chunk in chunks:
         if len(chunk):
-            views.append(_label_view(chunk, label, shape, where, row0, num_classes, ids))
+            views.append(_label_view(chunk, label, shape, where, row0, num_classes, class_ids))
         row0 += len(chunk)
     if len({v.shape[1:] for v in views}) > 1:
         raise ragged_rows(label, where, {int(np.prod(v.shape[1:])) for v in views})
     if not views:
-        return np.zeros((0, *shape), np.int64 if ids or not len(shape) else np.float32)
+        ids = num_classes is not None or not len(shape)
+        return np.zeros((0, *shape), np.int64 if ids else np.float32)
     return _join(views)
 
 
@@ -143,12 +144,12 @@ def _is_strings(t: pa.DataType) -> bool:
 
 
 def _label_view(col: pa.Array, label: str, shape: Sequence[int], where: str, row0: int,
-                num_classes: int | None, ids: bool) -> np.ndarray:
+                num_classes: int | None, class_ids: bool) -> np.ndarray:
     t = col.type
     lists = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
     if _is_strings(t.value_type if lists else t):
         raise string_labels(label)
-    if not ids:
+    if num_classes is None and (not class_ids or lists):
         return _chunk_view(col, label, shape, where, row0)
     if not pa.types.is_floating(t.value_type if lists else t):
         y = _chunk_view(col, label, shape, where, row0, np.int64)

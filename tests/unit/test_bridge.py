@@ -211,6 +211,10 @@ def test_double_labels_are_class_ids_when_they_are_whole():
     # a classifier's loss without num_classes: class ids too; targets stay float32
     assert ShardData.from_arrow(_labels([0.0, 5.0]), class_ids=True).labels.dtype == np.int64
     assert ShardData.from_arrow(_labels([0.5, 5.0])).labels.dtype == np.float32
+    # array labels under a classifier's loss alone stay targets (class probabilities)
+    soft = ShardData.from_arrow(_labels([[0.25, 0.75], [1.0, 0.0]], pa.list_(pa.float64())),
+                                class_ids=True)
+    assert soft.labels.dtype == np.float32 and soft.labels.tolist() == [[0.25, 0.75], [1, 0]]
     with pytest.raises(DataError, match=r"column 'label': row 1 .* has label 1.5, which is not "
                                         r"a class id.*whole numbers \(0..2\)"):
         ShardData.from_arrow(_labels([0.0, 1.5, 1.0]), num_classes=3)
