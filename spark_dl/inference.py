@@ -118,10 +118,10 @@ def _predictor(key: str, make: Callable[[], Callable]) -> Callable:
 
 
 def _rows(part, n: int, shape: tuple) -> np.ndarray:
-    """A batch of a UDF's input, (m, n) float32: a Series of arrays (stacked, as
+    """A batch of a UDF's input, (m, n): a Series of arrays (stacked in their own dtype, as
     predict_batch_udf stacks them), or the DataFrame of an ML vector column's fields (how pandas
-    UDFs get VectorUDT), decoded as fit's tasks decode them; a null row or one of another
-    length is a ValueError naming it."""
+    UDFs get VectorUDT), decoded to float32 as fit's tasks decode them; a null row or one of
+    another length is a ValueError naming it."""
     import pyarrow as pa
 
     from spark_dl.data.bridge import column_to_numpy, row_lengths
@@ -148,7 +148,7 @@ def _rows(part, n: int, shape: tuple) -> np.ndarray:
                          f"column of flattened samples, or the right input_shape")
     if isinstance(part, pd.DataFrame):
         return column_to_numpy(col, "input", (n,), "batch", np.float32, finite=False)
-    return np.vstack(values).astype(np.float32, copy=False).reshape(len(values), n)
+    return np.vstack(values).reshape(len(values), n)     # integers (ids) as they are
 
 
 def _lengths(series) -> tuple[np.ndarray, np.ndarray]:
