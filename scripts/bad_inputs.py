@@ -343,7 +343,7 @@ def main(argv=None):
         print(f"{secs:6.1f} s  {name}: {outcome}: {message[:160]}", flush=True)
     spark.stop()
     lines = ["# Bad inputs and faults: what the user gets", "",
-             (f"`scripts/bad_inputs.py` on local[2], {time.strftime('%Y-%m-%d %H:%M')} UTC "
+             (f"`scripts/bad_inputs.py` on local[2] "
               f"(load average {load:.1f} on {os.cpu_count()} cores at the start): "
               f"{len(rows)} cases, each a fit on 48 rows of 12 features in two partitions. "
               "\"seconds\" is from the call to the exception or the end of the fit (the run "
