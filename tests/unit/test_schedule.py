@@ -66,7 +66,8 @@ def test_toml_keys_are_checked(tmp_path):
     assert load_toml(DemoConfig, p).train.fit_options == {"lr_scaling": "none",
                                                            "warmup_epochs": 1.5,
                                                            "grad_clip": "auto",
-                                                           "nesterov": False}
+                                                           "nesterov": False,
+                                                           "resources": None}
     for strategy in ("allreduce", "localsgd"):
         p.write_text(f"[train]\nepochs = 2\nnesterov = true\nstrategy = '{strategy}'\n")
         assert load_toml(DemoConfig, p).train.fit_options["nesterov"] is True
