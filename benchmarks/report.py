@@ -115,6 +115,16 @@ def missing(name: str, what: str) -> str:
     return f"Not measured: `benchmarks/results/{name}` is missing ({what})."
 
 
+def opened(p: Page, name: str, title: str, what: str) -> dict | None:
+    """A section's heading and its results file; None (the page says what is missing) when
+    the file is not there."""
+    p.section(title)
+    doc = load(name)
+    if doc is None:
+        p.add(missing(name, what))
+    return doc
+
+
 # --- the page ----------------------------------------------------------------------------
 
 class Page:
@@ -145,10 +155,9 @@ class Page:
 # --- the sections ------------------------------------------------------------------------
 
 def allreduce(p: Page):
-    name, doc = "allreduce.json", load("allreduce.json")
-    p.section("Training with `fit`: AllReduce against plain PyTorch and TorchDistributor")
+    name = "allreduce.json"
+    doc = opened(p, name, "Training with `fit`: AllReduce against plain PyTorch and TorchDistributor", "bench_allreduce.py")
     if doc is None:
-        p.add(missing(name, "bench_allreduce.py"))
         return
     p.add(f"The thesis CNN and FC net on the first {doc['rows']:,} shipped digits, SGD, "
           f"{doc['epochs']} epochs, 2 replicas of 1 thread on `local[2]`; TorchDistributor runs "
@@ -354,10 +363,9 @@ def scaling(p: Page):
 
 
 def downpour(p: Page):
-    name, doc = "downpour.json", load("downpour.json")
-    p.section("Asynchronous SGD: Downpour against AllReduce and Elephas")
+    name = "downpour.json"
+    doc = opened(p, name, "Asynchronous SGD: Downpour against AllReduce and Elephas", "bench_downpour.py --elephas")
     if doc is None:
-        p.add(missing(name, "bench_downpour.py --elephas"))
         return
     p.add(f"The thesis CNN on the first {doc['rows']:,} shipped digits (validation: the last "
           f"2,000), SGD lr 0.05, batch {doc['batch_per_replica']} a replica, {doc['epochs']} "
@@ -465,10 +473,9 @@ def parameter_server(p: Page):
 
 
 def gossip(p: Page):
-    name, doc = "gossip.json", load("gossip.json")
-    p.section("Gossip (RD-PSGD) against AllReduce and D-PSGD")
+    name = "gossip.json"
+    doc = opened(p, name, "Gossip (RD-PSGD) against AllReduce and D-PSGD", "bench_gossip.py")
     if doc is None:
-        p.add(missing(name, "bench_gossip.py"))
         return
     p.add("The thesis CNN on 8,000 distorted digits, SGD lr 0.05, batch 16 a replica; "
           "final accuracy after equal epochs (medians over 5 seeds) and the bytes a replica "
@@ -531,10 +538,9 @@ def localsgd(p: Page):
 
 
 def balance(p: Page):
-    name, doc = "balance.json", load("balance.json")
-    p.section("Heterogeneous replicas: the speed-proportional split")
+    name = "balance.json"
+    doc = opened(p, name, "Heterogeneous replicas: the speed-proportional split", "bench_balance.py")
     if doc is None:
-        p.add(missing(name, "bench_balance.py"))
         return
     p.add(f"The thesis CNN, 2 replicas on `local[2]`, {doc['batch_per_replica']} rows a "
           f"replica a step, lr {doc['lr']} × {doc['lr_decay']} an epoch, {doc['epochs']} "
@@ -567,10 +573,9 @@ def balance(p: Page):
 
 
 def amp(p: Page):
-    name, doc = "amp.json", load("amp.json")
-    p.section("Mixed precision (bf16) on the CPU")
+    name = "amp.json"
+    doc = opened(p, name, "Mixed precision (bf16) on the CPU", "bench_amp.py")
     if doc is None:
-        p.add(missing(name, "bench_amp.py"))
         return
     p.add(f"`amp=\"bf16\"` against float32, 2 replicas on `local[2]`, {doc['rows']:,} "
           f"distorted digits, batch {doc['batch']}, {doc['epochs']} epochs, medians of "
@@ -593,10 +598,9 @@ def amp(p: Page):
 
 
 def model_parallel(p: Page):
-    name, doc = "model_parallel.json", load("model_parallel.json")
-    p.section("Model parallelism: measured against the cost model")
+    name = "model_parallel.json"
+    doc = opened(p, name, "Model parallelism: measured against the cost model", "bench_model_parallel.py")
     if doc is None:
-        p.add(missing(name, "bench_model_parallel.py"))
         return
     p.add(f"A training step (batch {doc['batch']}, float32) of nets split by columns over 2 "
           "processes of 1 thread (gloo on loopback), against plain PyTorch with 1 and 2 "
@@ -621,10 +625,9 @@ def model_parallel(p: Page):
 
 
 def counting(p: Page):
-    name, doc = "counting.json", load("counting.json")
-    p.section("A synchronous parameter server against ring all-reduce (MCNN)")
+    name = "counting.json"
+    doc = opened(p, name, "A synchronous parameter server against ring all-reduce (MCNN)", "bench_counting.py")
     if doc is None:
-        p.add(missing(name, "bench_counting.py"))
         return
     p.add(f"MCNN (133,705 parameters) on {doc['scenes']} synthetic counting scenes of "
           f"{doc['size']}×{doc['size']}, batch {doc['batch_per_worker']} a worker, Adam, "
@@ -749,10 +752,9 @@ def inference(p: Page):
 
 
 def superres(p: Page):
-    name, doc = "superres.json", load("superres.json")
-    p.section("Super-resolution stages and inference")
+    name = "superres.json"
+    doc = opened(p, name, "Super-resolution stages and inference", "bench_superres.py")
     if doc is None:
-        p.add(missing(name, "bench_superres.py"))
         return
     p.add(f"One epoch over {doc['rows']:,} T91 patch pairs (σ = 20), Adam, global batch "
           f"{2 * doc['batch_per_replica']}: `fit` with 2 replicas on `{doc['master']}` against "
@@ -776,10 +778,9 @@ def superres(p: Page):
 
 
 def gpu(p: Page):
-    name, doc = "gpu.json", load("gpu.json")
-    p.section("GPU executors")
+    name = "gpu.json"
+    doc = opened(p, name, "GPU executors", "gpu_check.sh on a GPU machine")
     if doc is None:
-        p.add(missing(name, "gpu_check.sh on a GPU machine"))
         return
     s = doc["summary"]
     p.add(f"Machine: {doc['machine']}; torch {doc['torch']}, `{doc['spark_master']}`. Plain "
