@@ -173,33 +173,38 @@ def _shard(kind, lo, n, tmp):
     return s
 
 
-def _move_body(rank, world, kind, sizes, targets, tmp):
+def _move_body(rank, world, sizes, targets, tmp):
+    """Both kinds of shard, one after the other, in one group of ranks."""
     import torch
     lo = sum(sizes[:rank])
-    shard = _shard(kind, lo, sizes[rank], tmp)
-    moved = move_rows(shard, move_plan(sizes, targets), rank, torch.device("cpu"))
-    # a second re-split back to the original sizes (adaptive mode moves again)
-    back = move_rows(shard, move_plan(targets, sizes), rank, torch.device("cpu"))
-    # ... and forth once more, then the rows this replica holds, in its order
-    move_rows(shard, move_plan(sizes, targets), rank, torch.device("cpu"))
-    ys = [int(v) for _, y in shard.batches(1000, shuffle=False) for v in y]
-    xs = np.concatenate([x.numpy() for x, _ in shard.batches(1000, shuffle=False)])
-    return {"moved": moved, "back": back, "rows": len(shard), "labels": ys,
-            "features_match": bool((xs == np.asarray(ys, np.float32)[:, None]).all())}
+    out = {}
+    for kind in ("memory", "stream"):
+        shard = _shard(kind, lo, sizes[rank], tmp)
+        moved = move_rows(shard, move_plan(sizes, targets), rank, torch.device("cpu"))
+        # a second re-split back to the original sizes (adaptive mode moves again)
+        back = move_rows(shard, move_plan(targets, sizes), rank, torch.device("cpu"))
+        # ... and forth once more, then the rows this replica holds, in its order
+        move_rows(shard, move_plan(sizes, targets), rank, torch.device("cpu"))
+        ys = [int(v) for _, y in shard.batches(1000, shuffle=False) for v in y]
+        xs = np.concatenate([x.numpy() for x, _ in shard.batches(1000, shuffle=False)])
+        out[kind] = {"moved": moved, "back": back, "rows": len(shard), "labels": ys,
+                     "features_match": bool((xs == np.asarray(ys, np.float32)[:, None]).all())}
+    return out
 
 
-@pytest.mark.parametrize("kind", ["memory", "stream"])
-def test_rows_move_between_replicas_and_none_is_lost_or_doubled(kind, tmp_path):
+def test_rows_move_between_replicas_and_none_is_lost_or_doubled(tmp_path):
     sizes, targets = [40, 40, 40], row_targets(120, [10, 30, 20])     # [20, 60, 40]
-    out = run_on_ranks(_move_body, 3, tmp_path, kind, sizes, targets, str(tmp_path))
-    assert [r["rows"] for r in out] == targets
-    assert [r["moved"] for r in out] == [20, 20, 0]
-    assert [r["back"] for r in out] == [20, 20, 0]
-    assert all(r["features_match"] for r in out)
-    assert sorted(v for r in out for v in r["labels"]) == list(range(120))
-    assert out[0]["labels"] == list(range(20))          # the lender keeps the head of its rows
-    assert out[1]["labels"][:40] == list(range(40, 80))  # the borrower's own rows come first
-    assert out[2]["labels"] == list(range(80, 120))
+    reports = run_on_ranks(_move_body, 3, tmp_path, sizes, targets, str(tmp_path))
+    for kind in ("memory", "stream"):
+        out = [r[kind] for r in reports]
+        assert [r["rows"] for r in out] == targets, kind
+        assert [r["moved"] for r in out] == [20, 20, 0]
+        assert [r["back"] for r in out] == [20, 20, 0]
+        assert all(r["features_match"] for r in out)
+        assert sorted(v for r in out for v in r["labels"]) == list(range(120))
+        assert out[0]["labels"] == list(range(20))          # the lender keeps the head
+        assert out[1]["labels"][:40] == list(range(40, 80))  # the borrower's own rows first
+        assert out[2]["labels"] == list(range(80, 120))
 
 
 def test_shard_tail_truncate_extend_agree_for_both_kinds(tmp_path):
