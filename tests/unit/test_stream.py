@@ -206,22 +206,56 @@ def test_an_empty_partition_gives_no_batches(tmp_path):
     assert shard.empty_batch()[0].shape == (0, 4)
 
 
-_HOLDER = textwrap.dedent("""
-    import sys, time
+# One child process for both tests below (a fresh interpreter imports torch: seconds): first a
+# full local disk (a file size limit it then lifts), then a spill it holds until killed.
+_CHILD = textwrap.dedent("""
+    import resource, signal, sys, time
     import numpy as np, pyarrow as pa
     from spark_dl.data.stream import open_shard
+    from spark_dl.errors import ResourceError
+    full, held = sys.argv[1:3]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # writes past the limit fail with EFBIG
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    x = np.zeros((1000, 64), np.uint8)
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([r.tobytes() for r in x], pa.binary()), pa.array(np.zeros(1000, np.int64))],
+        ["features", "label"])
+    try:
+        open_shard([batch] * 4, shape=(64,), data="stream", directory=full,
+                   where="partition 2")
+        print("no error")
+    except ResourceError as e:
+        print(str(e).replace("\\n", " "))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     x = np.zeros((4096, 1024), np.uint8)
     batch = pa.RecordBatch.from_arrays(
         [pa.array([r.tobytes() for r in x], pa.binary()), pa.array(np.zeros(4096, np.int64))],
         ["features", "label"])
-    shard = open_shard([batch] * 8, shape=(1024,), data="stream", directory=sys.argv[1])
+    shard = open_shard([batch] * 8, shape=(1024,), data="stream", directory=held)
     assert shard.spilled_bytes == 8 * 4096 * (1024 + 8)
     print("spilled", flush=True)
     time.sleep(120)
 """)
 
 
-def test_spill_files_are_gone_after_success_and_after_a_killed_task(tmp_path):
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    """The child, its two directories and its first line (what the full disk said), once it
+    holds its spill."""
+    full, held = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("held")
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(full), str(held)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        said, spilled = proc.stdout.readline().rstrip("\n"), proc.stdout.readline().strip()
+        assert spilled == "spilled", (said, spilled, proc.stderr.read() if proc.poll() else "")
+        yield proc, full, held, said
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_spill_files_are_gone_after_success_and_after_a_killed_task(tmp_path, child):
     x, y = _pixels(300, 64)
     shard = open_shard(_binary_batches(x, y), shape=(64,), data="stream",
                        directory=str(tmp_path))
@@ -238,44 +272,17 @@ def test_spill_files_are_gone_after_success_and_after_a_killed_task(tmp_path):
     assert not [link for link in links if link.startswith(str(tmp_path))]
 
     # a task killed with SIGKILL (no finally runs): the kernel drops the file with it
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "spilled"
-        held = [os.readlink(f"/proc/{proc.pid}/fd/{fd}")
-                for fd in os.listdir(f"/proc/{proc.pid}/fd")]
-        assert any(h.startswith(str(tmp_path)) and h.endswith("(deleted)") for h in held)
-        assert os.listdir(tmp_path) == []
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    assert not os.path.exists(f"/proc/{proc.pid}") and os.listdir(tmp_path) == []
+    proc, _, held_dir, _ = child
+    held = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+    assert any(h.startswith(str(held_dir)) and h.endswith("(deleted)") for h in held)
+    assert os.listdir(held_dir) == []
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert not os.path.exists(f"/proc/{proc.pid}") and os.listdir(held_dir) == []
 
 
-_FULL_DISK = textwrap.dedent("""
-    import resource, signal, sys
-    import numpy as np, pyarrow as pa
-    from spark_dl.data.stream import open_shard
-    from spark_dl.errors import ResourceError
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # writes past the limit fail with EFBIG
-    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
-    x = np.zeros((1000, 64), np.uint8)
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array([r.tobytes() for r in x], pa.binary()), pa.array(np.zeros(1000, np.int64))],
-        ["features", "label"])
-    try:
-        open_shard([batch] * 4, shape=(64,), data="stream", directory=sys.argv[1],
-                   where="partition 2")
-    except ResourceError as e:
-        print(e)
-""")
-
-
-def test_a_full_local_disk_is_a_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path)], text=True,
-                         capture_output=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr
-    msg = out.stdout
-    assert msg.startswith("the local disk is full: spilling the partition 2 to " + str(tmp_path))
+def test_a_full_local_disk_is_a_clear_error(child):
+    _, full, _, msg = child
+    assert msg.startswith("the local disk is full: spilling the partition 2 to " + str(full))
     assert "needs at least 64,000 more bytes" in msg and "spark.local.dir" in msg
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(full) == []
