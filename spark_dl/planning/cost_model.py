@@ -34,7 +34,7 @@ from ..model_parallel.comm import Comm, split_sizes
 
 __all__ = ["Cluster", "Link", "Plan", "StepCost", "activation_bytes", "collective_counts",
            "fc_step_cost", "flat_input_shape", "master_counts", "plan", "predict_seconds",
-           "probe", "probe_flops", "step_cost", "thesis_published"]
+           "probe", "probe_flops", "saved_activation_bytes", "step_cost", "thesis_published"]
 
 
 def thesis_published(sizes: list[int], F: int, M: int, unit: int = 1) -> dict:
@@ -206,8 +206,23 @@ def step_cost(model_fn, input_shape: tuple, F: int, batch: int, dtype=None,
     comm = CountingComm(F)
     part = partition_model(full, comm)
     x = torch.zeros(batch, *input_shape, dtype=input_dtype or dtype, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        saved = _saved_bytes(part, x)
+    counts = comm.group_counts()
+    sizes = fc_sizes(full)
+    acts = activation_bytes(sizes, F, batch, dtype.itemsize) if sizes else 2 * saved
+    return StepCost(F, counter.get_total_flops(), counts["total_messages"],
+                    counts["total_bytes"], sum(p.numel() for p in part.parameters()), acts,
+                    sum(p.numel() for p in full.parameters()))
+
+
+def _saved_bytes(model, x) -> int:
+    """Bytes of the distinct tensors autograd saves in a forward of ``model`` on ``x`` (both
+    on the meta device) other than its parameters, then a backward of a sum of squares of the
+    output (the loss's stand-in)."""
+    import torch
     # a storage's identity: _cdata (meta storages have no address)
-    params = {p.untyped_storage()._cdata for p in part.parameters()}
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
     saved: dict[int, int] = {}                     # storage -> bytes
 
     def pack(t):
@@ -216,19 +231,24 @@ def step_cost(model_fn, input_shape: tuple, F: int, batch: int, dtype=None,
             saved[storage._cdata] = storage.nbytes()
         return t
 
-    with FlopCounterMode(display=False) as counter:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = part(x)
-            out = out[0] if isinstance(out, tuple) else out
-            loss = out.pow(2).sum()
-        loss.backward()
-    counts = comm.group_counts()
-    sizes = fc_sizes(full)
-    acts = activation_bytes(sizes, F, batch, dtype.itemsize) if sizes \
-        else 2 * sum(saved.values())
-    return StepCost(F, counter.get_total_flops(), counts["total_messages"],
-                    counts["total_bytes"], sum(p.numel() for p in part.parameters()), acts,
-                    sum(p.numel() for p in full.parameters()))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+        out = out[0] if isinstance(out, tuple) else out
+        loss = out.pow(2).sum()
+    loss.backward()
+    return sum(saved.values())
+
+
+def saved_activation_bytes(model, input_shape: tuple, batch: int, dtype=None,
+                           input_dtype=None) -> int:
+    """What a step of the whole ``model`` (built on the meta device) keeps for backward on a
+    batch of ``batch`` inputs of shape ``input_shape``: twice the distinct tensors autograd
+    saves other than the parameters (each held until backward, then its gradient beside
+    it), as ``step_cost`` counts them for a model it cannot price by formula."""
+    import torch
+    x = torch.zeros(batch, *input_shape, dtype=input_dtype or dtype or torch.float32,
+                    device="meta")
+    return 2 * _saved_bytes(model, x)
 
 
 @dataclasses.dataclass(frozen=True)

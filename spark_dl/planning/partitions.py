@@ -9,17 +9,18 @@ import torch
 
 from ..errors import ConfigError
 
-__all__ = ["MODEL_PARALLEL", "Layout", "check_master_backprop", "model_parallel_algorithm",
-           "plan_partitions"]
+__all__ = ["MODEL_PARALLEL", "Layout", "check_master_backprop", "choose",
+           "model_parallel_algorithm", "plan_partitions", "task_memory"]
 
 MODEL_PARALLEL = ("collective", "master")      # how partitions > 1 split a replica's model
 _ALIASES = {"thesis": "master"}                # the master algorithm's former name
 
 
-def plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log) -> tuple[int, int]:
+def plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log,
+                    optimizer: str = "sgd", momentum: float = 0.0) -> tuple[int, int]:
     """partitions="auto": F and R from cost_model.plan (a step of the model priced on the meta
     device, inputs of ``shape``, or the first layer's width for flat features), with the link
-    probed on the cluster."""
+    probed on the cluster; ``choose`` adds what FSDP would need (fit's ``optimizer``)."""
     from . import cost_model
     with torch.device("meta"):
         shape = tuple(shape) or cost_model.flat_input_shape(model_fn())
@@ -36,21 +37,67 @@ def plan_partitions(spark, model_fn, shape, batch_size, slots, dtype, log) -> tu
         link, flops = cost_model.probe_cluster(spark, with_flops=True)
     else:
         link, flops = cost_model.Link(0.0, 0.0), cost_model.probe_flops()
-    memory = _task_memory(spark)
-    plan = cost_model.plan(model_fn, batch_size, cost_model.Cluster(slots, memory, link, flops),
-                           itemsize=8 if dtype == "float64" else 4, input_shape=shape)
+    cluster = cost_model.Cluster(slots, task_memory(spark), link, flops)
+    plan = choose(model_fn, shape, batch_size, cluster, dtype, optimizer, momentum)
     if log is not None:
         log(f"partitions='auto': {plan.explanation} (link: {link.t_lat * 1e6:.0f} us per "
             f"message, {link.t_data * 1e9:.2f} ns per byte)")
     return plan.partitions, plan.replicas
 
 
-def _task_memory(spark) -> int:
+def choose(model_fn, shape: tuple, batch_size: int, cluster, dtype: str,
+           optimizer: str = "sgd", momentum: float = 0.0):
+    """cost_model.plan's pick of F and R for the column split, said beside FSDP: where the
+    whole model fits a task (F = 1) nothing is split; where it does not, the explanation says
+    whether FSDP over the cluster's slots would fit as well, and where no F fits, the
+    ResourceError says whether FSDP does. FSDP's figure is strategies/fsdp/memory.py's rule
+    (``optimizer``'s state) on the planner's basis: the model's state, gathered units and
+    activations against a task's memory, without the worker's own footprint (FSDP's check in
+    fit adds it)."""
+    import dataclasses
+
+    from ..errors import ResourceError
+    from . import cost_model
+
+    def fsdp() -> str:
+        return _fsdp(model_fn, shape, batch_size, cluster, dtype, optimizer, momentum)
+
+    try:
+        plan = cost_model.plan(model_fn, batch_size, cluster,
+                               itemsize=8 if dtype == "float64" else 4, input_shape=shape)
+    except ValueError as e:
+        if not str(e).startswith("no partitioning"):
+            raise
+        raise ResourceError(f"partitions='auto': {e}; {fsdp()} (strategy=FSDP())") from None
+    if plan.partitions == 1:
+        why = "F=1: the whole model fits a task, nothing to split (nor to shard with FSDP)"
+    else:
+        why = (f"F={plan.partitions}: the whole model does not fit a task; {fsdp()} "
+               f"(strategy=FSDP()); the column split also divides each layer's compute")
+    return dataclasses.replace(plan, explanation=f"{plan.explanation}; {why}")
+
+
+def _fsdp(model_fn, shape, batch_size, cluster, dtype, optimizer, momentum) -> str:
+    """What FSDP over the cluster's slots would need, and whether it fits, in a few words."""
+    from ..strategies.fsdp.memory import OPTIMIZER_SLOTS, model_estimate, verdict
+    if optimizer not in OPTIMIZER_SLOTS:
+        return f"FSDP does not train with optimizer {optimizer!r}"
+    with torch.device("meta"):
+        model = model_fn()
+    _, est = model_estimate(model, None, getattr(torch, dtype), optimizer, momentum,
+                            shape=shape, batch_size=batch_size, margin=0)
+    return verdict(est, cluster.slots, cluster.memory_bytes)
+
+
+UNLIMITED = 1 << 62                            # task_memory without a limit
+
+
+def task_memory(spark) -> int:
     """Bytes a task's Python worker may use: spark.executor.pyspark.memory over the executor's
-    cores (unset: no limit)."""
+    cores (unset: ``UNLIMITED``)."""
     value = spark.conf.get("spark.executor.pyspark.memory", None)
     if not value:
-        return 1 << 62
+        return UNLIMITED
     import re
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(b?)\s*", value.lower())
     if not m:

@@ -386,9 +386,10 @@ class ReplicaLoop:
         self.hooks.finish(self)
         result = self._result()
         full = self.hooks.full_state(self, result)
+        state = state_bytes(full) if self.rank == 0 else b""
+        del full                          # (info's peak memory includes the model's bytes)
         info = self._info(start if mine is not None else None, t_setup, t_fit)
         self.hooks.close()
-        state = state_bytes(full) if self.rank == 0 else b""
         return {"state": state, "history": self.history, "info": info}
 
     def _info(self, resumed: int | None, t_setup: float, t_fit: float) -> dict:

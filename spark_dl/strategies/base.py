@@ -377,17 +377,27 @@ class Run:
                          mlflow_run_id=tracker.mlflow_run_id)
 
 
-def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
+def run_barrier(job: Job, run: Run, task, schema: str, title: str,
+                info: dict | None = None) -> FitResult:
     """Run a replica-per-task barrier stage whose task 0 returns the model (runtime.stage's
-    barrier_task; ``run.serve()`` gave the tasks their channel) and finish the fit with it."""
+    barrier_task; ``run.serve()`` gave the tasks their channel) and finish the fit with it:
+    its bytes, or the file its info's ``model_file`` names in the run directory (FSDP's,
+    removed once read); ``info``: the driver's own entries for info.json, beside the
+    tasks'."""
     row = barrier_row(job, run, task, schema)
     net = job.model_fn()
     net = net.double() if job.stage["dtype"] == "float64" else net
-    net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True))
+    stage_info = json.loads(row.info)
+    written = stage_info.get("model_file")
+    if written:
+        net.load_state_dict(torch.load(run.path / written, weights_only=True, mmap=True))
+        (run.path / written).unlink()
+    else:
+        net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True))
     history = json.loads(row.history)
     for h in history:                      # epochs whose live messages were lost
         job.tracker.epoch(h)
-    return run.finish(net, history, json.loads(row.info), title)
+    return run.finish(net, history, {**stage_info, **(info or {})}, title)
 
 
 def barrier_row(job: Job, run: Run, task, schema: str):

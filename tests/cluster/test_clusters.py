@@ -517,6 +517,43 @@ def test_model_larger_than_a_python_worker_trains_split_in_two(venv_bin, tmp_pat
     assert fits["2"]["history"][0]["samples"] == 64
 
 
+FSDP_MEMORY_JOB = ROOT / "tests" / "cluster" / "fsdp_memory_job.py"
+
+
+@pytest.mark.long
+def test_transformer_larger_than_a_python_worker_trains_with_fsdp_over_two(venv_bin, tmp_path):
+    """A 100M-parameter transformer under FSDP with Adam in float32, each Python worker capped
+    at MEMORY_CAP: its parameters, gradients and Adam state (1.5 GiB) do not fit what a worker
+    has left once it is up. At 1 replica the driver refuses the fit before any task, with a
+    ResourceError naming the bytes needed, the cap and the 2 replicas that fit; over 2
+    replicas it trains, each replica holding half and peaking under the cap. glibc keeps
+    freed blocks for reuse, which puts a worker's peak well above what it holds:
+    MALLOC_MMAP_THRESHOLD_ hands large blocks back (docs/guides/fsdp.md, "Memory")."""
+    out = tmp_path / "out.json"
+    _submit(venv_bin, "--properties-file", ROOT / "conf/spark/local-cluster.conf",
+            "--conf", f"spark.executor.pyspark.memory={MEMORY_CAP}",
+            "--conf", "spark.executorEnv.MALLOC_MMAP_THRESHOLD_=131072",
+            FSDP_MEMORY_JOB, out, tmp_path / "runs", "--replicas", "1,2", timeout=1500)
+    report = json.loads(out.read_text())
+    one, two = report["fits"]["1"], report["fits"]["2"]
+    cap_mb = int(MEMORY_CAP.rstrip("m"))
+    assert one["error"].startswith("ResourceError: FSDP needs about "), one
+    assert f"may use {cap_mb:,} MiB (spark.executor.pyspark.memory" in one["error"]
+    assert "It fits over 2 replicas" in one["error"] and "pass replicas=2" in one["error"]
+    assert two.get("ok"), two
+    estimate, memory = two["estimate"], two["memory"]
+    assert estimate["limit_mb"] == cap_mb and estimate["need_mb"] <= cap_mb
+    state_mb = report["parameters"] * 4 * 4 / 2**20      # parameters, gradients, Adam's two
+    room_mb = cap_mb - max(m["start_vm_mb"] for m in memory)
+    assert state_mb > room_mb > state_mb / 2
+    assert len(memory) == 2
+    for m in memory:
+        assert m["start_vm_mb"] <= estimate["margin_mb"]     # the rule's margin holds the worker
+        assert m["peak_vm_mb"] < cap_mb and m["peak_rss_mb"] < cap_mb
+        assert m["optimizer_mb"] == pytest.approx(state_mb / 4, rel=0.01)   # half of Adam's
+    assert two["history"][0]["samples"] == 16
+
+
 @pytest.mark.long
 @pytest.mark.cluster
 def test_standalone_job_runs_in_the_shipped_environment(venv_bin, standalone, tmp_path):

@@ -61,11 +61,20 @@ def test_fsdp_steps_allreduces_update_and_resumes_from_its_shards(spark, tmp_pat
     assert info["model_parameters_mb"] == pytest.approx(whole_mb)
     assert sum(m["parameters_mb"] for m in memory) == pytest.approx(whole_mb)
     assert all(m["parameters_mb"] < whole_mb * 0.6 for m in memory)      # about half each
+    # the driver's estimate: replica 0's shards as FSDP cut them (parameters, gradients,
+    # momentum), the worker before the model measured; no cap in local mode
+    estimate = info["memory_estimate"]
+    assert estimate["limit_mb"] is None and estimate["optimizer_slots"] == 1
+    assert estimate["shards_mb"] == pytest.approx(
+        memory[0]["parameters_mb"] + memory[0]["gradients_mb"] + memory[0]["optimizer_mb"])
+    assert all(0 < m["start_rss_mb"] <= m["peak_rss_mb"] for m in memory)
     # the checkpoint: each replica's shards, no model in checkpoint.pt; the result whole
     ckpt = torch.load(cut / "checkpoint.pt", weights_only=True)
     assert "model" not in ckpt and "optimizer" not in ckpt
     assert sorted(os.listdir(cut / "checkpoint-fsdp" / "epoch-1")) == \
         [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    # replica 0 wrote the model gathered whole into the run directory, which the driver read
+    assert info["model_file"] == "model-fsdp.pt" and not (cut / "model-fsdp.pt").exists()
     saved = torch.load(cut / "model.pt", weights_only=True)
     assert {k: v.shape for k, v in saved.items()} == \
         {k: v.shape for k, v in cnn().state_dict().items()}
@@ -126,6 +135,37 @@ def test_bad_models_and_policies_name_the_fix(spark, strategy, model, fix):
     x, y = digits(8)
     with pytest.raises(ConfigError, match=fix):
         fit(frame(spark, x[:, :4], y % 4, [4, 4]), model, strategy=strategy, log=None)
+
+
+def test_too_few_replicas_for_the_python_workers_memory_is_refused_before_any_task(spark,
+                                                                                   tmp_path):
+    """spark.executor.pyspark.memory between what a replica needs at 1 and at 2 replicas (the
+    session's conf: local mode does not enforce it): the fit at 1 stops on the driver with a
+    ResourceError naming the bytes, the limit and the 2 replicas that fit."""
+    from spark_dl.errors import ResourceError
+    from spark_dl.models import FCNet
+    from spark_dl.strategies.fsdp.memory import model_estimate
+
+    def net():
+        return FCNet((784, 512, 512, 10))
+
+    with torch.device("meta"):
+        _, est = model_estimate(net(), None, torch.float64, "adam", 0.0, shape=(784,),
+                                batch_size=8)
+    limit_kib = (est.need(1) + est.need(2)) // 2 >> 10
+    x, y = digits(16)
+    conf = spark.conf
+    conf.set("spark.sql.legacy.setCommandRejectsSparkCoreConfs", "false")
+    conf.set("spark.executor.pyspark.memory", f"{limit_kib}k")
+    try:
+        with pytest.raises(ResourceError, match=r"FSDP needs about .* a replica over 1: .*"
+                                                r"It fits over 2 replicas .*pass replicas=2"):
+            fit(frame(spark, x, y, [8, 8]), net, strategy=FSDP(), replicas=1,
+                optimizer="adam", run_dir=tmp_path / "run", **dict(KW, shape=(784,)))
+    finally:
+        conf.unset("spark.executor.pyspark.memory")
+        conf.unset("spark.sql.legacy.setCommandRejectsSparkCoreConfs")
+    assert not (tmp_path / "run").exists()                  # refused before the run began
 
 
 def test_bad_options_name_the_fix(spark):

@@ -86,6 +86,49 @@ def test_the_tutorial_ddp_function_trains_to_allreduce_weights(spark, digits, re
     assert any(line.startswith("epoch 1") and "loss" in line for line in lines), lines
 
 
+def fsdp2_train(lr, momentum):
+    """A user's own FSDP2 loop on the group run makes: each of the CNN's layers and then the
+    whole model sharded with fully_shard; returns the model gathered whole and the shards'
+    shapes on rank 0."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    import spark_dl
+    from spark_dl.models import build_model
+
+    ctx = spark_dl.context()
+    torch.manual_seed(0)                               # the same start on every rank
+    model = build_model("cnn").double()
+    for layer in [*model.features, model.classifier]:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    for x, y in ctx.batches(0):
+        opt.zero_grad()
+        F.cross_entropy(model(x.double()), y).backward()   # gradients: the ranks' mean
+        opt.step()
+    shards = {n: (tuple(p.to_local().shape), tuple(p.shape))
+              for n, p in model.named_parameters()}
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+    return {"state": full, "shards": shards}
+
+
+def test_a_users_fsdp2_function_shards_the_cnn_and_trains_to_allreduce_weights(
+        spark, digits, reference, tmp_path):
+    out = spark_dl.run(fsdp2_train, LR, MOMENTUM, df=digits, shape=(1, 28, 28),
+                       batch_size=BATCH, run_dir=tmp_path / "run", log=None)
+    net = spark_dl.models.build_model("cnn").double()
+    net.load_state_dict(out["state"])
+    assert_same_weights(net, reference, tol=1e-9)
+    assert out["shards"].keys() == dict(net.named_parameters()).keys()
+    for local, whole in out["shards"].values():        # rank 0's half of every parameter
+        assert local == (-(-whole[0] // 2), *whole[1:])
+
+
 def env_and_value(tag):
     import os
 

@@ -174,7 +174,8 @@ class Downpour(Strategy):
         if partitions == "auto":
             partitions, planned = plan_partitions(
                 job.spark, job.model_fn, job.stage["shape"], job.stage["batch_size"],
-                job.slots, job.stage["dtype"], job.log)
+                job.slots, job.stage["dtype"], job.log, job.train["optimizer"],
+                job.train["momentum"])
             job.replicas = job.replicas or planned
         job.plan["partitions"] = partitions
         replicas = job.replicas = job.replicas or max(min(job.partitions or job.slots, job.slots)

@@ -8,12 +8,14 @@ from typing import ClassVar
 import torch
 
 from ...errors import ConfigError
+from ...planning.partitions import UNLIMITED, task_memory
 from ...runtime.amp import check_amp
 from ...runtime.loop import FitParts
 from ...runtime.stage import RESULT_SCHEMA, LocalStepConfig
 from ..base import FitResult, Job, Run, Strategy, options, run_barrier
 from . import task as _task
-from .units import check_wrap, describe_wrap, wrap_units
+from .memory import check_memory, model_estimate
+from .units import check_wrap, describe_wrap
 
 __all__ = ["FSDP"]
 
@@ -60,7 +62,20 @@ class FSDP(Strategy):
             raise ConfigError(f"optimizer {job.train['optimizer']!r} searches along a line "
                               f"with the whole gradient, which FSDP's replicas hold a shard of "
                               f"each; use sgd, adam, adagrad or rmsprop")
-        job.plan["units"] = wrap_units(_structure(job), self.wrap)
+        shape = tuple(job.stage["shape"]) or \
+            (tuple(job.validation[0].shape[1:]) if job.validation is not None else ())
+        job.plan["units"], job.plan["memory"] = model_estimate(
+            _structure(job), self.wrap, job.dtype, job.train["optimizer"],
+            job.train["momentum"], self.reshard_after_forward, shape, job.stage["batch_size"])
+
+    def tasks(self, job: Job) -> int:
+        """The replicas, and the check that a replica's estimated memory (memory.py) fits a
+        task's Python worker: a ResourceError naming the replicas that fit."""
+        replicas = super().tasks(job)
+        limit = task_memory(job.spark)
+        job.plan["limit"] = limit if limit < UNLIMITED else None
+        check_memory(job.plan["memory"], replicas, limit, job.slots)
+        return replicas
 
     def describe(self) -> dict:
         return {**super().describe(), "wrap": describe_wrap(self.wrap)}
@@ -74,7 +89,9 @@ class FSDP(Strategy):
         job.say(f"fsdp ({len(units)} unit(s) and the root"
                 f"{', bf16' if self.amp else ''}): {job.replicas} replica(s), run directory "
                 f"{run.path}")
-        return run_barrier(job, run, task, RESULT_SCHEMA, f"fsdp, {job.replicas} replica(s)")
+        memory = job.plan["memory"].describe(job.replicas, job.plan["limit"])
+        return run_barrier(job, run, task, RESULT_SCHEMA, f"fsdp, {job.replicas} replica(s)",
+                           info={"memory_estimate": memory})
 
 
 def _structure(job: Job) -> torch.nn.Module:

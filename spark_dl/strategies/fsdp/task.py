@@ -12,11 +12,13 @@ A replica whose shard is used up still runs each unit's collectives: a forward a
 zero times the loss, in eval mode (no running statistics change), on a row it kept. The
 checkpoint after every epoch is each replica's own shards through torch.distributed.checkpoint
 (``run_dir/checkpoint-fsdp/epoch-<e>/``, which reshards on load: a fit may resume on another
-number of replicas); the model returned is gathered once, on replica 0.
+number of replicas); the model returned is gathered once, on replica 0, which writes it into
+the run directory for the driver (or, where it does not reach the driver's, returns its bytes).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from spark_dl.data.memory import proc_status_kib
 from spark_dl.errors import ConfigError, DataError
 from spark_dl.runtime.buffers import collective_device
 from spark_dl.runtime.loop import FitParts, Hooks, ReplicaLoop, replica_task
@@ -31,9 +34,10 @@ from spark_dl.runtime.stage import LocalStepConfig, peak_memory_mb
 
 from .units import wrap_units
 
-__all__ = ["CHECKPOINTS", "FSDPHooks", "make_task"]
+__all__ = ["CHECKPOINTS", "MODEL_FILE", "FSDPHooks", "make_task"]
 
 CHECKPOINTS = "checkpoint-fsdp"      # the run directory's folder of sharded checkpoints
+MODEL_FILE = "model-fsdp.pt"         # the model replica 0 gathered, for the driver to load
 
 
 def make_task(cfg: LocalStepConfig, options, parts: FitParts, secret: str,
@@ -62,6 +66,9 @@ class FSDPHooks(Hooks):
         self.blank = None
         self.idle_steps = 0
         self.checkpoint_s = 0.0
+        self.model_file = None            # where replica 0 wrote the model (full_state)
+        # the worker before the model (its shard read, the group up): memory.py's MARGIN
+        self.start = [(proc_status_kib(f) or -1024) / 1024 for f in ("VmRSS", "VmSize")]
 
     # -- sharding --------------------------------------------------------------------------
     def wrap(self, loop: ReplicaLoop) -> None:
@@ -182,38 +189,61 @@ class FSDPHooks(Hooks):
     def finish(self, loop: ReplicaLoop) -> None:
         if loop.rank == 0:                # the last checkpoint's shards and the one before
             self._prune(self._folder(loop), len(loop.history) - 1)
+        self.held = self._held(loop)
 
-    # -- the result ------------------------------------------------------------------------
-    def full_state(self, loop: ReplicaLoop, model) -> dict:
-        """The whole model, gathered once onto replica 0's CPU ({} elsewhere)."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                    cpu_offload=True))
-
-    def info(self, loop: ReplicaLoop) -> dict:
-        """What each replica holds and its measured peak memory (one all-gather)."""
-        held = sum(_local(p).numel() * p.element_size() for p in self.params)
+    def _held(self, loop: ReplicaLoop) -> tuple[int, int, int]:
+        """Bytes of this replica's shards: parameters, gradients, optimizer state."""
+        params = sum(_local(p).numel() * p.element_size() for p in self.params)
         grads = sum(_local(p.grad).numel() * p.grad.element_size() for p in self.params
                     if p.grad is not None)
         optim = sum(_local(v).numel() * v.element_size() for s in loop.opt.state.values()
                     for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return params, grads, optim
+
+    # -- the result ------------------------------------------------------------------------
+    def full_state(self, loop: ReplicaLoop, model) -> dict:
+        """The whole model, gathered once onto replica 0's CPU ({} elsewhere); the gradients
+        and the optimizer's state are freed first (the fit is over). Where replica 0 reaches
+        the driver's run directory (its config.json is there), it writes the model there
+        (MODEL_FILE, which the driver loads) and returns {}: the model crosses no JVM, and
+        the worker holds it once, not also as bytes."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+        loop.opt.zero_grad(set_to_none=True)
+        loop.opt.state.clear()
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                    cpu_offload=True))
+        run_dir = Path(loop.parts.run_dir)
+        if loop.rank != 0 or not (run_dir / "config.json").exists():
+            return full
+        target = run_dir / MODEL_FILE
+        tmp = target.with_name(f".{MODEL_FILE}.tmp-{os.getpid()}")
+        torch.save(full, tmp)             # (written record by record: no copy in memory)
+        os.replace(tmp, target)
+        self.model_file = MODEL_FILE
+        return {}
+
+    def info(self, loop: ReplicaLoop) -> dict:
+        """What each replica holds, its worker's memory before the model and its measured
+        peak (one all-gather)."""
+        held, grads, optim = self.held               # (at the end of training)
         peak = peak_memory_mb()
         gpu = torch.cuda.max_memory_allocated(loop.device) / 2**20 \
             if loop.device.type == "cuda" else -1.0
-        mine = torch.tensor([peak["peak_rss_mb"], peak.get("peak_vm_mb", -1.0), gpu,
-                             held / 2**20, grads / 2**20, optim / 2**20, self.idle_steps],
+        mine = torch.tensor([*self.start, peak["peak_rss_mb"], peak.get("peak_vm_mb", -1.0),
+                             gpu, held / 2**20, grads / 2**20, optim / 2**20, self.idle_steps],
                             dtype=torch.float64, device=self.where)
         every = [torch.zeros_like(mine) for _ in range(loop.world)]
         dist.all_gather(every, mine)
-        keys = ("peak_rss_mb", "peak_vm_mb", "peak_gpu_mb", "parameters_mb", "gradients_mb",
-                "optimizer_mb", "idle_steps")
+        keys = ("start_rss_mb", "start_vm_mb", "peak_rss_mb", "peak_vm_mb", "peak_gpu_mb",
+                "parameters_mb", "gradients_mb", "optimizer_mb", "idle_steps")
         memory = [{k: int(v) if k == "idle_steps" else v for k, v in zip(keys, row.tolist())
                    if v >= 0} for row in every]
         full = sum(p.numel() * p.element_size() for p in self.params)   # (DTensors: whole)
         return {"units": self.units, "reshard_after_forward": self.options.reshard_after_forward,
                 "amp": self.options.amp, "model_parameters_mb": full / 2**20,
+                "model_file": self.model_file,
                 "memory_per_replica": memory,
                 "timings": {"checkpoint_s": self.checkpoint_s}}
