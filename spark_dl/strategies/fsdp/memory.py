@@ -41,7 +41,7 @@ __all__ = ["MARGIN", "OPTIMIZER_SLOTS", "Estimate", "check_memory", "estimate", 
            "model_estimate", "optimizer_slots", "verdict"]
 
 MARGIN = 9 << 28                 # bytes (2.25 GiB): a Python worker's address space before
-                                 # the model (about 2.1 GiB measured on local-cluster)
+                                 # the model (1.9-2.0 GiB measured on local-cluster)
 OPTIMIZER_SLOTS = {"sgd": 0, "adam": 2, "rmsprop": 1, "adagrad": 1}   # states per parameter
 
 
