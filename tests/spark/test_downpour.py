@@ -137,10 +137,11 @@ def test_a_fit_resumes_from_the_servers_checkpoint_exactly(spark, tmp_path, part
                                           r"\(parameters net.0.weight \(9, 12\) there"):
         fit(frame(spark, x, y, splits), lambda: FCNet((12, 5, 3)), epochs=1,
             run_dir=tmp_path / "r", **kw)
-    fresh = fit(frame(spark, x, y, splits), small_fc, epochs=2, run_dir=tmp_path / "r",
-                resume=False, **kw)
-    assert fresh.info["resumed_from_epoch"] is None
-    assert_same_weights(fresh.model, first.model)
+    if partitions == 1:             # the same driver path for a split replica: once
+        fresh = fit(frame(spark, x, y, splits), small_fc, epochs=2, run_dir=tmp_path / "r",
+                    resume=False, **kw)
+        assert fresh.info["resumed_from_epoch"] is None
+        assert_same_weights(fresh.model, first.model)
 
 
 def test_a_resumed_fit_ramps_the_workers_momentum_over_the_steps_it_has_left(spark,
@@ -175,8 +176,10 @@ def test_model_parallel_ssda_rnn_and_kept_whole_replicas_are_sgd_on_the_union(
     assert res.info["model_parallel"]["kept_whole"] == kept
 
 
-@pytest.mark.parametrize("splits", [[48, 48], [70, 30]])
-def test_sync_mode_follows_the_allreduce_trajectory(spark, tmp_path, splits):
+def test_sync_mode_follows_the_allreduce_trajectory(spark, tmp_path):
+    # uneven shards (9 and 4 steps an epoch, a short last batch each): a round waits for the
+    # replicas still training, and the even split is the same path with equal counts
+    splits = [70, 30]
     x, y = data(sum(splits), seed=8)
     kw = dict(batch_size=8, epochs=2, lr=0.3, lr_decay=0.7, momentum=0.9, shuffle=False,
               dtype="float64", log=None, grad_clip=None)   # the sync server does not cut
@@ -193,19 +196,24 @@ def test_sync_mode_follows_the_allreduce_trajectory(spark, tmp_path, splits):
     steps = max(-(-n // 8) for n in splits)
     assert ps.info["server"]["versions"] == [2 * steps] * 3
     assert ps.info["server"]["dropped_stale"] == 0
+    # sync rounds keep fit's momentum at the server, whatever the staleness rule, and return
+    # the last values (no average)
+    assert ps.info["staleness"] == "dana"
+    assert (ps.info["server_momentum"], ps.info["worker_momentum"], ps.info["average"]) == \
+        (0.9, 0.0, 0.0)
 
 
 def test_async_workers_train_the_cnn_and_report_staleness(spark, mnist, tmp_path):
     images, labels = mnist
-    x = images[:6000].reshape(6000, -1).astype(np.float32) / 255
+    x = images[:2400].reshape(2400, -1).astype(np.float32) / 255
     vx, vy = images[-500:].reshape(500, -1).astype(np.float32) / 255, labels[-500:]
     lines = []
-    res = fit(frame(spark, x, labels[:6000], [3000, 3000]), "cnn",
+    res = fit(frame(spark, x, labels[:2400], [1200, 1200]), "cnn",
               strategy=Downpour(n_fetch=2, n_push=2, ps_shards=2),
               shape=(1, 28, 28), num_classes=10, optimizer="adam", lr=0.003, batch_size=32,
               epochs=3, validation=(vx, vy), run_dir=tmp_path / "run", log=lines.append)
     assert [h["epoch"] for h in res.history] == [1, 2, 3]
-    assert res.history[-1]["val_accuracy"] > 0.6           # chance: 0.1
+    assert res.history[-1]["val_accuracy"] > 0.5           # chance: 0.1
     hist = res.info["staleness_histogram"]
     pushes = sum(w["pushes"] for w in res.info["workers"])
     assert sum(hist.values()) == pushes * 2                # one entry per push and shard
@@ -336,7 +344,8 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     and sends the look-ahead; "halfway" runs the server at the mean of 1 - 2 x (1 - 0.9) =
     0.8 and 0.9 - (1 - 1/2) = 0.4, 0.6 on CPUs (the driver guesses device='auto' from this
     machine: GPU workers overlap their pushes, a version more stale: 0.5); "none" keeps 0.9;
-    sync rounds keep 0.9. The rules removed ("worker+short", "worker", "momentum", "step")
+    sync rounds keep 0.9 (asserted in test_sync_mode_follows_the_allreduce_trajectory). The
+    rules removed ("worker+short", "worker", "momentum", "step")
     are ConfigErrors (tests/unit/test_ps.py)."""
     x, y = data(32, seed=12)
     df = frame(spark, x, y, [16, 16])
@@ -359,9 +368,6 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     plain = fit(df, small_fc, strategy=Downpour(staleness="none"), run_dir=tmp_path / "b",
                 **kw)
     assert plain.info["server_momentum"] == 0.9
-    sync = fit(df, small_fc, strategy=Downpour(mode="sync"), run_dir=tmp_path / "c", **kw)
-    assert sync.info["server_momentum"] == 0.9
-    assert sync.info["worker_momentum"] == 0.0
     # each default worker carried a buffer ("halfway"'s carry none), its momentum ramped over
     # a tenth of its 2 mini-batches, at least 1
     assert all(r["velocity_norm"] > 0 and r["momentum_ramp"] == 1
@@ -369,9 +375,9 @@ def test_staleness_rule_sets_the_server_momentum(spark, tmp_path):
     assert all(r["velocity_norm"] is None and r["momentum_ramp"] is None
                for r in halfway.info["workers"])
     # the returned model averages the server's values over 0.1 epoch by default in async
-    # mode (with one worker too), never in sync rounds
-    assert (default.info["average"], plain.info["average"], sync.info["average"]) == \
-        (0.1, 0.1, 0.0)
+    # mode (with one worker too), never in sync rounds (test_sync_mode_follows_the_allreduce_
+    # trajectory)
+    assert (default.info["average"], plain.info["average"]) == (0.1, 0.1)
 
 
 def test_auto_partitions_plan_with_a_probed_link(spark, tmp_path):

@@ -88,6 +88,10 @@ class Attempts(torch.nn.Module):
         return self.net(x)
 
 
+# the long tier: test_an_exception_in_a_task_reaches_the_caller_with_its_task_and_step checks
+# the same (a fault that would fail again: one attempt of each task, in seconds) for the same
+# strategies and Gossip
+@pytest.mark.long
 @pytest.mark.parametrize("strategy", ["allreduce", "downpour"])
 def test_a_shape_error_fails_at_the_first_attempt(spark, tmp_path, strategy):
     """A fault that would fail again is not retried: one attempt of each task, in seconds."""
@@ -104,11 +108,19 @@ def test_a_shape_error_fails_at_the_first_attempt(spark, tmp_path, strategy):
 
 
 class Explodes(torch.nn.Module):
-    """Raises ZeroDivisionError in the forward of its ``at``-th training step on task 1."""
+    """Raises ZeroDivisionError in the forward of its ``at``-th training step on task 1; each
+    task attempt that builds it leaves a file ``task-<partition>-attempt-<n>`` in ``log``."""
 
-    def __init__(self, at: int):
+    def __init__(self, at: int, log: str):
+        import os
+
+        from pyspark import TaskContext
         super().__init__()
         self.net, self.at, self.calls = small_fc(), at, 0
+        ctx = TaskContext.get()
+        if ctx is not None:
+            open(os.path.join(log, f"task-{ctx.partitionId()}-attempt-"
+                                   f"{ctx.attemptNumber()}"), "a").close()
 
     def forward(self, x):
         from pyspark import TaskContext
@@ -126,13 +138,18 @@ class Explodes(torch.nn.Module):
 def test_an_exception_in_a_task_reaches_the_caller_with_its_task_and_step(spark, tmp_path,
                                                                          strategy):
     x, y = data(64)
+    log = tmp_path / "attempts"
+    log.mkdir()
     e = _fails(ZeroDivisionError, r"task 1 failed in epoch 2, step 2: ZeroDivisionError: the "
                                   r"user's model divided by zero",
-               lambda: fit(frame(spark, x, y, [32, 32]), lambda: Explodes(at=6),
+               lambda: fit(frame(spark, x, y, [32, 32]), lambda: Explodes(6, str(log)),
                            strategy=strategy, batch_size=8, epochs=3, run_dir=tmp_path / "r",
                            log=None, timeout_s=120))
     assert isinstance(e, TaskError) and (e.task, e.epoch, e.step) == (1, 2, 2)
     assert "in forward" in e.remote_traceback and "raise ZeroDivisionError" in str(e)
+    # a fault that would fail again is not retried: one attempt of each task
+    names = {p.name for p in log.iterdir()}
+    assert "task-1-attempt-0" in names and names <= {"task-0-attempt-0", "task-1-attempt-0"}
     # once the cancelled tasks are gone, the session's next Python tasks run (on pyspark 3.5
     # a reused worker could have had its socket closed by a cancelled task's monitor)
     executors = spark.sparkContext._jsc.sc().statusTracker()

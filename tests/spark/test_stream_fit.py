@@ -91,7 +91,7 @@ def test_downpour_and_model_parallel_replicas_train_from_streamed_shards(spark, 
     res = fit(pixel_frame(spark, x, y, 2), net,
               strategy=Downpour(partitions=partitions,
                                 mode="sequential" if partitions > 1 else "async"),
-              replicas=replicas, optimizer="adam", lr=1e-2, epochs=6, batch_size=20,
+              replicas=replicas, optimizer="adam", lr=1e-2, epochs=4, batch_size=20,
               data="stream", shuffle_buffer=120, progress=False, log=None, run_dir=tmp_path / "dp",
               validation=(x[:200].astype(np.float32) / 255, y[:200]))
     assert {w["data"] for w in res.info["workers"]} == {"stream"}
