@@ -126,6 +126,8 @@ def test_the_dana_rule_moves_the_momentum_to_the_workers(spark, tmp_path, rule, 
     assert res.history[-1]["val_accuracy"] > 0.6
 
 
+# the long tier: test_a_fit_resumes_from_the_last_finished_epoch checks these ramps too
+@pytest.mark.long
 def test_a_resumed_fit_ramps_the_workers_momentum_over_the_epochs_it_has_left(spark,
                                                                              tmp_path):
     """Each worker's buffer starts empty in a resumed fit; its ramp is a tenth of the
@@ -156,16 +158,21 @@ def test_bad_options_and_more_workers_than_keys(spark, tmp_path):
 
 
 def test_a_fit_resumes_from_the_last_finished_epoch(spark, tmp_path):
-    x, y = data(96, seed=2)
-    df = frame(spark, x, y, [48, 48])
-    kw = dict(strategy=Boosting(n_push=2), batch_size=8, lr=0.2, run_dir=tmp_path / "run",
-              log=None)
+    """The fit goes on from the server's checkpoint of epoch 1; each worker's momentum buffer
+    ("dana") starts empty, its ramp a tenth of the mini-batches still to come: 384 rows x 2
+    epochs left / 8 a batch / 2 workers = 48 -> 4 (7 if the epoch done were counted)."""
+    x, y = data(384, seed=2)
+    df = frame(spark, x, y, [192, 192])
+    kw = dict(strategy=Boosting(n_push=2, staleness="dana"), batch_size=8, lr=0.1,
+              momentum=0.9, run_dir=tmp_path / "run", log=None)
     first = fit(df, small_fc, epochs=1, **kw)
-    assert first.info["server"]["versions"] == [6]            # 2 files of 3 keys of 16 rows
+    assert first.info["server"]["versions"] == [24]           # 2 files of 12 keys of 16 rows
+    assert all(r["momentum_ramp"] == 2 for r in first.info["workers"])       # 24 -> 2
     again = fit(df, small_fc, epochs=3, **kw)
     assert again.info["resumed_from_epoch"] == 1
     assert [h["epoch"] for h in again.history] == [1, 2, 3]
     assert again.history[0] == first.history[0]
-    assert again.info["server"]["versions"] == [18]           # 6 steps an epoch, from step 6
+    assert again.info["server"]["versions"] == [72]           # 24 steps an epoch, from step 24
     assert [sorted(k for k, _ in ep) for ep in again.info["keys"]["served"]] == \
-        [list(range(6))] * 2
+        [list(range(24))] * 2
+    assert all(r["momentum_ramp"] == 4 for r in again.info["workers"])

@@ -111,28 +111,44 @@ def _slice_error(pname, p, refs, rank, world, ref):
     return float((p.grad - grad).abs().max())
 
 
-def on_ranks(body, world, tmp_path):
+def on_ranks(body, world, tmp_path, *args):
     """``run_on_ranks``; one rank runs in this process (a gloo group of 1, as a spawned rank
     has: the same body, without the seconds of a fresh interpreter importing torch)."""
     if world > 1:
-        return run_on_ranks(body, world, tmp_path)
+        return run_on_ranks(body, world, tmp_path, *args)
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1)
     try:
-        return [json.loads(json.dumps(body(0, 1)))]      # as a spawned rank's report
+        return [json.loads(json.dumps(body(0, 1, *args)))]     # as a spawned rank's report
     finally:
         dist.destroy_process_group()
 
 
-def _run(world, tmp_path):
-    return on_ranks(_rank_main, world, tmp_path)
+def _bodies(rank, world, names):
+    """This file's body and test_model_parallel_zoo.py's, one after the other."""
+    from . import test_model_parallel_zoo
+    bodies = {"columns": _rank_main, "zoo": test_model_parallel_zoo._rank_main}
+    return {name: bodies[name](rank, world) for name in names}
+
+
+_REPORTS: dict = {}
+
+
+def group_reports(world, tmp_path_factory) -> dict[str, list[dict]]:
+    """The reports of ranks 0..world-1 of both files' bodies, by body ("columns", "zoo"): run
+    once per world, on one group of ranks (each spawned rank imports torch anew: seconds)."""
+    if world not in _REPORTS:
+        names = ("columns", "zoo") if world <= 3 else ("columns",)
+        reports = on_ranks(_bodies, world, tmp_path_factory.mktemp(f"ranks{world}"), names)
+        _REPORTS[world] = {name: [r[name] for r in reports] for name in names}
+    return _REPORTS[world]
 
 
 # 4 ranks split every width unevenly as 3 do (the same layers and counts): the long tier
 @pytest.mark.parametrize("world", [1, 2, 3, pytest.param(4, marks=pytest.mark.long)])
-def test_partitioned_models_equal_the_unpartitioned_ones(world, tmp_path):
-    reports = _run(world, tmp_path)
+def test_partitioned_models_equal_the_unpartitioned_ones(world, tmp_path_factory):
+    reports = group_reports(world, tmp_path_factory)["columns"]
     for r, rep in enumerate(reports):
         for name in ("fc", "cnn", "lstm", "thesis_fc"):
             assert rep[name]["max_error"] < 1e-6, (world, r, name, rep[name]["max_error"])

@@ -11,7 +11,7 @@ from torch import nn
 
 from spark_dl.model_parallel import Comm, merge_partitions, partition_model, split_sizes
 
-from .test_model_parallel import on_ranks
+from .test_model_parallel import group_reports
 
 
 def narrow_fc():
@@ -128,8 +128,8 @@ def _rank_main(rank, world):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_ssda_rnn_and_kept_whole_layers_equal_the_unpartitioned_models(world, tmp_path):
-    reports = on_ranks(_rank_main, world, tmp_path)
+def test_ssda_rnn_and_kept_whole_layers_equal_the_unpartitioned_models(world, tmp_path_factory):
+    reports = group_reports(world, tmp_path_factory)["zoo"]         # with test_model_parallel
     for rep in reports:
         for name, r in rep.items():
             assert r["loss_error"] < 1e-10 and r["grad_error"] < 1e-10, (world, name, r)
