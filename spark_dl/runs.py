@@ -100,7 +100,10 @@ def loss_figure(history: list[dict], metrics: list[dict] = (), title: str = ""):
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
     vals = _validation(history, metrics)
-    fig = Figure(figsize=(8, 6 if vals else 3.6), dpi=100, layout="constrained")
+    height = 6 if vals else 3.6
+    # fixed margins (inches), not a layout engine: one measures every label anew, half the
+    # figure's time, which every fit pays for its loss.png
+    fig = Figure(figsize=(8, height), dpi=100)
     axes = fig.subplots(2 if vals else 1, 1, sharex=True, squeeze=False)[:, 0]
     ax = axes[0]
     for name, (xs, ys) in _step_series(list(metrics)).items():
@@ -136,6 +139,9 @@ def loss_figure(history: list[dict], metrics: list[dict] = (), title: str = ""):
         va.legend(handles=handles, loc="best", fontsize="small")
     axes[-1].set_xlabel("epoch")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    twin = bool(vals) and bool(right)
+    fig.subplots_adjust(left=0.8 / 8, right=1 - (0.8 if twin else 0.2) / 8,
+                        bottom=0.55 / height, top=1 - 0.35 / height, hspace=0.3)
     return fig
 
 
