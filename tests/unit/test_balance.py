@@ -173,8 +173,9 @@ def _shard(kind, lo, n, tmp):
     return s
 
 
-def _move_body(rank, world, sizes, targets, tmp):
-    """Both kinds of shard, one after the other, in one group of ranks."""
+def _group_body(rank, world, sizes, targets, tmp):
+    """Both kinds of shard moving rows, then a borrower short of memory, one after the other
+    in one group of ranks (each spawned rank imports torch anew: seconds)."""
     import torch
     lo = sum(sizes[:rank])
     out = {}
@@ -189,12 +190,25 @@ def _move_body(rank, world, sizes, targets, tmp):
         xs = np.concatenate([x.numpy() for x, _ in shard.batches(1000, shuffle=False)])
         out[kind] = {"moved": moved, "back": back, "rows": len(shard), "labels": ys,
                      "features_match": bool((xs == np.asarray(ys, np.float32)[:, None]).all())}
+    out["short"] = _short(rank)
     return out
 
 
-def test_rows_move_between_replicas_and_none_is_lost_or_doubled(tmp_path):
-    sizes, targets = [40, 40, 40], row_targets(120, [10, 30, 20])     # [20, 60, 40]
-    reports = run_on_ranks(_move_body, 3, tmp_path, sizes, targets, str(tmp_path))
+_GROUP: dict = {}
+
+
+def _group(tmp_path_factory) -> list[dict]:
+    """The 3 ranks' reports of _group_body, run once for the tests that read them."""
+    if not _GROUP:
+        tmp = tmp_path_factory.mktemp("ranks")
+        _GROUP["reports"] = run_on_ranks(_group_body, 3, tmp, [40, 40, 40],
+                                         row_targets(120, [10, 30, 20]), str(tmp))
+    return _GROUP["reports"]
+
+
+def test_rows_move_between_replicas_and_none_is_lost_or_doubled(tmp_path_factory):
+    targets = row_targets(120, [10, 30, 20])                          # [20, 60, 40]
+    reports = _group(tmp_path_factory)
     for kind in ("memory", "stream"):
         out = [r[kind] for r in reports]
         assert [r["rows"] for r in out] == targets, kind
@@ -221,19 +235,22 @@ def test_shard_tail_truncate_extend_agree_for_both_kinds(tmp_path):
         s.close()
 
 
-def _short_body(rank, world, tmp):
+def _short(rank):
+    """Rank 0 lends 2 of its 8 rows of 256 KiB to rank 1 (4 rows), whose address space has 1
+    MiB left: the ResourceError of each rank, and the rows it still holds."""
     import resource
 
     import torch
 
     from spark_dl.data.memory import proc_status_kib
     x = np.zeros((8, 64, 1024), np.float32)                # 256 KiB a row
-    shard = ShardData(x[:4] if rank else x, np.zeros(4 if rank else 8, np.int64))
+    n = (8, 4, 0)[rank]
+    shard = ShardData(x[:n], np.zeros(n, np.int64))
     if rank == 1:                  # the borrower may map 1 MiB more: 6 rows do not fit
         size = proc_status_kib("VmSize") * 1024
         resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 20), resource.RLIM_INFINITY))
     try:
-        move_rows(shard, move_plan([8, 4], [6, 6]), rank, torch.device("cpu"))
+        move_rows(shard, move_plan([8, 4, 0], [6, 6, 0]), rank, torch.device("cpu"))
     except ResourceError as e:
         return {"error": str(e), "rows": len(shard)}
     finally:
@@ -241,9 +258,9 @@ def _short_body(rank, world, tmp):
     return {"error": None, "rows": len(shard)}
 
 
-def test_a_borrower_without_memory_stops_every_rank_before_a_row_moves(tmp_path):
-    out = run_on_ranks(_short_body, 2, tmp_path, str(tmp_path))
-    assert [r["rows"] for r in out] == [8, 4]                  # nothing moved, nothing lost
+def test_a_borrower_without_memory_stops_every_rank_before_a_row_moves(tmp_path_factory):
+    out = [r["short"] for r in _group(tmp_path_factory)]
+    assert [r["rows"] for r in out] == [8, 4, 0]               # nothing moved, nothing lost
     for r in out:
         assert r["error"] and "replica 1 cannot take its share of rows" in r["error"]
         assert "balance_rows='wrap'" in r["error"] and "data='stream'" in r["error"]
