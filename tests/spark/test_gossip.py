@@ -170,13 +170,16 @@ def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp
     the mean of their running statistics (average=0), or with the averaged weights' own
     statistics (average=0.1, here a window under one step: the last weights): each
     replica's over its first mini-batches (all of them here), as torch's swa_utils.update_bn
-    computes them, their mean weighted by the rows (24 and 16); it validates with them, and
-    a resumed fit carries every replica's own statistics on (2 + 1 epochs equal 3)."""
+    computes them, their mean weighted by the rows (24 and 16); it validates with them. The
+    fit checked is cut after 2 epochs and resumed: it carries every replica's own statistics
+    on (2 + 1 epochs equal the 3 by hand)."""
     x, y = data(40, seed=23)
     kw = dict(strategy=Gossip(alpha=1.0, topology="ring", average=average), batch_size=BATCH,
               lr=LR, lr_decay=DECAY, momentum=MOMENTUM, shuffle=False, dtype="float64",
               lr_scaling=None, log=None, validation=(x[:11], y[:11]))
-    res = fit(frame(spark, x, y, SPLITS), small_bn, epochs=3, run_dir=tmp_path / "w", **kw)
+    fit(frame(spark, x, y, SPLITS), small_bn, epochs=2, run_dir=tmp_path / "r", **kw)
+    res = fit(frame(spark, x, y, SPLITS), small_bn, epochs=3, run_dir=tmp_path / "r", **kw)
+    assert res.info["resumed_from_epoch"] == 2
     ref, _ = reference_gossip(x, y, SPLITS, 3, 1.0, make=small_bn)
     if average:
         xt, own = torch.from_numpy(x).double(), []
@@ -195,10 +198,6 @@ def test_gossip_averages_batchnorm_statistics_and_validates_with_them(spark, tmp
         want = torch.nn.functional.cross_entropy(ref(torch.from_numpy(x[:11]).double()),
                                                  torch.from_numpy(y[:11]))
     assert res.history[-1]["val_loss"] == pytest.approx(float(want), rel=1e-9)
-    fit(frame(spark, x, y, SPLITS), small_bn, epochs=2, run_dir=tmp_path / "r", **kw)
-    again = fit(frame(spark, x, y, SPLITS), small_bn, epochs=3, run_dir=tmp_path / "r", **kw)
-    assert again.info["resumed_from_epoch"] == 2
-    assert_same_weights(again.model, res.model)
 
 
 def dropout_fc():

@@ -35,12 +35,15 @@ def _train(rank, world, hook):
             "calls": calls}
 
 
+def _both(rank, world):
+    """DDP's default all-reduce, then the hook, on the same ranks (one spawn)."""
+    return {"plain": _train(rank, world, False), "hook": _train(rank, world, True)}
+
+
 def test_the_shm_hook_equals_ddps_all_reduce(tmp_path):
     before = {f for f in os.listdir("/dev/shm") if f.startswith("sdl-hook-")}
-    for d in ("plain", "hook"):
-        (tmp_path / d).mkdir()
-    plain = run_on_ranks(_train, 2, tmp_path / "plain", False)
-    hooked = run_on_ranks(_train, 2, tmp_path / "hook", True)
+    reports = run_on_ranks(_both, 2, tmp_path)
+    plain, hooked = ([r[k] for r in reports] for k in ("plain", "hook"))
     assert hooked[0]["calls"] == hooked[1]["calls"] > 4     # more than one bucket a step
     for a, b in zip(plain[0]["weights"], hooked[0]["weights"]):
         assert max(abs(u - v) for u, v in zip(a, b)) <= 1e-12
