@@ -69,7 +69,7 @@ def test_mnist_job(tmp_path):
 def test_char_job_samples_text(tmp_path):
     r = _job("train_char.py", "conf/jobs/char_lstm.toml", tmp_path, "updates=30",
              "eval_every=15", "hidden=32", "layers=1", "seq_len=100", "tbptt=25",
-             "sample_len=50")
+             "sample_len=50", "val_fraction=0.01")   # validated on the last 11,000 chars
     assert r["updates"] == 30 and len(r["curve"]) == 2 and r["vocab"] == 65
     assert r["curve"][1]["val_loss"] < r["curve"][0]["val_loss"] < np.log(65)
     assert r["sample"].startswith("ROMEO:\n") and len(r["sample"]) == 7 + 50
@@ -80,7 +80,7 @@ def test_char_job_validates_a_moving_average_of_the_weights():
     from spark_dl.recipes.common import RunConfig
     small = dict(corpus=str(ROOT / "data/text/tinyshakespeare.txt"), hidden=16, layers=1,
                  seq_len=40, tbptt=20, batch_size=8, updates=20, eval_every=10,
-                 sample_len=5, run=RunConfig(device="cpu"))
+                 sample_len=5, val_fraction=0.01, run=RunConfig(device="cpu"))
     # a decay of ~0: the average is the weights themselves
     r = train_char(CharConfig(**small, ema=1e-12), log=lambda m: None)
     assert r["ema"] == 1e-12 and len(r["curve"]) == 2
@@ -97,12 +97,12 @@ def test_char_job_validates_a_moving_average_of_the_weights():
 
 
 def test_ssda_and_srcnn_jobs(tmp_path):
-    r = _job("train_ssda.py", "conf/jobs/ssda.toml", tmp_path / "a", "stride=16",
+    r = _job("train_ssda.py", "conf/jobs/ssda.toml", tmp_path / "a", "stride=32",
              "pretrain_epochs=1", "finetune_epochs=1",
              "layers=[{'hidden': 32, 'beta': 0.01, 'rho': 0.05}]")
     assert len(r["psnr_noisy"]) == 5 and r["mean_psnr_noisy"] == pytest.approx(22.3, abs=0.3)
     r = _job("train_srcnn.py", "conf/jobs/srcnn.toml", tmp_path / "b", "epochs=1",
-             "augment=false", "stride=40")
+             "augment=false", "stride=120")          # 471 training patches
     assert set(r["per_image"]) == {"baby", "bird", "butterfly", "head", "woman"}
     assert r["mean_psnr_bicubic"] == pytest.approx(33.69, abs=0.01)
 
