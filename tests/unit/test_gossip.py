@@ -37,18 +37,18 @@ def _start(rank):
     return torch.randn(N, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
 
 
-def _rank_main(rank, world, alpha, topology="ring", group=None):
+def _rank_main(rank, world, alpha, topology="ring"):
     import torch.distributed as dist
     x = _start(rank)
-    gossip = Rounds(x, alpha, SEED, topology=topology, group=group)
+    gossip = Rounds(x, alpha, SEED, topology=topology)
     report = {"masks": [], "mean_error": 0.0, "trajectory": []}
     for k in range(ROUNDS):
         g = _grad(x, rank)                          # at x_k, before the round (Alg. 2)
         before = x.clone()
-        dist.all_reduce(before, group=group)
+        dist.all_reduce(before)
         idx = gossip.round(k)
         after = x.clone()
-        dist.all_reduce(after, group=group)
+        dist.all_reduce(after)
         report["mean_error"] = max(report["mean_error"],
                                    float((after - before).abs().max()) / world)
         x.sub_(LR * g)                              # x_k+1 = x_k+1/2 - lr g(x_k)
@@ -59,32 +59,8 @@ def _rank_main(rank, world, alpha, topology="ring", group=None):
     return report
 
 
-# The (world, alpha, topology) runs of the tests, made one after the other by one spawn of 4
-# ranks: a world of 4 in the default group, a smaller one in the group of ranks 0..world-1
-# (the others wait); the tests read their reports.
-RUNS = [(4, 1.0, "ring"), (4, 1.0, "exponential"), (2, 1.0, "ring"), (3, 1.0, "exponential"),
-        (3, 0.5, "ring"), (3, 0.1, "ring")]
-
-
-def _rank_runs(rank, world):
-    import torch.distributed as dist
-    groups = {w: None if w == world else dist.new_group(list(range(w)))
-              for w in sorted({w for w, _, _ in RUNS})}     # every rank makes every group
-    return [_rank_main(rank, w, alpha, topology, groups[w]) if rank < w else None
-            for w, alpha, topology in RUNS]
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    """``reports(world, alpha, topology)``: the reports of that run's ranks."""
-    made: list = []
-
-    def get(world, alpha, topology="ring"):
-        if not made:
-            made.extend(run_on_ranks(_rank_runs, 4, tmp_path_factory.mktemp("ranks")))
-        i = RUNS.index((world, alpha, topology))
-        return [r[i] for r in made[:world]]
-    return get
+def _run(world, alpha, tmp_path):
+    return run_on_ranks(_rank_main, world, tmp_path, alpha)
 
 
 def _w(world):
@@ -99,9 +75,9 @@ def _w(world):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_alpha_one_is_d_psgd_by_hand(world, reports):
+def test_alpha_one_is_d_psgd_by_hand(world, tmp_path):
     """x_k+1,i = sum_j W_ij x_k,j - lr g_i(x_k,i): the D-PSGD recursion, to 1e-9."""
-    reports = reports(world, 1.0)
+    reports = _run(world, 1.0, tmp_path)
     w = _w(world)
     assert torch.allclose(w, w.t()) and torch.allclose(w.sum(0), torch.ones(world, dtype=w.dtype))
     x = torch.stack([_start(r) for r in range(world)])
@@ -126,10 +102,10 @@ def _w_exponential(world, k):
 
 
 @pytest.mark.parametrize("world", [3, 4])
-def test_the_exponential_graph_is_d_psgd_by_hand(world, reports):
+def test_the_exponential_graph_is_d_psgd_by_hand(world, tmp_path):
     """Round k: x_i <- (x_i + x_(i - 2^(k mod h))) / 2, then the local step; to 1e-9, one
     peer's worth of bytes a round."""
-    reports = reports(world, 1.0, "exponential")
+    reports = run_on_ranks(_rank_main, world, tmp_path, 1.0, "exponential")
     x = torch.stack([_start(r) for r in range(world)])
     for k in range(ROUNDS):
         w = _w_exponential(world, k)
@@ -166,8 +142,8 @@ def test_the_exponential_graph_averages_exactly_in_log2_rounds():
 
 
 @pytest.mark.parametrize("alpha", [0.5, 0.1])
-def test_any_alpha_keeps_the_average_with_one_mask_for_all(alpha, reports):
-    reports = reports(3, alpha)
+def test_any_alpha_keeps_the_average_with_one_mask_for_all(alpha, tmp_path):
+    reports = _run(3, alpha, tmp_path)
     for r in reports:
         assert r["mean_error"] <= 1e-12                 # a round leaves the average as it was
         assert r["masks"] == reports[0]["masks"]        # the same mask on every replica
