@@ -1,5 +1,7 @@
 """Run a test body on real processes: ``world`` spawned ranks in one gloo group on 127.0.0.1,
-one thread each; every rank's body returns a JSON-able report, which the test gets back."""
+one thread each; every rank's body returns a JSON-able report, which the test gets back.
+Ranks that have not finished after ``TIMEOUT_S`` are killed and the test fails (a hung
+collective fails its test instead of the run)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,11 @@ import gc
 import json
 import os
 import socket
+import time
 
 import torch
+
+TIMEOUT_S = 600
 
 
 def free_port() -> int:
@@ -24,9 +29,9 @@ def _entry(rank, world, port, out_dir, body, args):
                             world_size=world)
     try:
         report = body(rank, world, *args)
-        # Rank 0 of a DDP test once ended in std::terminate (SIGABRT) at teardown in CI
-        # (2026-11-28): free what the body made and wait for every rank before any of them
-        # takes the group (and rank 0 its TCP store) down.
+        # Rank 0 of a DDP test once ended in std::terminate (SIGABRT) at teardown: free what
+        # the body made and wait for every rank before any of them takes the group (and
+        # rank 0 its TCP store) down.
         gc.collect()
         dist.barrier()
     finally:
@@ -39,8 +44,15 @@ def run_on_ranks(body, world: int, tmp_path, *args) -> list[dict]:
     """``body(rank, world, *args)`` (a module-level function) on ``world`` processes; the
     reports of ranks 0..world-1."""
     import torch.multiprocessing as mp
-    mp.start_processes(_entry, args=(world, free_port(), str(tmp_path), body, args),
-                       nprocs=world, join=True, start_method="spawn")
+    ranks = mp.start_processes(_entry, args=(world, free_port(), str(tmp_path), body, args),
+                               nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ranks.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ranks.processes:
+                p.kill()
+            raise TimeoutError(f"{body.__name__} on {world} ranks did not finish in "
+                               f"{TIMEOUT_S} s (killed)")
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
