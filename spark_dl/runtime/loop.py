@@ -379,16 +379,23 @@ class ReplicaLoop:
         self._extras(start, mine)
         t_fit = time.perf_counter()
         self.reports = StepReports(self.cfg, self.client, self.rank)
+        epochs_s = checkpoints_s = 0.0             # this task's (not a resumed fit's before)
         for epoch in range(start, self.cfg.epochs):
             row = self._epoch(epoch)
             self.history.append(row)
+            t = time.perf_counter()
             self._checkpoint(row)
+            epochs_s += row["seconds"]
+            checkpoints_s += time.perf_counter() - t
+        t_result = time.perf_counter()
         self.hooks.finish(self)
         result = self._result()
         full = self.hooks.full_state(self, result)
         info = self._info(start if mine is not None else None, t_setup, t_fit)
         self.hooks.close()
         state = state_bytes(full) if self.rank == 0 else b""
+        info["timings"].update(epochs_s=epochs_s, checkpoints_s=checkpoints_s,
+                               result_s=time.perf_counter() - t_result)
         return {"state": state, "history": self.history, "info": info}
 
     def _info(self, resumed: int | None, t_setup: float, t_fit: float) -> dict:

@@ -167,6 +167,7 @@ class Job:
     profile: Any = None              # the training stage's ResourceProfile (None: the app's)
     example: Any = None              # a few training rows as the model takes them (numpy), for
                                      # the signature of the model a tracker logs (MLflow)
+    started_at: float | None = None  # time.time() when fit was called (info's "phases")
 
     @property
     def spark(self):
@@ -287,6 +288,7 @@ class Run:
         for note in notes:
             self.say(note)
         self.t_start = time.perf_counter()
+        self.stamps: dict = {}          # time.time() of the stage's submission, its row, ...
         self.secret = secrets.token_hex(16)
         self.channel = None
         self.errors = TaskErrors(job.spark, f"spark_dl-{self.path.name}-{self.secret[:8]}")
@@ -362,10 +364,13 @@ class Run:
                 "served": {**info.get("served", {}), **(
                     {"channel": list(self.channel.address)} if self.channel else {})}}
         write_history(self.path / "history.csv", history)
-        write_json(self.path / "info.json", info)
         plot_history(self.path / "loss.png", history, title,
                      read_metrics(self.path / "metrics.jsonl"))
         torch.save(net.state_dict(), self.path / "model.pt")
+        phases = fit_phases(self.job.started_at, self.stamps, info.get("timings_rank0"))
+        if phases:
+            info["phases"] = phases
+        write_json(self.path / "info.json", info)
         tracker = self.job.tracker
         try:
             tracker.log_model(net, self.job.example)
@@ -375,6 +380,36 @@ class Run:
         tracker.close()
         return FitResult(net, history, info, self.path, title,
                          mlflow_run_id=tracker.mlflow_run_id)
+
+
+def fit_phases(started_at: float | None, stamps: dict, task: dict | None) -> dict | None:
+    """Where a barrier-stage fit's wall time went, in seconds (info's "phases"), from the
+    driver's ``stamps`` (time.time() of the stage's submission, ``submitted``, and of task
+    0's row on the driver, ``received``) and task 0's timings (``task``, with its start and
+    end on its executor's clock): the driver's checks before the stage (``checks_s``), the
+    stage's start until task 0 runs (``launch_s``: scheduling, the Python workers, the task
+    unpickled; a retried stage's earlier attempts too), the task's reading of its shard,
+    rendezvous, setup (model, optimizer, resume), epochs, validation, checkpoints and the
+    result (the final model made ready and serialised), the rest of the task (``task_other_s``),
+    the row's way to the driver (``return_s``) and the driver's finish (the model loaded, the
+    run directory written: ``finish_s``); ``total_s`` and ``outside_epochs_s`` (all but the
+    epochs). None when a stamp is missing (a strategy of its own loop)."""
+    if started_at is None or not task or "started_at" not in task or \
+            not {"submitted", "received"} <= set(stamps):
+        return None
+    finished = time.time()
+    inside = {"read_s": task.get("read_partition_s", 0.0),
+              **{k: task.get(k, 0.0) for k in ("rendezvous_s", "setup_s", "epochs_s",
+                                               "validation_s", "checkpoints_s", "result_s")}}
+    phases = {"checks_s": stamps["submitted"] - started_at,
+              "launch_s": task["started_at"] - stamps["submitted"], **inside,
+              "task_other_s": task["task_total_s"] - sum(inside.values()),
+              "return_s": stamps["received"] - task["ended_at"],
+              "finish_s": finished - stamps["received"]}
+    phases = {k: round(max(v, 0.0), 3) for k, v in phases.items()}   # clocks of two machines
+    phases["total_s"] = round(finished - started_at, 3)
+    phases["outside_epochs_s"] = round(phases["total_s"] - phases["epochs_s"], 3)
+    return phases
 
 
 def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
@@ -399,7 +434,9 @@ def barrier_row(job: Job, run: Run, task, schema: str):
         # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries
         # as a whole when a task fails (a failed barrier ResultStage is never retried); the
         # retried tasks resume from the run's last checkpoint.
+        run.stamps["submitted"] = time.time()
         rows = run.collect(map_in_arrow(df, task, schema, True, job.profile).repartition(1))
+        run.stamps["received"] = time.time()
     except BaseException:
         job.tracker.close(failed=True)
         raise
