@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..data.device import model_input
+from ..runs import sees_driver_dir
 from .amp import MixedPrecision
 from .buffers import (
     collective_device,
@@ -52,7 +55,7 @@ from .stage import (
 from .validation import Validation
 
 __all__ = ["FitParts", "Hooks", "ReplicaLoop", "copy_into", "flatten_parameters",
-           "gather_bytes", "replica_task", "trainable"]
+           "gather_bytes", "replica_task", "save_model_file", "trainable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +147,34 @@ def replica_task(cfg, options, make_hooks: Callable[..., Hooks], parts: FitParts
     def train(shard, device, rank, world, statuses, client, ctx) -> dict:
         place = dict(shard=shard, device=device, rank=rank, world=world, statuses=statuses,
                      client=client, ctx=ctx)
-        return ReplicaLoop(cfg, make_hooks(cfg, options), parts, **place).run()
+        out = ReplicaLoop(cfg, make_hooks(cfg, options), parts, **place).run()
+        if rank == 0 and parts.run_dir is not None:
+            saved = save_model_file(out["state"], parts.run_dir, secret)
+            if saved is not None:
+                out["info"]["model_file"], out["state"] = saved, b""
+        return out
 
     return barrier_task(cfg, train, secret, channel, parts.run_dir)
+
+
+def save_model_file(state: bytes, run_dir: str, secret: str) -> dict | None:
+    """Task 0's model (``state``: its serialised state dict) written as the run
+    directory's model.pt when this task sees the directory the driver reads
+    (spark_dl.runs.sees_driver_dir): the driver loads it from there rather than from the
+    stage's result row (whose bytes would pass through Arrow, Spark's shuffle and the
+    collect). Returns what the row says of it (the file's name and size), or None: the
+    bytes go in the row."""
+    if not state or not sees_driver_dir(run_dir, secret):
+        return None
+    path = Path(run_dir) / "model.pt"
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(state)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return None
+    return {"name": path.name, "bytes": len(state)}
 
 
 def gather_bytes(data: bytes, rank: int, world: int, device: torch.device) -> list[bytes]:

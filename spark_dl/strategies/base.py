@@ -27,7 +27,16 @@ from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError
 from ..progress import ProgressLine
 from ..resources import map_in_arrow
-from ..runs import loss_figure, new_run_dir, plot_history, read_metrics, write_history, write_json
+from ..runs import (
+    MARK,
+    loss_figure,
+    new_run_dir,
+    plot_history,
+    read_metrics,
+    shared_mark,
+    write_history,
+    write_json,
+)
 from ..runtime.checkpoint import load_checkpoint
 from ..runtime.failures import TaskErrors
 
@@ -290,6 +299,7 @@ class Run:
         self.t_start = time.perf_counter()
         self.stamps: dict = {}          # time.time() of the stage's submission, its row, ...
         self.secret = secrets.token_hex(16)
+        (self.path / MARK).write_text(shared_mark(self.path, self.secret))  # close() drops it
         self.channel = None
         self.errors = TaskErrors(job.spark, f"spark_dl-{self.path.name}-{self.secret[:8]}")
 
@@ -354,9 +364,13 @@ class Run:
         """After the stage: no more messages (the metrics stay open for what finish adds)."""
         if self.channel is not None:
             self.channel.close()
+        (self.path / MARK).unlink(missing_ok=True)
         self.live.close()
 
-    def finish(self, net: nn.Module, history: list[dict], info: dict, title: str) -> FitResult:
+    def finish(self, net: nn.Module, history: list[dict], info: dict, title: str,
+               model_saved: bool = False) -> FitResult:
+        """The run directory's files (``model_saved``: model.pt, of ``net``, is there
+        already) and the FitResult."""
         self.metrics.close()
         history.sort(key=lambda h: h["epoch"])
         info = {**info, "wall_seconds": time.perf_counter() - self.t_start,
@@ -366,7 +380,8 @@ class Run:
         write_history(self.path / "history.csv", history)
         plot_history(self.path / "loss.png", history, title,
                      read_metrics(self.path / "metrics.jsonl"))
-        torch.save(net.state_dict(), self.path / "model.pt")
+        if not model_saved:
+            torch.save(net.state_dict(), self.path / "model.pt")
         phases = fit_phases(self.job.started_at, self.stamps, info.get("timings_rank0"))
         if phases:
             info["phases"] = phases
@@ -416,13 +431,29 @@ def run_barrier(job: Job, run: Run, task, schema: str, title: str) -> FitResult:
     """Run a replica-per-task barrier stage whose task 0 returns the model (runtime.stage's
     barrier_task; ``run.serve()`` gave the tasks their channel) and finish the fit with it."""
     row = barrier_row(job, run, task, schema)
+    info = json.loads(row.info)
+    saved = info.pop("model_file", None)       # task 0 wrote model.pt where the driver reads
     net = job.model_fn()
     net = net.double() if job.stage["dtype"] == "float64" else net
-    net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True))
+    net.load_state_dict(torch.load(io.BytesIO(row.state) if saved is None else
+                                   _model_file(run.path, saved), weights_only=True))
     history = json.loads(row.history)
     for h in history:                      # epochs whose live messages were lost
         job.tracker.epoch(h)
-    return run.finish(net, history, json.loads(row.info), title)
+    info["model_via"] = "result row" if saved is None else "run directory"
+    return run.finish(net, history, info, title, model_saved=saved is not None)
+
+
+def _model_file(path: Path, saved: dict) -> Path:
+    """The model file task 0 wrote in the run directory ``path`` (``saved``: its name and
+    size), or a SparkDLError when it is not there whole."""
+    file = path / saved["name"]
+    size = file.stat().st_size if file.exists() else None
+    if size != saved["bytes"]:
+        raise SparkDLError(f"task 0 wrote the fit's model to {file} ({saved['bytes']} bytes) "
+                           f"but the driver finds {'no file' if size is None else f'{size} bytes'}"
+                           f" there: was the run directory changed during the fit?")
+    return file
 
 
 def barrier_row(job: Job, run: Run, task, schema: str):
