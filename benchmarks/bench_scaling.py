@@ -12,6 +12,10 @@ over real run-to-run variation, not over one trajectory timed again:
 
   plain-1t          single-process PyTorch, 1 thread, the same rows, lr and evaluation marks
                     (the calibration: the limit of R replicas is R x its samples/s)
+  ceiling-<R>       R of those processes at once (R >= 2), each on its own 1/R of the rows,
+                    never communicating, not validating: what the machine does with R
+                    processes (shared caches, memory bandwidth, clocks); samples/s is the
+                    sum of theirs, the figure R replicas are judged against
   <strategy>-<R>    spark_dl.fit(strategy=..., replicas=R) on local[max R], 1 thread a replica
                     ("downpour+RULE" / "boosting+RULE": staleness=RULE, one of the kept
                     rules "dana" (the default of both, so "downpour" is "downpour+dana"),
@@ -38,8 +42,9 @@ over real run-to-run variation, not over one trajectory timed again:
                     "gossip:nag", whose reference is "allreduce:nag-1")
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
-(None when it never does), steady samples/s (median over epochs), its fraction of the limit,
-the final accuracy; per strategy, time to target at R replicas over one replica's (Gossip
+(None when it never does), steady samples/s (median over epochs), its fraction of the limit
+and of the ceiling at its replica count (the median of the repeats' ratios), the final
+accuracy; per strategy, time to target at R replicas over one replica's (Gossip
 needs two replicas: its one-replica reference is AllReduce's, plain local SGD in one task),
 and "fixed_time": R replicas' final accuracy against what one replica had validated within the
 same training time, seed by seed ("not_lower": in how many seeds it is at least as high, of
@@ -119,8 +124,12 @@ def reference(strategy: str, systems) -> str:
                 f"allreduce{nag}-1")
 
 
-def plain(data: Path, val, args, seed: int) -> dict:
-    """Single-process, one-thread PyTorch over the same rows, evaluated at the same marks."""
+def plain(data: Path, val, args, seed: int, part: tuple[int, int] = (0, 1),
+          barrier=None) -> dict:
+    """Single-process, one-thread PyTorch over the same rows, evaluated at the same marks;
+    ``part`` (i, R): the i-th of R interleaved slices of the rows only, started when
+    ``barrier`` lets every process of the ceiling go, and evaluated only at the end when
+    ``val`` is None."""
     import numpy as np
     import pyarrow.parquet as pq
     import torch
@@ -133,15 +142,19 @@ def plain(data: Path, val, args, seed: int) -> dict:
     x = np.frombuffer(b"".join(table.column("features").to_pylist()), np.uint8)
     x = torch.from_numpy(x.reshape(-1, 1, 28, 28).astype(np.float32) / 255)
     y = torch.from_numpy(table.column("label").to_numpy().astype(np.int64))
-    vx, vy = torch.from_numpy(val[0]).reshape(-1, 1, 28, 28), torch.from_numpy(val[1])
+    x, y = x[part[0]::part[1]], y[part[0]::part[1]]
+    vx, vy = (x[:1], y[:1]) if val is None else \
+        (torch.from_numpy(val[0]).reshape(-1, 1, 28, 28), torch.from_numpy(val[1]))
     torch.manual_seed(seed)
     model = build_model("cnn")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, args.lr_decay)
     n, b = len(x), args.batch
     steps = -(-n // b)
-    marks = mid_epoch_steps(steps, EVERY) | {steps - 1}       # fit's marks, and the end
+    marks = (mid_epoch_steps(steps, EVERY) if val is not None else set()) | {steps - 1}
     evals, clock, rates = [], 0.0, []
+    if barrier is not None:
+        barrier.wait()
     for e in range(args.epochs):
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + e))
         t0, epoch_s = time.perf_counter(), 0.0
@@ -162,6 +175,34 @@ def plain(data: Path, val, args, seed: int) -> dict:
         sched.step()
     return {"evals": evals, "samples_per_s": statistics.median(rates),
             "final_accuracy": evals[-1]["val_accuracy"]}
+
+
+def _ceiling_process(data, args, seed, part, barrier, queue) -> None:
+    try:
+        queue.put((part[0], plain(data, None, args, seed, part, barrier)["samples_per_s"]))
+    except BaseException as e:           # the parent reports it
+        queue.put((part[0], f"{type(e).__name__}: {e}"))
+
+
+def ceiling(data: Path, args, seed: int, replicas: int) -> dict:
+    """``replicas`` one-thread processes at once, each on its own 1/R of the rows, never
+    communicating: their summed samples/s."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(replicas), ctx.Queue()
+    procs = [ctx.Process(target=_ceiling_process,
+                         args=(data, args, seed, (i, replicas), barrier, queue))
+             for i in range(replicas)]
+    for p in procs:
+        p.start()
+    rates = dict(queue.get(timeout=3600) for _ in procs)
+    for p in procs:
+        p.join()
+    errors = [r for r in rates.values() if isinstance(r, str)]
+    if errors:
+        raise RuntimeError(f"a ceiling process failed: {errors[0]}")
+    return {"samples_per_s": sum(rates.values()),
+            "per_process": [round(rates[i]) for i in range(replicas)]}
 
 
 def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, runs: Path,
@@ -234,7 +275,9 @@ def main(argv=None):
     val = scaling_data(spark, args.samples, data)
 
     systems = {} if args.accuracy_only else {
-        "plain-1t": lambda seed: plain(data, val, args, seed)}
+        "plain-1t": lambda seed: plain(data, val, args, seed),
+        **{f"ceiling-{r}": (lambda seed, r=r: ceiling(data, args, seed, r))
+           for r in counts if r > 1}}
     for strategy in args.strategies.split(","):
         for r in counts:
             if (strategy.partition(":")[0] == "gossip" or any(c in strategy for c in "+~=")) \
@@ -255,6 +298,13 @@ def main(argv=None):
         summary = {}
         for name, runs in raw.items():
             r = 1 if name == "plain-1t" else int(name.rsplit("-", 1)[1])
+            ceil = raw.get("plain-1t" if r == 1 else f"ceiling-{r}", [])
+            if name.startswith("ceiling-"):
+                summary[name] = {"replicas": r, "samples_per_s": round(med(
+                    x["samples_per_s"] for x in runs)), "fraction_of_limit": round(med(
+                        x["samples_per_s"] for x in runs) / (r * plain_rate), 3)
+                    if plain_rate else None}
+                continue
             reached = [x["time_to_target_s"] for x in runs]
             rate = med(x["samples_per_s"] for x in runs)
             epochs = [next((e["epoch"] for e in x["evals"] if e.get("val_accuracy", 0) >=
@@ -265,6 +315,8 @@ def main(argv=None):
                 "epochs_to_target": epochs, "median_epochs_to_target": med(epochs),
                 "samples_per_s": round(rate),
                 "fraction_of_limit": round(rate / (r * plain_rate), 3) if plain_rate else None,
+                "fraction_of_ceiling": med(round(x["samples_per_s"] / c["samples_per_s"], 3)
+                                           for x, c in zip(runs, ceil)) if ceil else None,
                 "final_accuracy": med(x["final_accuracy"] for x in runs),
                 "final_accuracy_spread": round(max(x["final_accuracy"] for x in runs) -
                                                min(x["final_accuracy"] for x in runs), 4)}
@@ -298,8 +350,12 @@ def main(argv=None):
         for name, run in systems.items():
             out = run(args.first_seed + i)
             out["seed"] = args.first_seed + i
-            out["time_to_target_s"] = first_at(out["evals"], args.target)
             raw[name].append(out)
+            if name.startswith("ceiling-"):
+                print(f"[{i + 1}/{args.repeats}] {name}: {out['samples_per_s']:,.0f} "
+                      f"samples/s", flush=True)
+                continue
+            out["time_to_target_s"] = first_at(out["evals"], args.target)
             print(f"[{i + 1}/{args.repeats}] {name}: time to {args.target:.1%} "
                   f"{out['time_to_target_s']}, {out['samples_per_s']:,.0f} samples/s, final "
                   f"{out['final_accuracy']}", flush=True)

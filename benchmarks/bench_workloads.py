@@ -37,8 +37,10 @@ Systems, N = --replicas (local[N], one thread a replica):
 Interleaved (every system once, then again, --repeats times); medians. Reported per workload
 and system: samples/s (median over the epochs after the first), its ratio to the ceiling of
 the same repeat (median over repeats), the wall time from the DataFrame to the model (fit, run,
-TorchDistributor), a fit's seconds outside its epochs, and ("small") the training seconds to the
-target. Results: --out (benchmarks/results/workloads.json), one entry per workload x system.
+TorchDistributor), a fit's seconds outside its epochs (the wall time less its epochs' seconds)
+and their fraction of the wall time (the raw runs keep where they went: the fit's
+``info["phases"]``), and ("small") the training seconds to the target. Results: --out
+(benchmarks/results/workloads.json), one entry per workload x system.
 
     .venv/bin/python benchmarks/bench_workloads.py [--size full|small] [--replicas 2]
         [--repeats 3] [--epochs 2] [--resnet-rows 8000] [--windows 2048]
@@ -293,7 +295,8 @@ def fit_system(spark, workload, cfg, data, strategy, replicas, args, seed, runs)
     rates = [h["samples_per_s"] for h in res.history]
     epochs_s = sum(h["seconds"] for h in res.history)
     return {"samples_per_s": statistics.median(rates[1:] or rates), "wall_s": wall,
-            "outside_epochs_s": wall - epochs_s, "evals": res.info.get("evals", []),
+            "outside_epochs_s": wall - epochs_s, "outside_epochs_fraction": 1 - epochs_s / wall,
+            "phases": res.info.get("phases"), "evals": res.info.get("evals", []),
             "final_loss": res.history[-1]["loss"],
             "val": {k: v for k, v in res.history[-1].items() if k.startswith("val_")}}
 
@@ -382,7 +385,7 @@ def summarise(results: dict, workloads, systems, targets: dict) -> dict:
             entry = {"workload": w, "system": s, "runs_ok": f"{len(ok)}/{len(runs)}",
                      "samples_per_s": med([r["samples_per_s"] for r in ok]),
                      "ratio_to_ceiling": med(ratios)}
-            for key in ("wall_s", "outside_epochs_s", "final_loss"):
+            for key in ("wall_s", "outside_epochs_s", "outside_epochs_fraction", "final_loss"):
                 if any(key in r for r in ok):
                     entry[key] = med([r.get(key) for r in ok])
             if targets.get(w) is not None and any(r.get("evals") for r in ok):

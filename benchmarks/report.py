@@ -286,6 +286,74 @@ def run_own_loop(p: Page):
                  "Steady samples/s of each launcher over one plain PyTorch process")
 
 
+WORKLOAD_SYSTEMS = {
+    "plain": "plain PyTorch, one process, all threads",
+    "ceiling": "the ceiling: N one-thread processes at once, never communicating",
+    "allreduce-1": "`fit`, AllReduce, 1 replica",
+    "allreduce": "`fit`, AllReduce", "downpour": "`fit`, Downpour", "gossip": "`fit`, Gossip",
+    "localsgd": "`fit`, LocalSGD", "run": "`spark_dl.run`, DDP",
+    "run+hook": "`spark_dl.run`, DDP with `comm_hook=\"shm\"`",
+    "torchdist": "TorchDistributor, the same DDP function",
+}
+
+
+def workloads(p: Page):
+    name = "workloads.json"
+    doc = opened(p, name, "The models users bring: ResNet-18 and a transformer",
+                 "bench_workloads.py")
+    if doc is None:
+        return
+    n, cfg = doc["replicas"], doc["configs"]
+    r, t = cfg.get("resnet18", {}), cfg.get("transformer", {})
+    params = doc.get("parameters", {})
+    p.add(f"N = {n} replicas or processes of one thread on `local[{n}]`, {doc['epochs']} "
+          f"epochs, samples/s of the epochs after the first, medians of "
+          f"{doc['repeats_done']} interleaved repeats. The ceiling is what the machine does "
+          "with N processes that never communicate, each on its own rows, measured in the "
+          "same repeat: every ratio below is against it. Plain PyTorch runs one process "
+          "with N threads. Wall time: from the DataFrame to the returned model. Outside the "
+          "epochs: a fit's wall time less its epochs' seconds (where it went: the raw "
+          "runs' `info[\"phases\"]`).")
+    models = []
+    if r:
+        models.append(f"ResNet-18 (CIFAR-style, width {r['width']}, "
+                      f"{params.get('resnet18', 0) / 1e6:.1f}M parameters, BatchNorm) on "
+                      f"{doc['rows']['resnet18']:,} distorted digits padded to 32×32, stored as "
+                      f"uint8 Parquet, batch {r['batch']}, SGD")
+    if t:
+        models.append(f"a decoder-only transformer ({t['layers']} layers, width {t['width']}, "
+                      f"{t['heads']} heads, context {t['context']}, "
+                      f"{params.get('transformer', 0) / 1e6:.1f}M parameters) on "
+                      f"{doc['rows']['transformer']:,} windows of tinyshakespeare's characters "
+                      f"as integer token ids, batch {t['batch']}, Adam, "
+                      "`loss=\"sequence_cross_entropy\"`")
+    p.add("Workloads: " + "; ".join(models) + ".")
+    if doc.get("label"):
+        p.add(f"Run: {doc['label']}.")
+    entries = doc["summary"]["entries"]
+    for w, title in (("resnet18", "ResNet-18"), ("transformer", "Transformer")):
+        mine = [e for e in entries if e["workload"] == w]
+        if not mine:
+            continue
+        rows = []
+        for e in mine:
+            out, frac = e.get("outside_epochs_s"), e.get("outside_epochs_fraction")
+            rows.append([WORKLOAD_SYSTEMS.get(e["system"], e["system"]), n0(e["samples_per_s"]),
+                         r2(e["ratio_to_ceiling"], ""),
+                         "–" if e.get("wall_s") is None else f"{e['wall_s']:.1f} s",
+                         "–" if out is None else f"{out:.1f} s ({100 * frac:.0f}%)"
+                         if frac is not None else f"{out:.1f} s", e["runs_ok"]])
+            if e["system"] == "allreduce":
+                p.at_a_glance(f"`fit`, AllReduce, {n} replicas, {title}",
+                              "the ceiling (N processes that never communicate)",
+                              f"{r2(e['ratio_to_ceiling'], '')} of its samples/s",
+                              machine(doc).split(",")[0])
+        p.add(f"**{title}**")
+        p.add(table(["system", "samples/s", "of the ceiling", "wall time", "outside the epochs",
+                     "runs that finished"], rows))
+    p.add(source(name, doc, "python benchmarks/bench_workloads.py"))
+
+
 def scaling(p: Page):
     p.section("Scaling: samples/s and time to accuracy against replicas")
     p.add("The thesis CNN on the demo's 48,000 distorted digits, validated on 2,000 held-out "
@@ -296,7 +364,8 @@ def scaling(p: Page):
           "(the median over the seeds that reached it); × one replica is the ratio of the "
           "medians (\"same seed\": the median of the seed-by-seed ratios; Gossip's one-replica "
           "reference is AllReduce's). The limit of R replicas is R × plain PyTorch's "
-          "samples/s. With validations a quarter epoch apart, a seed that needs a quarter "
+          "samples/s; the ceiling is what the machine does with R one-thread processes that "
+          "never communicate, measured in the same run (\"–\": a run without it). With validations a quarter epoch apart, a seed that needs a quarter "
           "epoch more moves a 6-seed median: read the ratios of one run, not their third digit.")
     panels_rate, panels_time = [], []
     for name, cores in (("scaling.json", 2), ("scaling-16.json", 16)):
@@ -309,26 +378,31 @@ def scaling(p: Page):
         top = max(v["replicas"] for v in s.values())
         plain = s["plain-1t"]
         rows = [["plain PyTorch, 1 thread", "1", secs(plain["time_to_target_s"]),
-                 plain["reached"], "", n0(plain["samples_per_s"]), "1.00",
+                 plain["reached"], "", n0(plain["samples_per_s"]), "1.00", "1.00",
                  pct(plain["final_accuracy"])]]
+        ceil = s.get(f"ceiling-{top}")
+        if ceil:
+            rows.append([f"the ceiling: {top} processes that never communicate", str(top),
+                         "", "", "", n0(ceil["samples_per_s"]),
+                         r2(ceil["fraction_of_limit"], ""), "1.00", ""])
         rate_lines, time_lines = [], []
         for key, label in STRATEGIES:
             one = s.get(f"{key}-1") or (s.get("allreduce-1") if key == "gossip" else None)
             many = s.get(f"{key}-{top}")
             if many is None:
-                rows.append([label, str(top), "not measured", "", "", "", "", ""])
+                rows.append([label, str(top), "not measured", "", "", "", "", "", ""])
                 continue
             if f"{key}-1" in s:
                 o = s[f"{key}-1"]
                 rows.append([label, "1", secs(o["time_to_target_s"]), o["reached"], "",
                              n0(o["samples_per_s"]), r2(o["fraction_of_limit"], ""),
-                             pct(o["final_accuracy"])])
+                             r2(o.get("fraction_of_ceiling"), ""), pct(o["final_accuracy"])])
             ratio = many.get("time_vs_one_replica")
             same = many.get("time_vs_one_replica_same_seed")
             cell = f"**{r2(ratio)}** (same seed {r2(same)})" if ratio else "–"
             rows.append([label, str(top), secs(many["time_to_target_s"]), many["reached"],
                          cell, n0(many["samples_per_s"]), r2(many["fraction_of_limit"], ""),
-                         pct(many["final_accuracy"])])
+                         r2(many.get("fraction_of_ceiling"), ""), pct(many["final_accuracy"])])
             rate_lines.append({"label": label, "x": [1, top],
                                "y": [one["samples_per_s"] if one else None,
                                      many["samples_per_s"]]})
@@ -337,15 +411,17 @@ def scaling(p: Page):
                                      many["time_to_target_s"]]})
             if key == "allreduce":
                 result = (f"{r2(ratio)} the time to 98%, "
-                          f"{r2(many['fraction_of_limit'], '')} of the limit")
+                          f"{r2(many['fraction_of_limit'], '')} of the limit"
+                          + (f", {r2(many['fraction_of_ceiling'], '')} of the ceiling"
+                             if many.get("fraction_of_ceiling") else ""))
                 p.at_a_glance(f"`fit`, AllReduce, {top} replicas", "one replica", result,
                               f"{cores} cores")
         rate_lines.append({"label": "limit (R × plain PyTorch)", "x": [1, top],
                            "y": [plain["samples_per_s"], top * plain["samples_per_s"]],
                            "style": "dashed"})
         p.add(table(["strategy", "replicas", "time to 98%", "seeds that reached it",
-                     "× one replica", "samples/s", "of the limit", "final accuracy"], rows,
-                    "lrrrrrrr"))
+                     "× one replica", "samples/s", "of the limit", "of the ceiling",
+                     "final accuracy"], rows, "lrrrrrrrr"))
         p.add(f"Seeds {doc.get('seeds')}; {doc.get('epochs')} epochs; "
               f"`{doc.get('spark_master')}`.")
         p.add(source(name, doc, "python benchmarks/bench_scaling.py --repeats 3", cores))
@@ -850,7 +926,7 @@ def not_measured(p: Page):
 
 def build() -> Page:
     body = Page()
-    for section in (allreduce, run_own_loop, step_cost, scaling, downpour, parameter_server,
+    for section in (allreduce, run_own_loop, step_cost, workloads, scaling, downpour, parameter_server,
                     gossip, localsgd, balance, amp, model_parallel, counting, data, inference,
                     superres, gpu, not_measured):
         section(body)

@@ -17,6 +17,7 @@ holds what every strategy shares. Its options are declared in spark_dl.options.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -211,7 +212,9 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
     behind them. Each option is declared once, in spark_dl.options (``OPTIONS``), from which
     ``help(spark_dl.fit)`` lists them, with their defaults:
     """
+    started_at = time.time()
     args = dict(locals())
+    args.pop("started_at")
     if options:
         raise _misplaced(options)
     strategy = make_strategy(strategy)
@@ -251,7 +254,7 @@ def fit(df, model: str | Callable[[], nn.Module], *, strategy: str | Strategy = 
               loss_name=loss_name, stage=stage, train=train, replicas=replicas,
               validation=validation, run_dir=run_dir, progress=progress, log=log,
               tracker=Tracker(track), slots=slots, partitions=num_partitions(df),
-              profile=profile)
+              profile=profile, started_at=started_at)
     job.plan["lr_scaling_auto"] = lr_scaling == "auto"      # a strategy may refine the rule
     if _fixed_clip(grad_clip) and strategy.name not in ("allreduce", "gossip", "fsdp"):
         raise ConfigError(f"grad_clip={grad_clip!r} cuts the gradient a replica steps with "

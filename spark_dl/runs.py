@@ -8,20 +8,29 @@
                          (``loss_figure``; ``FitResult.plot()`` draws the same)
         checkpoint.pt    model, optimizer, epoch, RNG states, the weights' average (written
                          by the tasks every epoch)
+        model.pt         the returned model's state dict (written by task 0 where it sees
+                         this directory, else by the driver from the task's result)
         workers/         rank-R.json: host, pid, device of each task
+
+While a fit's stage runs, the directory holds ``.spark_dl-driver``: a code made from the
+fit's secret (``shared_mark``), by which a task knows that it writes where the driver reads.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import hmac
 import json
 import os
 import secrets
 import time
 from pathlib import Path
 
-__all__ = ["loss_figure", "new_run_dir", "plot_history", "read_metrics", "save_figure",
-           "write_history", "write_json"]
+__all__ = ["MARK", "loss_figure", "new_run_dir", "plot_history", "read_metrics", "save_figure",
+           "sees_driver_dir", "shared_mark", "write_history", "write_json"]
+
+MARK = ".spark_dl-driver"      # the driver's mark in a run directory while its stage runs
 
 
 def new_run_dir(root: str | Path = "runs", prefix: str = "fit") -> Path:
@@ -35,6 +44,23 @@ def write_json(path: Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=1, default=str))
     os.replace(tmp, path)
+
+
+def shared_mark(path: str | Path, secret: str) -> str:
+    """The code the driver writes in run directory ``path`` as ``MARK`` for a fit whose
+    tasks hold ``secret`` (an HMAC: the file tells nothing of the secret)."""
+    return hmac.new(secret.encode(), str(Path(path)).encode(), hashlib.sha256).hexdigest()
+
+
+def sees_driver_dir(path: str | Path, secret: str) -> bool:
+    """Whether this process (a task) sees the run directory ``path`` the driver writes: it
+    holds the driver's mark for ``secret`` (False on an executor whose ``path`` is a local
+    directory of its own, or none)."""
+    try:
+        found = (Path(path) / MARK).read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return hmac.compare_digest(found, shared_mark(path, secret))
 
 
 def write_history(path: Path, history: list[dict]) -> None:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..data.device import model_input
+from ..runs import sees_driver_dir
 from .amp import MixedPrecision
 from .buffers import (
     collective_device,
@@ -52,7 +55,7 @@ from .stage import (
 from .validation import Validation
 
 __all__ = ["FitParts", "Hooks", "ReplicaLoop", "copy_into", "flatten_parameters",
-           "gather_bytes", "replica_task", "trainable"]
+           "gather_bytes", "replica_task", "save_model_file", "trainable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,8 @@ class Hooks:
         self.cfg, self.options = cfg, options
         self.amp = getattr(options, "amp", None)
         self.average = float(getattr(options, "average", 0.0) or 0.0)
+        self.model_path: Path | None = None    # rank 0's: the driver's run directory's
+        #                                        model.pt, where this task sees that directory
 
     def wrap(self, loop: ReplicaLoop) -> None:
         """After the model is built with rank 0's weights, before the optimizer is made over
@@ -125,9 +130,10 @@ class Hooks:
         """What info.json adds; a "timings" dict is merged into the loop's."""
         return {}
 
-    def full_state(self, loop: ReplicaLoop, model: nn.Module) -> dict:
+    def full_state(self, loop: ReplicaLoop, model: nn.Module) -> dict | None:
         """The fit's model (``model``) as rank 0 returns it: its state dict on the CPU, {}
-        elsewhere. Every rank calls it (FSDP gathers its shards here)."""
+        elsewhere; None where the hook wrote it to ``model_path`` itself (its info's
+        ``model_file`` then says so). Every rank calls it (FSDP gathers its shards here)."""
         if loop.rank != 0:
             return {}
         return {k: v.cpu() for k, v in model.state_dict().items()}
@@ -144,9 +150,37 @@ def replica_task(cfg, options, make_hooks: Callable[..., Hooks], parts: FitParts
     def train(shard, device, rank, world, statuses, client, ctx) -> dict:
         place = dict(shard=shard, device=device, rank=rank, world=world, statuses=statuses,
                      client=client, ctx=ctx)
-        return ReplicaLoop(cfg, make_hooks(cfg, options), parts, **place).run()
+        hooks = make_hooks(cfg, options)
+        if rank == 0 and parts.run_dir is not None and sees_driver_dir(parts.run_dir, secret):
+            hooks.model_path = Path(parts.run_dir) / "model.pt"
+        out = ReplicaLoop(cfg, hooks, parts, **place).run()
+        if hooks.model_path is not None and out["state"]:
+            saved = save_model_file(out["state"], parts.run_dir, secret)
+            if saved is not None:
+                out["info"]["model_file"], out["state"] = saved, b""
+        return out
 
     return barrier_task(cfg, train, secret, channel, parts.run_dir)
+
+
+def save_model_file(state: bytes, run_dir: str, secret: str) -> dict | None:
+    """Task 0's model (``state``: its serialised state dict) written as the run
+    directory's model.pt when this task sees the directory the driver reads
+    (spark_dl.runs.sees_driver_dir): the driver loads it from there rather than from the
+    stage's result row (whose bytes would pass through Arrow, Spark's shuffle and the
+    collect). Returns what the row says of it (the file's name and size), or None: the
+    bytes go in the row."""
+    if not state or not sees_driver_dir(run_dir, secret):
+        return None
+    path = Path(run_dir) / "model.pt"
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(state)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return None
+    return {"name": path.name, "bytes": len(state)}
 
 
 def gather_bytes(data: bytes, rank: int, world: int, device: torch.device) -> list[bytes]:
@@ -379,17 +413,24 @@ class ReplicaLoop:
         self._extras(start, mine)
         t_fit = time.perf_counter()
         self.reports = StepReports(self.cfg, self.client, self.rank)
+        epochs_s = checkpoints_s = 0.0             # this task's (not a resumed fit's before)
         for epoch in range(start, self.cfg.epochs):
             row = self._epoch(epoch)
             self.history.append(row)
+            t = time.perf_counter()
             self._checkpoint(row)
+            epochs_s += row["seconds"]
+            checkpoints_s += time.perf_counter() - t
+        t_result = time.perf_counter()
         self.hooks.finish(self)
         result = self._result()
         full = self.hooks.full_state(self, result)
-        state = state_bytes(full) if self.rank == 0 else b""
+        state = state_bytes(full) if self.rank == 0 and full is not None else b""
         del full                          # (info's peak memory includes the model's bytes)
         info = self._info(start if mine is not None else None, t_setup, t_fit)
         self.hooks.close()
+        info["timings"].update(epochs_s=epochs_s, checkpoints_s=checkpoints_s,
+                               result_s=time.perf_counter() - t_result)
         return {"state": state, "history": self.history, "info": info}
 
     def _info(self, resumed: int | None, t_setup: float, t_fit: float) -> dict:

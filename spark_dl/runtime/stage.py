@@ -189,7 +189,7 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
         status: dict = {"error": None}
-        t_start = time.perf_counter()
+        t_start, started_at = time.perf_counter(), time.time()
         shard = device = None
         try:
             if cfg.features:              # no feature column: a stage without data (run())
@@ -232,7 +232,8 @@ def barrier_task(cfg: StageConfig, train: Callable, secret: str,
                         MessageClient(channel if rank == 0 else None, secret.encode()), ctx)
             out["info"]["timings_rank0"] = {
                 "read_partition_s": status["read_s"], "rendezvous_s": status["rendezvous_s"],
-                **out["info"].pop("timings"), "task_total_s": time.perf_counter() - t_start}
+                **out["info"].pop("timings"), "task_total_s": time.perf_counter() - t_start,
+                "started_at": started_at, "ended_at": time.time()}   # the executor's clock
         if rank == 0:
             yield pa.RecordBatch.from_pydict(
                 {"state": [out["state"]], "history": [json.dumps(out["history"])],

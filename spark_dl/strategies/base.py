@@ -27,7 +27,16 @@ from ..compat import is_connect
 from ..errors import ConfigError, DataError, ResourceError, SparkDLError
 from ..progress import ProgressLine
 from ..resources import map_in_arrow
-from ..runs import loss_figure, new_run_dir, plot_history, read_metrics, write_history, write_json
+from ..runs import (
+    MARK,
+    loss_figure,
+    new_run_dir,
+    plot_history,
+    read_metrics,
+    shared_mark,
+    write_history,
+    write_json,
+)
 from ..runtime.checkpoint import load_checkpoint
 from ..runtime.failures import TaskErrors
 
@@ -167,6 +176,7 @@ class Job:
     profile: Any = None              # the training stage's ResourceProfile (None: the app's)
     example: Any = None              # a few training rows as the model takes them (numpy), for
                                      # the signature of the model a tracker logs (MLflow)
+    started_at: float | None = None  # time.time() when fit was called (info's "phases")
 
     @property
     def spark(self):
@@ -287,7 +297,9 @@ class Run:
         for note in notes:
             self.say(note)
         self.t_start = time.perf_counter()
+        self.stamps: dict = {}          # time.time() of the stage's submission, its row, ...
         self.secret = secrets.token_hex(16)
+        (self.path / MARK).write_text(shared_mark(self.path, self.secret))  # close() drops it
         self.channel = None
         self.errors = TaskErrors(job.spark, f"spark_dl-{self.path.name}-{self.secret[:8]}")
 
@@ -352,9 +364,13 @@ class Run:
         """After the stage: no more messages (the metrics stay open for what finish adds)."""
         if self.channel is not None:
             self.channel.close()
+        (self.path / MARK).unlink(missing_ok=True)
         self.live.close()
 
-    def finish(self, net: nn.Module, history: list[dict], info: dict, title: str) -> FitResult:
+    def finish(self, net: nn.Module, history: list[dict], info: dict, title: str,
+               model_saved: bool = False) -> FitResult:
+        """The run directory's files (``model_saved``: model.pt, of ``net``, is there
+        already) and the FitResult."""
         self.metrics.close()
         history.sort(key=lambda h: h["epoch"])
         info = {**info, "wall_seconds": time.perf_counter() - self.t_start,
@@ -362,10 +378,14 @@ class Run:
                 "served": {**info.get("served", {}), **(
                     {"channel": list(self.channel.address)} if self.channel else {})}}
         write_history(self.path / "history.csv", history)
-        write_json(self.path / "info.json", info)
         plot_history(self.path / "loss.png", history, title,
                      read_metrics(self.path / "metrics.jsonl"))
-        torch.save(net.state_dict(), self.path / "model.pt")
+        if not model_saved:
+            torch.save(net.state_dict(), self.path / "model.pt")
+        phases = fit_phases(self.job.started_at, self.stamps, info.get("timings_rank0"))
+        if phases:
+            info["phases"] = phases
+        write_json(self.path / "info.json", info)
         tracker = self.job.tracker
         try:
             tracker.log_model(net, self.job.example)
@@ -377,27 +397,69 @@ class Run:
                          mlflow_run_id=tracker.mlflow_run_id)
 
 
+def fit_phases(started_at: float | None, stamps: dict, task: dict | None) -> dict | None:
+    """Where a barrier-stage fit's wall time went, in seconds (info's "phases"), from the
+    driver's ``stamps`` (time.time() of the stage's submission, ``submitted``, and of task
+    0's row on the driver, ``received``) and task 0's timings (``task``, with its start and
+    end on its executor's clock): the driver's checks before the stage (``checks_s``), the
+    stage's start until task 0 runs (``launch_s``: scheduling, the Python workers, the task
+    unpickled; a retried stage's earlier attempts too), the task's reading of its shard,
+    rendezvous, setup (model, optimizer, resume), epochs, validation, checkpoints and the
+    result (the final model made ready and serialised), the rest of the task (``task_other_s``),
+    the row's way to the driver (``return_s``) and the driver's finish (the model loaded, the
+    run directory written: ``finish_s``); ``total_s`` and ``outside_epochs_s`` (all but the
+    epochs). None when a stamp is missing (a strategy of its own loop)."""
+    if started_at is None or not task or "started_at" not in task or \
+            not {"submitted", "received"} <= set(stamps):
+        return None
+    finished = time.time()
+    inside = {"read_s": task.get("read_partition_s", 0.0),
+              **{k: task.get(k, 0.0) for k in ("rendezvous_s", "setup_s", "epochs_s",
+                                               "validation_s", "checkpoints_s", "result_s")}}
+    phases = {"checks_s": stamps["submitted"] - started_at,
+              "launch_s": task["started_at"] - stamps["submitted"], **inside,
+              "task_other_s": task["task_total_s"] - sum(inside.values()),
+              "return_s": stamps["received"] - task["ended_at"],
+              "finish_s": finished - stamps["received"]}
+    phases = {k: round(max(v, 0.0), 3) for k, v in phases.items()}   # clocks of two machines
+    phases["total_s"] = round(finished - started_at, 3)
+    phases["outside_epochs_s"] = round(phases["total_s"] - phases["epochs_s"], 3)
+    return phases
+
+
 def run_barrier(job: Job, run: Run, task, schema: str, title: str,
                 info: dict | None = None) -> FitResult:
     """Run a replica-per-task barrier stage whose task 0 returns the model (runtime.stage's
     barrier_task; ``run.serve()`` gave the tasks their channel) and finish the fit with it:
-    its bytes, or the file its info's ``model_file`` names in the run directory (FSDP's,
-    removed once read); ``info``: the driver's own entries for info.json, beside the
-    tasks'."""
+    the model.pt task 0 wrote in the run directory (its info's ``model_file``), or the row's
+    bytes where task 0 does not see the directory; ``info``: the driver's own entries for
+    info.json, beside the tasks'."""
     row = barrier_row(job, run, task, schema)
+    stage_info = json.loads(row.info)
+    saved = stage_info.pop("model_file", None)
     net = job.model_fn()
     net = net.double() if job.stage["dtype"] == "float64" else net
-    stage_info = json.loads(row.info)
-    written = stage_info.get("model_file")
-    if written:
-        net.load_state_dict(torch.load(run.path / written, weights_only=True, mmap=True))
-        (run.path / written).unlink()
-    else:
-        net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True))
+    net.load_state_dict(torch.load(io.BytesIO(row.state), weights_only=True) if saved is None
+                        else torch.load(_model_file(run.path, saved), weights_only=True,
+                                        mmap=True))
     history = json.loads(row.history)
     for h in history:                      # epochs whose live messages were lost
         job.tracker.epoch(h)
-    return run.finish(net, history, {**stage_info, **(info or {})}, title)
+    stage_info["model_via"] = "result row" if saved is None else "run directory"
+    return run.finish(net, history, {**stage_info, **(info or {})}, title,
+                      model_saved=saved is not None)
+
+
+def _model_file(path: Path, saved: dict) -> Path:
+    """The model file task 0 wrote in the run directory ``path`` (``saved``: its name and
+    size), or a SparkDLError when it is not there whole."""
+    file = path / saved["name"]
+    size = file.stat().st_size if file.exists() else None
+    if size != saved["bytes"]:
+        raise SparkDLError(f"task 0 wrote the fit's model to {file} ({saved['bytes']} bytes) "
+                           f"but the driver finds {'no file' if size is None else f'{size} bytes'}"
+                           f" there: was the run directory changed during the fit?")
+    return file
 
 
 def barrier_row(job: Job, run: Run, task, schema: str):
@@ -409,7 +471,9 @@ def barrier_row(job: Job, run: Run, task, schema: str):
         # The shuffle after the barrier stage makes it a ShuffleMapStage, which Spark retries
         # as a whole when a task fails (a failed barrier ResultStage is never retried); the
         # retried tasks resume from the run's last checkpoint.
+        run.stamps["submitted"] = time.time()
         rows = run.collect(map_in_arrow(df, task, schema, True, job.profile).repartition(1))
+        run.stamps["received"] = time.time()
     except BaseException:
         job.tracker.close(failed=True)
         raise

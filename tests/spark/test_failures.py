@@ -14,6 +14,7 @@ import torch
 from spark_dl import AllReduce, Downpour, Gossip, fit
 from spark_dl.errors import ConfigError, DataError, TaskError
 from spark_dl.models.fc import FCNet
+from spark_dl.runs import MARK
 
 from .test_allreduce import data, frame, small_fc
 
@@ -196,6 +197,15 @@ def test_resuming_a_run_directory_of_another_model_names_the_difference(spark, t
     res = fit(df, lambda: FCNet((12, 5, 3)), batch_size=8, run_dir=tmp_path / "r",
               resume=False, log=None)                          # the offered way out works
     assert [h["epoch"] for h in res.history] == [1]
+    # task 0 wrote the returned model where the driver reads; the driver's mark is gone
+    assert res.info["model_via"] == "run directory" and not (tmp_path / "r" / MARK).exists()
+    saved = torch.load(tmp_path / "r" / "model.pt", weights_only=True)
+    assert saved.keys() == res.model.state_dict().keys()
+    assert all(torch.equal(saved[k], v) for k, v in res.model.state_dict().items())
+    phases = res.info["phases"]
+    assert phases["epochs_s"] == pytest.approx(res.history[0]["seconds"], abs=1e-3)
+    assert sum(v for k, v in phases.items() if k not in ("total_s", "outside_epochs_s")) == \
+        pytest.approx(phases["total_s"], abs=0.05)
 
 
 def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(spark, tmp_path):

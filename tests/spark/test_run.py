@@ -237,13 +237,15 @@ def test_a_function_raising_on_rank_one_stops_the_run_in_seconds(spark, tmp_path
     t0 = time.perf_counter()
     with pytest.raises(TaskError) as info:
         spark_dl.run(fails_on_rank_one, str(tmp_path / "marks"), df=df, data="stream",
-                     timeout_s=120, run_dir=tmp_path / "run", log=None)
+                     timeout_s=300, run_dir=tmp_path / "run", log=None)
     seconds = time.perf_counter() - t0
     e = info.value
     assert isinstance(e, KeyError) and e.task == 1 and e.remote_type == "KeyError"
     assert "task 1 failed" in str(e) and "no such column on rank 1" in str(e)
     assert "fails_on_rank_one" in e.remote_traceback
-    assert seconds < 15, f"took {seconds:.1f} s"
+    # rank 0 is stopped when rank 1 fails, not when the run's timeout ends (a few seconds on
+    # a quiet machine; the bound is loose for a loaded one, and tells either case apart)
+    assert seconds < 150 and "timed out" not in str(e).lower(), f"took {seconds:.1f} s: {e}"
     assert (tmp_path / "marks").read_text() == "attempt\n"      # not retried
     deadline = time.monotonic() + 10                  # the cancelled stage winds down
     while spark.sparkContext.statusTracker().getActiveStageIds() and \

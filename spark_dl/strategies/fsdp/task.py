@@ -34,10 +34,9 @@ from spark_dl.runtime.stage import LocalStepConfig, peak_memory_mb
 
 from .units import wrap_units
 
-__all__ = ["CHECKPOINTS", "MODEL_FILE", "FSDPHooks", "make_task"]
+__all__ = ["CHECKPOINTS", "FSDPHooks", "make_task"]
 
 CHECKPOINTS = "checkpoint-fsdp"      # the run directory's folder of sharded checkpoints
-MODEL_FILE = "model-fsdp.pt"         # the model replica 0 gathered, for the driver to load
 
 
 def make_task(cfg: LocalStepConfig, options, parts: FitParts, secret: str,
@@ -201,11 +200,11 @@ class FSDPHooks(Hooks):
         return params, grads, optim
 
     # -- the result ------------------------------------------------------------------------
-    def full_state(self, loop: ReplicaLoop, model) -> dict:
+    def full_state(self, loop: ReplicaLoop, model) -> dict | None:
         """The whole model, gathered once onto replica 0's CPU ({} elsewhere); the gradients
-        and the optimizer's state are freed first (the fit is over). Where replica 0 reaches
-        the driver's run directory (its config.json is there), it writes the model there
-        (MODEL_FILE, which the driver loads) and returns {}: the model crosses no JVM, and
+        and the optimizer's state are freed first (the fit is over). Where replica 0 sees the
+        driver's run directory (``model_path`` is set), it writes the model there as
+        model.pt, which the driver loads, and returns None: the model crosses no JVM, and
         the worker holds it once, not also as bytes."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -215,15 +214,14 @@ class FSDPHooks(Hooks):
         loop.opt.state.clear()
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                     cpu_offload=True))
-        run_dir = Path(loop.parts.run_dir)
-        if loop.rank != 0 or not (run_dir / "config.json").exists():
+        if loop.rank != 0 or self.model_path is None:
             return full
-        target = run_dir / MODEL_FILE
-        tmp = target.with_name(f".{MODEL_FILE}.tmp-{os.getpid()}")
+        target = self.model_path
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         torch.save(full, tmp)             # (written record by record: no copy in memory)
         os.replace(tmp, target)
-        self.model_file = MODEL_FILE
-        return {}
+        self.model_file = {"name": target.name, "bytes": target.stat().st_size}
+        return None
 
     def info(self, loop: ReplicaLoop) -> dict:
         """What each replica holds, its worker's memory before the model and its measured
