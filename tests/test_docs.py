@@ -103,13 +103,11 @@ def test_the_readme_demo_command_runs(tmp_path):
     scripts/test.sh made) and the job through spark-submit on local[*]. 250 asynchronous steps:
     two passes over 2,000 digits (2 shards) in batches of 16 (83.75% in a run here); one pass of
     125 steps ends near 50% (47.9% and 49.05% in two runs of 4,000 digits in batches of 32),
-    too close to the bar to tell a working demo from a broken one. The driver's JVM compiles
-    with C1 only (a third less CPU for a JVM that lives a minute)."""
+    too close to the bar to tell a working demo from a broken one."""
     if not (ROOT / ".venv" / "bin" / "python").exists():
         pytest.skip("no .venv in the checkout (scripts/test.sh makes it): the demo command "
                     "would install one")
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
-    env.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
     proc = subprocess.run(
         [str(ROOT / "scripts/demo.sh"), "--set", "data.extended_samples=2000",
          "--set", "data.partitions=2", "--set", "train.epochs=2",

@@ -1,10 +1,8 @@
 """The notebooks in notebooks/ run headless (nbclient, a fresh kernel and SparkSession each),
-on the small configuration they switch to when SPARK_DL_NOTEBOOK_QUICK=1. Each kernel's JVM
-compiles with C1 only: a third less CPU for a JVM that lives a minute."""
+on the small configuration they switch to when SPARK_DL_NOTEBOOK_QUICK=1."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import nbformat
@@ -21,8 +19,6 @@ def test_notebook_runs_headless(path, monkeypatch):
     monkeypatch.setenv("SPARK_DL_NOTEBOOK_QUICK", "1")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    if "SPARK_SUBMIT_OPTS" not in os.environ:          # spark-submit's JVM options
-        monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
         f"{path.name} is stored with outputs; clear them before committing"
