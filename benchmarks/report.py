@@ -347,7 +347,7 @@ def workloads(p: Page):
                 p.at_a_glance(f"`fit`, AllReduce, {n} replicas, {title}",
                               "the ceiling (N processes that never communicate)",
                               f"{r2(e['ratio_to_ceiling'], '')} of its samples/s",
-                              machine(doc).split(",")[0])
+                              f"{doc.get('cpus')} cores")
         p.add(f"**{title}**")
         p.add(table(["system", "samples/s", "of the ceiling", "wall time", "outside the epochs",
                      "runs that finished"], rows))
