@@ -29,6 +29,8 @@ Systems, N = --replicas (local[N], one thread a replica):
   allreduce, downpour, gossip, localsgd
                 spark_dl.fit(strategy=..., replicas=N) on the Parquet DataFrame
   allreduce-1   spark_dl.fit with one replica ("small": the reference of the time to target)
+  fsdp, fsdp-1  spark_dl.fit(strategy="fsdp") over N replicas and over one (on request: each
+                replica's measured peak memory is kept, ``memory_per_replica``)
   run, run+hook spark_dl.run of the DDP function below with the DataFrame, without and with
                 comm_hook="shm"
   torchdist     TorchDistributor(num_processes=N, local_mode=False).run of the same DDP
@@ -76,6 +78,7 @@ SIZES = {
                               "dropout": 0.1, "batch": 16, "lr": 2e-3}},
 }
 SYSTEMS = ("plain", "ceiling", "allreduce-1", "allreduce", "downpour", "gossip", "localsgd",
+           "fsdp", "fsdp-1",
            "run", "run+hook", "torchdist")
 FAILURES: list[str] = []
 
@@ -298,7 +301,9 @@ def fit_system(spark, workload, cfg, data, strategy, replicas, args, seed, runs)
             "outside_epochs_s": wall - epochs_s, "outside_epochs_fraction": 1 - epochs_s / wall,
             "phases": res.info.get("phases"), "evals": res.info.get("evals", []),
             "final_loss": res.history[-1]["loss"],
-            "val": {k: v for k, v in res.history[-1].items() if k.startswith("val_")}}
+            "val": {k: v for k, v in res.history[-1].items() if k.startswith("val_")},
+            **({"memory_per_replica": res.info["memory_per_replica"]}
+               if "memory_per_replica" in res.info else {})}
 
 
 # -- the DDP function: spark_dl.run and TorchDistributor ------------------------------------
@@ -388,6 +393,9 @@ def summarise(results: dict, workloads, systems, targets: dict) -> dict:
             for key in ("wall_s", "outside_epochs_s", "outside_epochs_fraction", "final_loss"):
                 if any(key in r for r in ok):
                     entry[key] = med([r.get(key) for r in ok])
+            if any("memory_per_replica" in r for r in ok):     # the largest replica's peak
+                entry["peak_rss_mb"] = med([max(m["peak_rss_mb"] for m in r["memory_per_replica"])
+                                            for r in ok if "memory_per_replica" in r])
             if targets.get(w) is not None and any(r.get("evals") for r in ok):
                 times = [reached(r["evals"], w, targets[w]) for r in ok]
                 entry["target"] = targets[w]
@@ -418,7 +426,8 @@ def main(argv=None):
     ap.add_argument("--transformer-target", type=float, default=2.0)
     ap.add_argument("--workloads", default="resnet18,transformer")
     ap.add_argument("--systems", default=None,
-                    help=f"of {', '.join(SYSTEMS)} (default: all; allreduce-1 only 'small')")
+                    help=f"of {', '.join(SYSTEMS)} (default: all but fsdp; allreduce-1 only "
+                         "'small')")
     ap.add_argument("--set", action="append", default=[], metavar="WORKLOAD.KEY=VALUE")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
     ap.add_argument("--label", default=None, help="e.g. 'smoke': stored with the results")
@@ -426,7 +435,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     workloads = args.workloads.split(",")
     systems = args.systems.split(",") if args.systems else \
-        [s for s in SYSTEMS if s != "allreduce-1" or args.size == "small"]
+        [s for s in SYSTEMS if (s != "allreduce-1" or args.size == "small")
+         and not s.startswith("fsdp")]
     unknown = [s for s in systems if s not in SYSTEMS] + \
         [w for w in workloads if w not in SIZES["full"]]
     if unknown:
