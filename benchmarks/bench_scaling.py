@@ -299,14 +299,13 @@ def main(argv=None):
         for name, runs in raw.items():
             r = 1 if name == "plain-1t" else int(name.rsplit("-", 1)[1])
             ceil = raw.get("plain-1t" if r == 1 else f"ceiling-{r}", [])
+            rate = med(x["samples_per_s"] for x in runs)
             if name.startswith("ceiling-"):
-                summary[name] = {"replicas": r, "samples_per_s": round(med(
-                    x["samples_per_s"] for x in runs)), "fraction_of_limit": round(med(
-                        x["samples_per_s"] for x in runs) / (r * plain_rate), 3)
-                    if plain_rate else None}
+                summary[name] = {"replicas": r, "samples_per_s": round(rate),
+                                 "fraction_of_limit": round(rate / (r * plain_rate), 3)
+                                 if plain_rate else None}
                 continue
             reached = [x["time_to_target_s"] for x in runs]
-            rate = med(x["samples_per_s"] for x in runs)
             epochs = [next((e["epoch"] for e in x["evals"] if e.get("val_accuracy", 0) >=
                             args.target), None) for x in runs]
             summary[name] = {

@@ -338,11 +338,12 @@ def workloads(p: Page):
         rows = []
         for e in mine:
             out, frac = e.get("outside_epochs_s"), e.get("outside_epochs_fraction")
+            outside = "–" if out is None else f"{out:.1f} s" + (
+                "" if frac is None else f" ({100 * frac:.0f}%)")
             rows.append([WORKLOAD_SYSTEMS.get(e["system"], e["system"]), n0(e["samples_per_s"]),
                          r2(e["ratio_to_ceiling"], ""),
                          "–" if e.get("wall_s") is None else f"{e['wall_s']:.1f} s",
-                         "–" if out is None else f"{out:.1f} s ({100 * frac:.0f}%)"
-                         if frac is not None else f"{out:.1f} s", e["runs_ok"]])
+                         outside, e["runs_ok"]])
             if e["system"] == "allreduce":
                 p.at_a_glance(f"`fit`, AllReduce, {n} replicas, {title}",
                               "the ceiling (N processes that never communicate)",
