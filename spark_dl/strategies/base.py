@@ -203,11 +203,16 @@ class Job:
 
 
 def _narrow_merges(df) -> bool:
-    """Whether the DataFrame's physical plan unions or coalesces partitions."""
+    """Whether the DataFrame's physical plan unions or coalesces partitions, or the RDD a
+    DataFrame was made of (spark.createDataFrame(rdd), rdd.toDF()) does."""
     if is_connect(df.sparkSession):     # no JVM handle to ask: play safe
         return True
-    plan = df._jdf.queryExecution().executedPlan().toString()
-    return any(op in plan for op in ("Union", "Coalesce"))
+    execution = df._jdf.queryExecution()
+    plan = execution.executedPlan().toString()
+    if any(op in plan for op in ("Union", "Coalesce")):
+        return True
+    return "ExistingRDD" in plan and any(
+        rdd in execution.toRdd().toDebugString() for rdd in ("UnionRDD", "CoalescedRDD"))
 
 
 def _writable(path: Path) -> None:

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from torch import nn
@@ -97,6 +98,53 @@ def test_fsdp_steps_allreduces_update_and_resumes_from_its_shards(spark, tmp_pat
     assert_same_weights(fewer.model, alone.model)
     assert fewer.history[1]["val_loss"] == pytest.approx(alone.history[1]["val_loss"],
                                                          abs=1e-9)
+
+
+def test_fsdp_gives_allreduces_weights_on_the_transformer(spark, tmp_path):
+    """The zoo's transformer (two blocks, tied head) on token ids in float64, SGD with
+    momentum, unequal shards: FSDP's weights are AllReduce's (<= 1e-9)."""
+    from spark_dl.models import build_model
+    T, V = 8, 11
+    g = np.random.default_rng(3)
+    ids = g.integers(0, V, size=(40, T + 1))
+    rows = [([int(v) for v in r[:-1]], [int(v) for v in r[1:]]) for r in ids]
+    bounds = [0, 24, 40]
+
+    def shard(batches):
+        for b in batches:
+            for i in b.column("id").to_numpy():
+                part = rows[bounds[i]:bounds[i + 1]]
+                ids = pa.list_(pa.int32())
+                yield pa.RecordBatch.from_pydict(
+                    {"features": pa.array([r[0] for r in part], ids),
+                     "label": pa.array([r[1] for r in part], ids)})
+    df = spark.range(2, numPartitions=2).mapInArrow(
+        shard, "features array<int>, label array<int>")
+
+    def lm():
+        return build_model("transformer", vocab=V, layers=2, width=16, heads=2, context=T,
+                           dropout=0.0, tie=True)
+    kw = dict(KW, shape=(T,), label_shape=(T,), num_classes=None, momentum=0.9, epochs=1,
+              loss="sequence_cross_entropy")
+    sharded = fit(df, lm, strategy=FSDP(), run_dir=tmp_path / "fsdp", **kw)
+    synced = fit(df, lm, strategy=AllReduce(average=0), run_dir=tmp_path / "ar", **kw)
+    assert sharded.info["units"] == ["ln", "blocks.1", "blocks.0", "pos"]
+    assert [m["idle_steps"] for m in sharded.info["memory_per_replica"]] == [0, 1]
+    assert_same_weights(sharded.model, synced.model)
+    assert sharded.history[0]["loss"] == pytest.approx(synced.history[0]["loss"], abs=1e-9)
+
+
+def test_a_barrier_stage_reads_an_rdd_union_through_a_shuffle(spark):
+    """Spark refuses a barrier stage over union()'s or coalesce()'s RDDs; a DataFrame made
+    of such an RDD is repartitioned first, as one whose plan unions is."""
+    from spark_dl.strategies.base import _narrow_merges
+    sc = spark.sparkContext
+    assert _narrow_merges(sc.parallelize([(1,)], 1).union(sc.parallelize([(2,)], 1))
+                          .toDF("a long"))
+    assert _narrow_merges(sc.parallelize([(1,), (2,)], 2).coalesce(1).toDF("a long"))
+    assert _narrow_merges(spark.range(2).union(spark.range(3)))
+    assert not _narrow_merges(sc.parallelize([(1,), (2,)], 2).toDF("a long"))
+    assert not _narrow_merges(spark.range(4))
 
 
 def test_bf16_parameters_a_class_policy_adam_and_the_cut_train(spark, tmp_path):
