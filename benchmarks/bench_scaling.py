@@ -4,67 +4,41 @@ The thesis CNN on the extended MNIST the demo generates (--samples distorted dig
 the first 8,000 shipped digits, on the executors, written once as Parquet), validated on the
 last 2,000 real digits every quarter epoch (fit's validate_every=0.25; validation's own time
 kept out of the clock). SGD lr --lr for one replica's batch of --batch rows, momentum 0.9,
-halved after every epoch (--lr-decay: the curves settle above the target instead of grazing
-it), fit's default lr_scaling="auto" (linear for SGD, with its warmup). For every strategy and
-replica count, interleaved (A B C ... A B C ...), medians of --repeats runs; repeat i runs every
-system with seed i (the model's initial weights and the order of the rows), so the medians are
-over real run-to-run variation, not over one trajectory timed again:
+halved after every epoch (--lr-decay), fit's default lr_scaling="auto". Every system at every
+replica count, interleaved (A B C ... A B C ...), medians of --repeats runs; repeat i runs
+every system with seed i (the model's initial weights and the order of the rows):
 
   plain-1t          single-process PyTorch, 1 thread, the same rows, lr and evaluation marks
                     (the calibration: the limit of R replicas is R x its samples/s)
   ceiling-<R>       R of those processes at once (R >= 2), each on its own 1/R of the rows,
                     never communicating, not validating: what the machine does with R
-                    processes (shared caches, memory bandwidth, clocks); samples/s is the
-                    sum of theirs, the figure R replicas are judged against
-  <strategy>-<R>    spark_dl.fit(strategy=..., replicas=R) on local[max R], 1 thread a replica
-                    ("downpour+RULE" / "boosting+RULE": staleness=RULE, one of the kept
-                    rules "dana" (the default of both, so "downpour" is "downpour+dana"),
-                    "halfway", "lr" (a push tau >= 2 versions old steps lr / tau and the
-                    server keeps fit's momentum) and "none"; their one-replica reference
-                    is Downpour's (Boosting's); a results file records the rule its
-                    runs had);
-                    "allreduce~sqrt": fit's lr_scaling="sqrt"
-                    instead of "auto"; "allreduce=noclip": grad_clip=None instead of
-                    "auto", the relative cut of the scaled rate's gradient turned off;
-                    "gossip+exp": Gossip(topology="exponential", alpha=1.0), whole models
-                    averaged on the one-peer exponential graph (Gossip's defaults);
-                    "gossip+ring": Gossip(topology="ring", alpha=0.1), the paper's setting;
-                    "gossip+expN": the same every N steps, sync_every=N: with 2
-                    replicas each round is their exact average, so that is local SGD;
-                    a suffix ":avgA" on any of them: the strategy's average=A, e.g.
-                    "allreduce:avg0" validates the last weights, not their moving
-                    average; it has its own one-replica
-                    reference, "allreduce:avg0-1"; then a suffix ":clipC" on Downpour
-                    or Boosting: the server's clip=C, e.g. "downpour:clip0", no cut;
-                    then ":npK" on Downpour or Boosting: n_push=K, e.g.
-                    "boosting:np1", a key of one mini-batch; ":nag" on AllReduce or
-                    Gossip: fit's nesterov=True, SGD's Nesterov momentum, e.g.
-                    "gossip:nag", whose reference is "allreduce:nag-1")
+                    processes; samples/s is the sum of theirs
+  <strategy>-<R>    spark_dl.fit(strategy=<strategy>, replicas=R), the strategy at its
+                    defaults, on local[max R], 1 thread a replica; a strategy is a name in
+                    spark_dl.strategies.STRATEGIES (allreduce, downpour, gossip, boosting,
+                    localsgd, ...); Gossip runs from 2 replicas
 
 Reported per system: the training seconds until the held-out accuracy first reaches --target
 (None when it never does), steady samples/s (median over epochs), its fraction of the limit
 and of the ceiling at its replica count (the median of the repeats' ratios), the final
-accuracy; per strategy, time to target at R replicas over one replica's (Gossip
-needs two replicas: its one-replica reference is AllReduce's, plain local SGD in one task),
-and "fixed_time": R replicas' final accuracy against what one replica had validated within the
-same training time, seed by seed ("not_lower": in how many seeds it is at least as high, of
-those where one replica had validated by then; medians over the seeds).
+accuracy; per strategy, time to target at R replicas over one replica's (Gossip's one-replica
+reference is AllReduce's), and "fixed_time": R replicas' final accuracy against what one
+replica had validated within the same training time, seed by seed ("not_lower": in how many
+seeds it is at least as high, of those where one replica had validated by then).
 
     .venv/bin/python benchmarks/bench_scaling.py [--replicas 1,2] [--repeats 3]
         [--strategies allreduce,downpour,gossip,boosting] [--epochs 2] [--samples 48000]
         [--accuracy-only] [--first-seed 0] [--out ...]
 
 --accuracy-only runs the strategies at the replica counts given and nothing else (no plain
-calibration, no one-replica reference): their curves, e.g. 16 replicas on local[16] on a
-machine with fewer cores, where only the accuracy means anything.
+calibration, no ceiling): their curves, e.g. 16 replicas on local[16] on a machine with fewer
+cores, where only the accuracy means anything.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -112,16 +86,8 @@ def fixed_time(runs: list[dict], refs: list[dict]) -> dict | None:
 
 def reference(strategy: str, systems) -> str:
     """The one-replica system among ``systems`` that ``strategy``'s replicas are compared
-    with: its name without the rule and options ("+rule", "=noclip", "~sqrt"), with its ":"
-    settings (":avg0", ":clip0", ":np2", ":nag": the same average, cut, keys or momentum at
-    one replica) when that one ran, else without them but for ":nag"; else AllReduce's one
-    replica, with ":nag" if the strategy has it (Gossip's reference)."""
-    name = re.split(r"[+=~:]", strategy, maxsplit=1)[0]
-    settings = "".join(re.findall(r":(?:avg|clip|np)[\d.]+|:nag", strategy))
-    nag = ":nag" if ":nag" in strategy else ""          # never compared with SGD's momentum
-    bases = (name + settings, name + nag, "allreduce" + nag)
-    return next((f"{base}-1" for base in bases if f"{base}-1" in systems),
-                f"allreduce{nag}-1")
+    with: its own, else AllReduce's (Gossip's)."""
+    return f"{strategy}-1" if f"{strategy}-1" in systems else "allreduce-1"
 
 
 def plain(data: Path, val, args, seed: int, part: tuple[int, int] = (0, 1),
@@ -208,35 +174,12 @@ def ceiling(data: Path, args, seed: int, replicas: int) -> dict:
 def spark_dl_fit(spark, data: Path, val, strategy: str, replicas: int, args, runs: Path,
                  seed: int) -> dict:
     from spark_dl import fit
-    from spark_dl.strategies import make_strategy
     df = spark.read.parquet(data.as_uri())
     t0 = time.perf_counter()
-    nag = ":nag" in strategy                            # "allreduce:nag": nesterov=True
-    strategy = strategy.replace(":nag", "")
-    strategy, _, n_push = strategy.partition(":np")     # "boosting:np1": n_push=1
-    strategy, _, cap = strategy.partition(":clip")      # "downpour:clip0": the server's clip=0
-    strategy, _, avg = strategy.partition(":avg")       # "allreduce:avg0": average=0
-    strategy, _, clip = strategy.partition("=")         # "allreduce=noclip": grad_clip=None
-    strategy, _, scaling = strategy.partition("~")      # "allreduce~sqrt": lr_scaling="sqrt"
-    name, _, rule = strategy.partition("+")             # "downpour+lr": staleness="lr"
-    if name == "gossip" and rule.startswith("exp"):     # the exponential graph, whole models,
-        spec = make_strategy(name, topology="exponential", alpha=1.0,   # every N steps
-                             sync_every=int(rule[3:] or 1))
-    elif name == "gossip" and rule == "ring":           # the paper's setting
-        spec = make_strategy(name, topology="ring", alpha=0.1)
-    else:
-        spec = make_strategy(name, staleness=rule) if rule else make_strategy(name)
-    if avg:
-        spec = dataclasses.replace(spec, average=float(avg))
-    if cap:
-        spec = dataclasses.replace(spec, clip=float(cap))
-    if n_push:
-        spec = dataclasses.replace(spec, n_push=int(n_push))
-    res = fit(df, "cnn", strategy=spec, shape=(1, 28, 28), num_classes=10,
+    res = fit(df, "cnn", strategy=strategy, shape=(1, 28, 28), num_classes=10,
               optimizer="sgd", lr=args.lr, lr_decay=args.lr_decay, momentum=MOMENTUM,
-              nesterov=nag, epochs=args.epochs, lr_scaling=scaling or "auto",
-              grad_clip=None if clip == "noclip" else "auto",
-              batch_size=args.batch, replicas=replicas, threads=1, validation=val, seed=seed,
+              epochs=args.epochs, batch_size=args.batch, replicas=replicas, threads=1,
+              validation=val, seed=seed,
               device="cpu",                     # CPU replicas, also on a machine with a GPU
               validate_every=EVERY, run_dir=runs / f"{strategy}-{replicas}-{time.time()}",
               log=None, progress=False)
@@ -265,6 +208,11 @@ def main(argv=None):
                     help="repeat i runs with seed first_seed + i (more seeds for a run kept)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/scaling.json"))
     args = ap.parse_args(argv)
+    from spark_dl.strategies import STRATEGIES
+    strategies = args.strategies.split(",")
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        ap.error(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "conf/logging"))
     from spark_dl import get_session
@@ -278,10 +226,9 @@ def main(argv=None):
         "plain-1t": lambda seed: plain(data, val, args, seed),
         **{f"ceiling-{r}": (lambda seed, r=r: ceiling(data, args, seed, r))
            for r in counts if r > 1}}
-    for strategy in args.strategies.split(","):
+    for strategy in strategies:
         for r in counts:
-            if (strategy.partition(":")[0] == "gossip" or any(c in strategy for c in "+~=")) \
-                    and r < 2:
+            if strategy == "gossip" and r < 2:
                 continue
             systems[f"{strategy}-{r}"] = (
                 lambda seed, s=strategy, r=r: spark_dl_fit(spark, data, val, s, r, args, tmp,
@@ -319,7 +266,7 @@ def main(argv=None):
                 "final_accuracy": med(x["final_accuracy"] for x in runs),
                 "final_accuracy_spread": round(max(x["final_accuracy"] for x in runs) -
                                                min(x["final_accuracy"] for x in runs), 4)}
-        for strategy in args.strategies.split(","):
+        for strategy in strategies:
             ref = reference(strategy, raw)
             one = summary.get(ref)
             for r in counts:

@@ -17,8 +17,8 @@
 #
 #   bash benchmarks/gpu_session.sh "$OUT"
 #   GPU=1 bash benchmarks/gpu_session.sh "$OUT"
-#   TOTAL=560 SCALING_REPLICAS=1,4,8,16 SCALING_STRATEGIES=downpour,downpour+halfway \
-#     SCALING_REPEATS=3 SCALING_S=530 bash benchmarks/gpu_session.sh "$OUT"   # two rules
+#   TOTAL=560 SCALING_REPLICAS=1,4,8,16 SCALING_STRATEGIES=allreduce,downpour \
+#     SCALING_REPEATS=3 SCALING_S=530 bash benchmarks/gpu_session.sh "$OUT"   # more counts
 #   SCALING_LR=0.01 SCALING_OUT=scaling-16-lr0.01.json bash benchmarks/gpu_session.sh "$OUT"
 set -u
 O=$1
