@@ -1,5 +1,5 @@
 """FSDP's units (spark_dl.strategies.fsdp.units): which blocks of a model are sharded on their
-own, on models built on the meta device."""
+own, on models built on the meta device; the devices their shards may live on."""
 
 from __future__ import annotations
 
@@ -36,3 +36,20 @@ def test_a_policy_may_not_name_a_container():
         wrap_units(listed, ("ModuleList",))
     assert wrap_units(listed, None) == ["blocks.0"]
     assert wrap_units(meta(ThesisCNN), ("Sequential",)) == ["features"]
+
+
+def test_replicas_that_share_a_gpu_or_mix_devices_are_refused():
+    """What the tasks reported of their devices (runtime.stage's statuses): each replica's
+    shards on a device of its own, or a ResourceError naming the replicas and the fix."""
+    from spark_dl.errors import ResourceError
+    from spark_dl.strategies.fsdp.task import check_devices
+
+    def on(*devices):
+        return [{"machine": m, "device": d} for m, d in devices]
+    check_devices(on(("a", "cpu"), ("a", "cpu")))
+    check_devices(on(("a", "cuda:0"), ("a", "cuda:1"), ("b", "cuda:0")))
+    with pytest.raises(ResourceError, match=r"replicas \[0, 2\] share cuda:0 .*a GPU of its "
+                                            r"own .*or train with AllReduce"):
+        check_devices(on(("a", "cuda:0"), ("a", "cuda:1"), ("a", "cuda:0")))
+    with pytest.raises(ResourceError, match=r"replica\(s\) \[1\] run on the CPU"):
+        check_devices(on(("a", "cuda:0"), ("b", "cpu")))

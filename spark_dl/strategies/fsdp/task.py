@@ -27,14 +27,14 @@ import torch
 import torch.distributed as dist
 
 from spark_dl.data.memory import proc_status_kib
-from spark_dl.errors import ConfigError, DataError
+from spark_dl.errors import ConfigError, DataError, ResourceError
 from spark_dl.runtime.buffers import collective_device
 from spark_dl.runtime.loop import FitParts, Hooks, ReplicaLoop, replica_task
 from spark_dl.runtime.stage import LocalStepConfig, peak_memory_mb
 
 from .units import wrap_units
 
-__all__ = ["CHECKPOINTS", "FSDPHooks", "make_task"]
+__all__ = ["CHECKPOINTS", "FSDPHooks", "check_devices", "make_task"]
 
 CHECKPOINTS = "checkpoint-fsdp"      # the run directory's folder of sharded checkpoints
 
@@ -44,6 +44,32 @@ def make_task(cfg: LocalStepConfig, options, parts: FitParts, secret: str,
     """The function ``df.mapInArrow(task, RESULT_SCHEMA, barrier=True)`` runs on every task;
     ``options``: the ``FSDP``."""
     return replica_task(cfg, options, FSDPHooks, parts, secret, channel)
+
+
+def check_devices(statuses: list[dict]) -> None:
+    """FSDP's replicas hold their shards on devices of their own: all on the CPU, or each on
+    a GPU no other replica of its machine uses (NCCL takes one rank per GPU, and shards that
+    share a GPU save it no memory). A ResourceError, the same on every replica, otherwise."""
+    devices = [(s.get("machine"), s.get("device", "cpu")) for s in statuses]
+    gpu = [d.startswith("cuda") for _, d in devices]
+    if not any(gpu):
+        return
+    if not all(gpu):
+        cpu = [r for r, g in enumerate(gpu) if not g]
+        raise ResourceError(
+            f"FSDP: replica(s) {cpu} run on the CPU and the others on GPUs, but one model's "
+            f"shards live on one kind of device: give every task a GPU "
+            f"(spark.task.resource.gpu.amount=1 on GPU executors), or pass device='cpu'")
+    shared = {}
+    for rank, key in enumerate(devices):
+        shared.setdefault(key, []).append(rank)
+    for (_, device), ranks in shared.items():
+        if len(ranks) > 1:
+            raise ResourceError(
+                f"FSDP: replicas {ranks} share {device} on one machine; their shards would all "
+                f"sit on that GPU (no memory saved) and NCCL takes one rank per GPU: give each "
+                f"replica a GPU of its own (spark.task.resource.gpu.amount=1, no more replicas "
+                f"than GPUs), or train with AllReduce, whose replicas may share a GPU")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -78,6 +104,7 @@ class FSDPHooks(Hooks):
             raise DataError(f"FSDP: partition(s) {empty} hold no rows, but every replica runs "
                             f"each layer's collectives on rows of its own: give the DataFrame "
                             f"partitions that all hold rows (df.repartition(n))")
+        check_devices(loop.statuses)
         opts = self.options
         self.units = wrap_units(loop.model, opts.wrap)
         if loop.device.type == "cuda":
