@@ -243,9 +243,10 @@ def recompute_statistics(model: nn.Module, inputs) -> int:
             m.momentum = None                   # the cumulative mean over the batches
             m.training = True
         try:
-            for x in inputs:
-                model(x)
-                rows += len(x)
+            with torch.no_grad():               # (a live model's forward keeps no graph)
+                for x in inputs:
+                    model(x)
+                    rows += len(x)
         finally:
             for m, (momentum, tracked) in zip(layers, kept):
                 m.momentum = momentum

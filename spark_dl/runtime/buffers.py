@@ -108,6 +108,7 @@ class OwnStatistics:
         self.cfg, self.shard, self.batches, self.amp = cfg, shard, batches, amp
         self.rank, self.world, self.device, self.dtype = rank, world, device, dtype
         self.held: list[torch.Tensor] | None = None
+        self.passes = 0
 
     def __call__(self, net):
         import random
@@ -125,6 +126,7 @@ class OwnStatistics:
         np.random.set_state(kept[0])
         random.setstate(kept[1])
         sync_buffers(net, self.world, self.device, weight=rows)
+        self.passes += 1
         return net
 
     def _inputs(self):

@@ -234,7 +234,7 @@ class ReplicaLoop:
         self.dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
         self.loss_fn, self.model_fn = parts.loss_fn, parts.model_fn
         self.history: list[dict] = []
-        self.avg = self.restat = self.probe = None
+        self.avg = self.restat = self.probe = self.restated_at = None
 
     # -- setup ---------------------------------------------------------------------------
     def _build(self) -> None:
@@ -327,7 +327,7 @@ class ReplicaLoop:
             if self.avg is None:
                 return self.model
             if self.restat is not None:
-                return self.restat(self.avg.read())
+                return self._restated()
             if self.val.shared:
                 sync_buffers(self.model, self.world, self.device)
             return self.avg.read()
@@ -338,6 +338,16 @@ class ReplicaLoop:
             for name, b in self.probe.named_buffers():
                 b.copy_(buffers[name])
         return self.restat(self.probe) if self.restat is not None else self.probe
+
+    def _restated(self) -> nn.Module:
+        """The average with BatchNorm statistics of its own: one pass over the statistics
+        rows for each step count (the result after a validation at the same step is that
+        validation's model, not a second pass; the same on every replica)."""
+        steps = self.avg.average.steps
+        if self.restated_at != steps:
+            self.restat(self.avg.read())
+            self.restated_at = steps
+        return self.avg.model.train(self.model.training)
 
     def _result(self) -> nn.Module:
         """The fit's model (a collective): the replicas' mean running statistics on the live
@@ -442,6 +452,7 @@ class ReplicaLoop:
                 "resumed_from_epoch": resumed, **extra,
                 "lr_schedule": self.schedule.describe(), "grad_clip": self.clip.describe(),
                 "average": self.hooks.average, "evals": self.val.evals,
+                "statistics_passes": self.restat.passes if self.restat is not None else 0,
                 "validated_by": self.val.by if self.parts.validation is not None else None,
                 "train_seconds": train_s, "threads_per_task": torch.get_num_threads(),
                 "attempt": self.ctx.attemptNumber(), "timings": timings}

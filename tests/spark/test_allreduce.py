@@ -603,3 +603,9 @@ def test_recomputing_the_averages_statistics_leaves_training_as_it_was(spark, tm
                 run_dir=tmp_path / str(a), **kw) for a in (0, 0.5)]
     assert [h["loss"] for h in runs[0].history] == [h["loss"] for h in runs[1].history]
     assert runs[0].history[-1]["val_loss"] != runs[1].history[-1]["val_loss"]
+    # a pass at each of the 4 validations; the result is the last one's model, no fifth pass
+    assert [r.info["statistics_passes"] for r in runs] == [0, 4]
+    with torch.no_grad():
+        out = runs[1].model.eval()(torch.as_tensor(x[:13], dtype=torch.float64))
+    assert float(torch.nn.functional.cross_entropy(out, torch.as_tensor(y[:13]))) == \
+        pytest.approx(runs[1].history[-1]["val_loss"], abs=1e-12)
