@@ -36,10 +36,15 @@ class _Raised(Exception):
         self.error = error                        # the ConfigError to raise, if not the forward
 
 
+# a model of at most these parameter bytes is probed on the CPU: at once, where the meta
+# device's first BatchNorm or embedding imports torch._dynamo (seconds, once a process)
+CPU_PROBE_BYTES = 64 << 20
+
+
 def _build(model_fn: Callable[[], nn.Module], device: str) -> nn.Module:
     try:
-        with torch.device(device):
-            net = model_fn()
+        with torch.device(device), torch.random.fork_rng(devices=[]):   # (the caller's
+            net = model_fn()                                            # draws unchanged)
     except Exception as e:
         raise _Raised(ConfigError(
             f"the model factory raised {type(e).__name__}: {e}{_last_frame(e)}; fit calls it "
@@ -63,11 +68,11 @@ def _forward(net: nn.Module, rows: tuple, dtype: torch.dtype, device: str, ids: 
 
 def check_model(model_fn: Callable[[], nn.Module], *, rows: tuple | None, dtype: str,
                 num_classes: int | None, loss: str, validation=None, ids: bool = False) -> dict:
-    """Build the model on the meta device and, when the shape of a row is known (``rows``),
-    run it (on int64 rows when the feature column holds integers, ``ids``): the factory must
-    give an nn.Module that takes such rows, and a classifier's outputs must match
-    ``num_classes`` and the validation labels. Returns the model's signature (parameter names
-    and shapes, outputs per row) for the run directory."""
+    """Build the model on the meta device (a small one on the CPU) and, when the shape of a
+    row is known (``rows``), run it (on int64 rows when the feature column holds integers,
+    ``ids``): the factory must give an nn.Module that takes such rows, and a classifier's
+    outputs must match ``num_classes`` and the validation labels. Returns the model's
+    signature (parameter names and shapes, outputs per row) for the run directory."""
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     try:
         net, out = _probe(model_fn, rows, tdtype, "meta", ids)
@@ -121,6 +126,9 @@ def _probe(model_fn, rows: tuple | None, dtype: torch.dtype, device: str, ids: b
     """(model, its output for 2 rows of zeros or None); flat rows of unknown length (rows
     None) are guessed from a first nn.Linear layer."""
     net = _build(model_fn, device)
+    if device == "meta" and sum(p.numel() * p.element_size()
+                                for p in net.parameters()) <= CPU_PROBE_BYTES:
+        net, device = _build(model_fn, "cpu"), "cpu"
     width = _first_linear(net) if rows is None else None
     if width is not None:
         rows = (width,)
