@@ -423,7 +423,7 @@ def main(argv=None):
     ap.add_argument("--windows", type=int, default=2048)
     ap.add_argument("--val-rows", type=int, default=2000)
     ap.add_argument("--resnet-target", type=float, default=0.95)
-    ap.add_argument("--transformer-target", type=float, default=2.0)
+    ap.add_argument("--transformer-target", type=float, default=2.4)
     ap.add_argument("--workloads", default="resnet18,transformer")
     ap.add_argument("--systems", default=None,
                     help=f"of {', '.join(SYSTEMS)} (default: all but fsdp; allreduce-1 only "
