@@ -334,7 +334,7 @@ def workloads(p: Page):
     if doc.get("label"):
         p.add(f"Run: {doc['label']}.")
     entries = doc["summary"]["entries"]
-    for w, title in (("resnet18", "ResNet-18"), ("transformer", "Transformer")):
+    for w, title in WORKLOAD_TITLES.items():
         mine = [e for e in entries if e["workload"] == w]
         if not mine:
             continue

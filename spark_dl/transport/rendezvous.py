@@ -15,7 +15,6 @@ import contextlib
 import datetime
 import json
 import os
-from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -55,6 +54,15 @@ def task_device(requested: str, gpu_addresses: list[str], rank: int) -> tuple[to
     return torch.device("cuda", index), f"cuda:{index} (no GPU scheduling: rank modulo count)"
 
 
+def task_devices(statuses: list[dict]) -> dict[tuple, list[int]]:
+    """The ranks on each (machine, device) the tasks reported ("device" and "machine" of each
+    status), in the order first seen."""
+    groups: dict[tuple, list[int]] = {}
+    for rank, s in enumerate(statuses):
+        groups.setdefault((s.get("machine"), s.get("device", "cpu")), []).append(rank)
+    return groups
+
+
 def choose_backend(statuses: list[dict]) -> tuple[str, str]:
     """(backend, why) for the tasks whose reports these are (each with "device" and "machine").
 
@@ -63,16 +71,17 @@ def choose_backend(statuses: list[dict]) -> tuple[str, str]:
     detected". Such ranks get gloo, whose broadcast and all-reduce take CUDA tensors, and the
     strategies move their per-step traffic through host shared memory (one machine) instead.
     NCCL only when every task holds a CUDA device of its own; gloo for CPU tasks."""
-    devices = [(s.get("machine"), s.get("device", "cpu")) for s in statuses]
-    if not all(d.startswith("cuda") for _, d in devices):
-        if any(d.startswith("cuda") for _, d in devices):
+    groups = task_devices(statuses)
+    gpu = [d.startswith("cuda") for _, d in groups]
+    if not all(gpu):
+        if any(gpu):
             return "gloo", "gloo: some tasks run on the CPU, others on a GPU"
         return "gloo", "gloo: CPU tasks"
-    (_machine, gpu), n = Counter(devices).most_common(1)[0]
-    if n == 1:
+    (_machine, device), ranks = max(groups.items(), key=lambda group: len(group[1]))
+    if len(ranks) == 1:
         return "nccl", "nccl: one GPU per task"
-    return "gloo", (f"gloo: {n} tasks share {gpu} on one machine (NCCL needs a GPU per rank); "
-                    f"their tensors stay on the GPU, exchanged through host memory")
+    return "gloo", (f"gloo: {len(ranks)} tasks share {device} on one machine (NCCL needs a GPU "
+                    f"per rank); their tensors stay on the GPU, exchanged through host memory")
 
 
 @contextlib.contextmanager

@@ -114,10 +114,10 @@ def test_fsdp_gives_allreduces_weights_on_the_transformer(spark, tmp_path):
         for b in batches:
             for i in b.column("id").to_numpy():
                 part = rows[bounds[i]:bounds[i + 1]]
-                ids = pa.list_(pa.int32())
+                typed = pa.list_(pa.int32())
                 yield pa.RecordBatch.from_pydict(
-                    {"features": pa.array([r[0] for r in part], ids),
-                     "label": pa.array([r[1] for r in part], ids)})
+                    {"features": pa.array([r[0] for r in part], typed),
+                     "label": pa.array([r[1] for r in part], typed)})
     df = spark.range(2, numPartitions=2).mapInArrow(
         shard, "features array<int>, label array<int>")
 

@@ -31,6 +31,7 @@ from spark_dl.errors import ConfigError, DataError, ResourceError
 from spark_dl.runtime.buffers import collective_device
 from spark_dl.runtime.loop import FitParts, Hooks, ReplicaLoop, replica_task
 from spark_dl.runtime.stage import LocalStepConfig, peak_memory_mb
+from spark_dl.transport.rendezvous import task_devices
 
 from .units import wrap_units
 
@@ -50,20 +51,17 @@ def check_devices(statuses: list[dict]) -> None:
     """FSDP's replicas hold their shards on devices of their own: all on the CPU, or each on
     a GPU no other replica of its machine uses (NCCL takes one rank per GPU, and shards that
     share a GPU save it no memory). A ResourceError, the same on every replica, otherwise."""
-    devices = [(s.get("machine"), s.get("device", "cpu")) for s in statuses]
-    gpu = [d.startswith("cuda") for _, d in devices]
-    if not any(gpu):
+    groups = task_devices(statuses)
+    cpu = sorted(r for (_, device), ranks in groups.items() if not device.startswith("cuda")
+                 for r in ranks)
+    if len(cpu) == len(statuses):
         return
-    if not all(gpu):
-        cpu = [r for r, g in enumerate(gpu) if not g]
+    if cpu:
         raise ResourceError(
             f"FSDP: replica(s) {cpu} run on the CPU and the others on GPUs, but one model's "
             f"shards live on one kind of device: give every task a GPU "
             f"(spark.task.resource.gpu.amount=1 on GPU executors), or pass device='cpu'")
-    shared = {}
-    for rank, key in enumerate(devices):
-        shared.setdefault(key, []).append(rank)
-    for (_, device), ranks in shared.items():
+    for (_, device), ranks in groups.items():
         if len(ranks) > 1:
             raise ResourceError(
                 f"FSDP: replicas {ranks} share {device} on one machine; their shards would all "
